@@ -1,0 +1,20 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupVersion is the group and version of this package's kinds.
+var GroupVersion = schema.GroupVersion{Group: "apps.knotless.dev", Version: "v1alpha1"}
+
+// AddToScheme registers this package's kinds with a scheme. There is no
+// init() and no package-level scheme builder (R11).
+func AddToScheme(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&Application{}, &ApplicationList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
