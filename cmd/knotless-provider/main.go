@@ -1,0 +1,211 @@
+// Command knotless-provider bootstraps the provider workspace in kcp and
+// runs the multicluster manager that reconciles every workspace bound to
+// knotless's APIExports.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/kcp-dev/logicalcluster/v3"
+	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+
+	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/controllers/application"
+	"github.com/knotless-dev/knotless/exports"
+	"github.com/knotless-dev/knotless/internal/bootstrap"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/workspacetypes"
+)
+
+type options struct {
+	kubeconfig      string
+	kubecontext     string
+	workspace       string
+	metricsAddr     string
+	probeAddr       string
+	connectTimeout  time.Duration
+	shutdownTimeout time.Duration
+	bootstrapOnly   bool
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("knotless-provider", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of kcp (an admin of the provider workspace's parent)")
+	fs.StringVar(&o.kubecontext, "context", "", "kubeconfig context (default: the current one)")
+	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace, created if missing")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address of the metrics endpoint (0 disables it)")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz (0 disables them)")
+	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
+	fs.BoolVar(&o.bootstrapOnly, "bootstrap-only", false, "apply the provider workspace's objects and exit")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "knotless-provider: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	logger := ctrl.Log.WithName("knotless-provider")
+	ws := logicalcluster.NewPath(o.workspace)
+	if !ws.IsValid() {
+		return fmt.Errorf("--workspace %q is not a valid workspace path", o.workspace)
+	}
+	cfg, err := loadConfig(o.kubeconfig, o.kubecontext)
+	if err != nil {
+		return err
+	}
+	if err := waitForKCP(ctx, cfg, o.connectTimeout); err != nil {
+		return err
+	}
+	version := "devel"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	logger.Info("starting", "version", version, "kcp", cfg.Host, "workspace", ws.String())
+
+	res, err := bootstrap.Run(ctx, bootstrap.Options{
+		Config: cfg, Workspace: ws, Exports: exports.FS, WorkspaceTypes: workspacetypes.FS,
+		Log: logger.WithName("bootstrap"),
+	})
+	if err != nil {
+		return fmt.Errorf("bootstrap of %s: %w", ws, err)
+	}
+	if o.bootstrapOnly {
+		return nil
+	}
+
+	wsCfg, err := bootstrap.ForWorkspace(cfg, ws)
+	if err != nil {
+		return err
+	}
+	scheme := apis.NewScheme()
+	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
+	provider, err := engage.New(wsCfg, res.Exports, engage.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	mgr, err := mcmanager.New(wsCfg, provider, manager.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		GracefulShutdownTimeout: &o.shutdownTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := application.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the application controller: %w", err)
+	}
+	if err := registerMetrics(metrics.Registry, provider); err != nil {
+		return err
+	}
+	if o.probeAddr != "0" {
+		if err := mgr.GetLocalManager().AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+			return err
+		}
+		if err := mgr.GetLocalManager().AddReadyzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+			return err
+		}
+	}
+	logger.Info("engaging workspaces", "exports", res.Exports)
+	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// loadConfig reads a kubeconfig and names the file in its error.
+func loadConfig(path, context string) (*rest.Config, error) {
+	if path == "" {
+		return nil, errors.New("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	raw, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s is malformed: %w", path, err)
+	}
+	cc := clientcmd.NewDefaultClientConfig(*raw, &clientcmd.ConfigOverrides{CurrentContext: context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}
+
+// waitForKCP asks kcp for its version until it answers or timeout passes.
+func waitForKCP(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	c := rest.CopyConfig(cfg)
+	c.Timeout = 5 * time.Second
+	dc, err := discovery.NewDiscoveryClientForConfig(c)
+	if err != nil {
+		return fmt.Errorf("kcp client for %s: %w", cfg.Host, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := dc.ServerVersion()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kcp at %s is unreachable after %s: %v", cfg.Host, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// registerMetrics adds the engaged-workspace gauge and the provider
+// restart counter.
+func registerMetrics(reg prometheus.Registerer, p *engage.Provider) error {
+	for export := range p.Engaged() {
+		labels := prometheus.Labels{"export": export}
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "knotless_engaged_workspaces", Help: "Workspaces engaged through an APIExport.", ConstLabels: labels,
+		}, func() float64 { return float64(p.Engaged()[export]) })); err != nil {
+			return err
+		}
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "knotless_engage_restarts_total", Help: "Restarts of an APIExport's provider after an endpoint that did not serve.", ConstLabels: labels,
+		}, func() float64 { return float64(p.Restarts()[export]) })); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package engage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+
+	mcpprovider "github.com/kcp-dev/multicluster-provider/pkg/provider"
+)
+
+// ProbeFunc reports whether the virtual workspace at url serves the
+// wildcard APIBinding list the provider's endpoint watcher starts with.
+type ProbeFunc func(ctx context.Context, cfg *rest.Config, url string) error
+
+// ProbeVirtualWorkspace lists one APIBinding across all clusters of the
+// virtual workspace at url, as the endpoint watcher will.
+func ProbeVirtualWorkspace(ctx context.Context, cfg *rest.Config, url string) error {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	target := strings.TrimSuffix(url, "/") + "/clusters/*/apis/" + apisv1alpha1.SchemeGroupVersion.String() + "/apibindings?limit=1"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("virtual workspace %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("virtual workspace %s answered HTTP %d", url, resp.StatusCode)
+	}
+	return nil
+}
+
+// Backoff bounds how fast an export's provider is restarted. Zero fields
+// take the defaults (1s initial, 30s max, 1m healthy).
+type Backoff struct {
+	Initial time.Duration
+	Max     time.Duration
+	// Healthy is how long a provider must run before the backoff resets.
+	Healthy time.Duration
+}
+
+// withDefaults fills zero fields: 1s initial, 30s max, 1m healthy.
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial <= 0 {
+		b.Initial = time.Second
+	}
+	if b.Max <= 0 {
+		b.Max = 30 * time.Second
+	}
+	if b.Healthy <= 0 {
+		b.Healthy = time.Minute
+	}
+	return b
+}
+
+// Delay returns the wait before restart number attempt (0-based): doubling
+// from Initial, capped at Max, with up to 20% jitter taken off.
+func (b Backoff) Delay(attempt int) time.Duration {
+	d := b.Initial
+	for i := 0; i < attempt && d < b.Max; i++ {
+		d *= 2
+	}
+	d = min(d, b.Max)
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+type index struct {
+	obj     client.Object
+	field   string
+	extract client.IndexerFunc
+}
+
+// exportProvider supervises the kcp apiexport provider of one export.
+type exportProvider struct {
+	cfg  *rest.Config
+	name string
+	opts Options
+	log  logr.Logger
+
+	mu       sync.RWMutex
+	inner    *mcpprovider.Provider
+	indexes  []index
+	restarts int
+}
+
+func newExportProvider(cfg *rest.Config, name string, opts Options) (*exportProvider, error) {
+	if cfg == nil {
+		return nil, errors.New("engage: a rest config is required")
+	}
+	return &exportProvider{
+		cfg:  cfg,
+		name: name,
+		opts: opts,
+		log:  log.Log.WithName("engage").WithValues("export", name),
+	}, nil
+}
+
+func (e *exportProvider) Get(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error) {
+	e.mu.RLock()
+	inner := e.inner
+	e.mu.RUnlock()
+	if inner == nil {
+		return nil, multicluster.ErrClusterNotFound
+	}
+	return inner.Get(ctx, name)
+}
+
+func (e *exportProvider) IndexField(ctx context.Context, obj client.Object, field string, extract client.IndexerFunc) error {
+	e.mu.Lock()
+	e.indexes = append(e.indexes, index{obj: obj, field: field, extract: extract})
+	inner := e.inner
+	e.mu.Unlock()
+	if inner == nil {
+		return nil
+	}
+	return inner.IndexField(ctx, obj, field, extract)
+}
+
+// Engaged returns the number of logical clusters engaged for this export.
+func (e *exportProvider) Engaged() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.inner == nil {
+		return 0
+	}
+	return len(e.inner.Clusters.ClusterNames())
+}
+
+// Restarts returns how often the inner provider was restarted.
+func (e *exportProvider) Restarts() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.restarts
+}
+
+var errRestart = errors.New("an endpoint did not serve")
+
+// Start runs the inner provider and replaces it, after a backoff, whenever
+// it was handed an endpoint URL that did not serve.
+func (e *exportProvider) Start(ctx context.Context, aware multicluster.Aware) error {
+	attempt := 0
+	for {
+		started := time.Now()
+		err := e.runOnce(ctx, aware)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, errRestart) {
+			return fmt.Errorf("export %s: %w", e.name, err)
+		}
+		if time.Since(started) > e.opts.Backoff.Healthy {
+			attempt = 0
+		}
+		delay := e.opts.Backoff.Delay(attempt)
+		attempt++
+		e.mu.Lock()
+		e.restarts++
+		e.mu.Unlock()
+		e.log.Info("restarting the export's provider after an endpoint that did not serve", "in", delay, "attempt", attempt)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (e *exportProvider) runOnce(ctx context.Context, aware multicluster.Aware) error {
+	g, ctx := errgroup.WithContext(ctx)
+	unserved := make(chan string, 1)
+
+	extract := func(obj client.Object) ([]string, error) {
+		urls, err := mcpprovider.DefaultExtractURLsFromEndpointSlice(obj)
+		if err != nil {
+			return nil, err
+		}
+		served := make([]string, 0, len(urls))
+		for _, u := range urls {
+			if err := e.opts.Probe(ctx, e.cfg, u); err != nil {
+				e.log.Info("endpoint does not serve yet; it will be retried", "url", u, "reason", err.Error())
+				select {
+				case unserved <- u:
+				default:
+				}
+				continue
+			}
+			served = append(served, u)
+		}
+		return served, nil
+	}
+
+	// The library logs whole objects at info level; keep them at V(1).
+	logger := e.log.WithName("kcp-provider").V(1)
+	inner, err := mcpprovider.NewProvider(e.cfg, e.name, mcpprovider.Options{
+		Scheme:                       e.opts.Scheme,
+		EndpointSliceObject:          &apisv1alpha1.APIExportEndpointSlice{},
+		ExtractURLsFromEndpointSlice: extract,
+		ObjectToWatch:                &apisv1alpha1.APIBinding{},
+		AddFilter:                    mcpprovider.ConditionReadyFunc("Ready"),
+		UpdateFilter:                 mcpprovider.ConditionReadyFunc("Ready"),
+		Log:                          &logger,
+	})
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.inner = inner
+	indexes := append([]index(nil), e.indexes...)
+	e.mu.Unlock()
+	for _, ix := range indexes {
+		if err := inner.IndexField(ctx, ix.obj, ix.field, ix.extract); err != nil {
+			return err
+		}
+	}
+
+	g.Go(func() error { return inner.Start(ctx, aware) })
+	g.Go(func() error {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-unserved:
+			return errRestart
+		}
+	})
+	err = g.Wait()
+	e.mu.Lock()
+	if e.inner == inner {
+		e.inner = nil
+	}
+	e.mu.Unlock()
+	return err
+}
