@@ -1,0 +1,129 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// KCP is a kcp server used by the e2e suite.
+type KCP struct {
+	// Kubeconfig is an admin kubeconfig (kcp-admin in a started kcp).
+	Kubeconfig string
+	// Process is nil when the suite uses an existing kcp.
+	Process *Process
+	// Tokens maps user names to bearer tokens accepted by a started kcp.
+	Tokens map[string]string
+	// BaseURL is the server URL without a /clusters suffix.
+	BaseURL string
+}
+
+// StartKCP starts `kcp start` from bin in dir on a free port, or, when
+// KNOTLESS_E2E_KUBECONFIG is set, uses that kcp instead.
+func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
+	if kc := os.Getenv("KNOTLESS_E2E_KUBECONFIG"); kc != "" {
+		k := &KCP{Kubeconfig: kc}
+		cfg, err := k.Config()
+		if err != nil {
+			return nil, err
+		}
+		k.BaseURL = cfg.Host
+		return k, nil
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(dir, "kcp")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	k := &KCP{Tokens: map[string]string{}}
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	var csv string
+	// Users the started kcp authenticates by token. They have no rights
+	// until a test grants them some.
+	for i, u := range []string{"alice", "bob"} {
+		tok := fmt.Sprintf("e2e-token-%s-%d", u, time.Now().UnixNano())
+		k.Tokens[u] = tok
+		csv += fmt.Sprintf("%s,%s,%d,\"e2e\"\n", tok, u, 1000+i)
+	}
+	if err := os.WriteFile(tokenFile, []byte(csv), 0o600); err != nil {
+		return nil, err
+	}
+	p, err := Start(dir, "kcp", bin, []string{
+		"start",
+		"--root-directory", root,
+		"--bind-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(port),
+		"--feature-gates", "WorkspaceMounts=true",
+		"--token-auth-file", tokenFile,
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	g.Add(p)
+	k.Process = p
+	k.Kubeconfig = filepath.Join(root, "admin.kubeconfig")
+	if err := Eventually(ctx, 3*time.Minute, "kcp to be ready", func(ctx context.Context) (bool, string, error) {
+		if p.Exited() {
+			return false, "", fmt.Errorf("kcp exited: %w", ErrExited)
+		}
+		if _, err := os.Stat(k.Kubeconfig); err != nil {
+			return false, "no admin.kubeconfig yet", nil
+		}
+		cfg, err := k.Config()
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		hc, err := rest.HTTPClientFor(cfg)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/readyz", port))
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, "readyz " + resp.Status, nil
+	}); err != nil {
+		return nil, err
+	}
+	k.BaseURL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	return k, nil
+}
+
+// Config returns the admin rest config (of the kubeconfig's current
+// context).
+func (k *KCP) Config() (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	return cfg, nil
+}
+
+// UserConfig returns a rest config that authenticates as a token user.
+func (k *KCP) UserConfig(user string) (*rest.Config, error) {
+	tok, ok := k.Tokens[user]
+	if !ok {
+		return nil, fmt.Errorf("no token user %q (an existing kcp has none)", user)
+	}
+	admin, err := k.Config()
+	if err != nil {
+		return nil, err
+	}
+	return &rest.Config{
+		Host:            admin.Host,
+		BearerToken:     tok,
+		TLSClientConfig: rest.TLSClientConfig{CAData: admin.CAData, CAFile: admin.CAFile},
+		QPS:             50, Burst: 100,
+	}, nil
+}

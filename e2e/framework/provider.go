@@ -1,0 +1,102 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// BuildProvider builds cmd/knotless-provider into dir and returns the
+// binary's path.
+func BuildProvider(ctx context.Context, repoRoot, dir string) (string, error) {
+	out := filepath.Join(dir, "knotless-provider")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/knotless-provider")
+	cmd.Dir = repoRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building knotless-provider: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// Provider is a running knotless-provider.
+type Provider struct {
+	*Process
+	Bin        string
+	Kubeconfig string
+	Workspace  string
+	ProbePort  int
+	MetricPort int
+	dir        string
+}
+
+// StartProvider starts the provider for the provider workspace ws and
+// waits until its health endpoint answers (bootstrap done, manager
+// started).
+func StartProvider(ctx context.Context, g *Group, bin, dir, kubeconfig, ws string) (*Provider, error) {
+	p := &Provider{Bin: bin, Kubeconfig: kubeconfig, Workspace: ws, dir: dir}
+	return p, p.Restart(ctx, g)
+}
+
+// Restart starts the provider again with the same flags (after Kill9 or
+// Stop).
+func (p *Provider) Restart(ctx context.Context, g *Group) error {
+	var err error
+	if p.ProbePort, err = FreePort(); err != nil {
+		return err
+	}
+	if p.MetricPort, err = FreePort(); err != nil {
+		return err
+	}
+	proc, err := Start(p.dir, "knotless-provider", p.Bin, []string{
+		"--kubeconfig", p.Kubeconfig,
+		"--workspace", p.Workspace,
+		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(p.ProbePort),
+		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(p.MetricPort),
+	}, nil)
+	if err != nil {
+		return err
+	}
+	g.Add(proc)
+	p.Process = proc
+	return Eventually(ctx, 3*time.Minute, "knotless-provider to be healthy", func(ctx context.Context) (bool, string, error) {
+		if proc.Exited() {
+			return false, "", fmt.Errorf("knotless-provider exited: %w\n%s", ErrExited, proc.Tail(20))
+		}
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", p.ProbePort))
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status, nil
+	})
+}
+
+// Metrics returns the provider's Prometheus text.
+func (p *Provider) Metrics() (string, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.MetricPort))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// RSS returns the resident set size of the process in bytes.
+func (p *Process) RSS() (int64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	var size, resident int64
+	if _, err := fmt.Sscan(string(raw), &size, &resident); err != nil {
+		return 0, err
+	}
+	return resident * int64(os.Getpagesize()), nil
+}

@@ -1,0 +1,150 @@
+// Package e2e runs knotless against real processes: a kcp it starts (or
+// the one KNOTLESS_E2E_KUBECONFIG names) and the knotless-provider binary.
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kcp-dev/logicalcluster/v3"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/knotless-dev/knotless/e2e/framework"
+)
+
+// suite is what TestMain set up for every test.
+type suite struct {
+	group    *framework.Group
+	dir      string
+	kcp      *framework.KCP
+	admin    *rest.Config
+	provider *framework.Provider
+	// prefix makes names unique when an existing kcp is reused.
+	prefix string
+	// providerWS is deliberately not root:knotless (R15).
+	providerWS logicalcluster.Path
+	appType    logicalcluster.Path
+}
+
+var env *suite
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) (code int) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("e2e: skipped in -short mode")
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	root, err := filepath.Abs("..")
+	if err != nil {
+		panic(err)
+	}
+	dir := os.Getenv("KNOTLESS_E2E_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join(root, "e2e", "_artifacts", time.Now().Format("20060102-150405"))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		panic(err)
+	}
+	s := &suite{group: &framework.Group{}, dir: dir, prefix: fmt.Sprintf("e2e%04d", rand.IntN(10000))}
+	env = s
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Printf("e2e: setup panicked: %v\n", r)
+			code = 1
+		}
+		if code != 0 {
+			fmt.Println(s.group.Tails(60))
+		}
+		s.group.StopAll()
+		fmt.Printf("e2e: logs in %s\n", dir)
+	}()
+
+	fail := func(err error) int {
+		fmt.Printf("e2e: setup failed: %v\n", err)
+		return 1
+	}
+	kcpBin := os.Getenv("KCP_BIN")
+	if kcpBin == "" {
+		kcpBin = filepath.Join(root, "bin", "kcp")
+	}
+	start := time.Now()
+	if s.kcp, err = framework.StartKCP(ctx, s.group, kcpBin, dir); err != nil {
+		return fail(err)
+	}
+	fmt.Printf("e2e: kcp ready in %s at %s\n", time.Since(start).Round(time.Millisecond), s.kcp.BaseURL)
+	if s.admin, err = s.kcp.Config(); err != nil {
+		return fail(err)
+	}
+	if err := grantWorkspaceCreators(ctx, s.admin); err != nil {
+		return fail(err)
+	}
+	bin, err := framework.BuildProvider(ctx, root, dir)
+	if err != nil {
+		return fail(err)
+	}
+	s.providerWS = logicalcluster.NewPath("root:" + s.prefix + "-org:knotless")
+	s.appType = s.providerWS.Join("socialweb-application")
+	start = time.Now()
+	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String()); err != nil {
+		return fail(err)
+	}
+	fmt.Printf("e2e: provider ready in %s for %s\n", time.Since(start).Round(time.Millisecond), s.providerWS)
+	return m.Run()
+}
+
+// grantWorkspaceCreators lets the token users create workspaces in root
+// and nothing else. The types' `use` and the exports' `bind` come from the
+// RBAC knotless applies to its provider workspace.
+func grantWorkspaceCreators(ctx context.Context, admin *rest.Config) error {
+	c, err := framework.ClientFor(admin, logicalcluster.NewPath("root"))
+	if err != nil {
+		return err
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e:workspace-creator"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"tenancy.kcp.io"}, Resources: []string{"workspaces"}, Verbs: []string{"create", "get", "list", "watch"}},
+			{NonResourceURLs: []string{"/"}, Verbs: []string{"access"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e:workspace-creator"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{
+			{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "alice"},
+			{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "bob"},
+		},
+	}
+	for _, o := range []client.Object{role, binding} {
+		if err := c.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// failWithLogs is called by tests on failure to show the processes' logs.
+func failWithLogs(t *testing.T) {
+	t.Helper()
+	if t.Failed() {
+		t.Log(env.group.Tails(40))
+	}
+}
