@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	apisv1alpha2 "github.com/kcp-dev/sdk/apis/apis/v1alpha2"
+	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/bootstrap"
+	"github.com/knotless-dev/knotless/internal/engage"
+)
+
+// resourceVersions returns name -> resourceVersion of everything the
+// bootstrap writes into the provider workspace.
+func resourceVersions(ctx context.Context, t *testing.T) map[string]string {
+	t.Helper()
+	c, err := framework.ClientFor(env.admin, env.providerWS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	lists := map[string]client.ObjectList{
+		"APIResourceSchema":  &apisv1alpha1.APIResourceSchemaList{},
+		"APIExport":          &apisv1alpha2.APIExportList{},
+		"WorkspaceType":      &tenancyv1alpha1.WorkspaceTypeList{},
+		"ClusterRole":        &rbacv1.ClusterRoleList{},
+		"ClusterRoleBinding": &rbacv1.ClusterRoleBindingList{},
+	}
+	for kind, l := range lists {
+		if err := c.List(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		items, err := metaItems(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range items {
+			out[kind+"/"+o.GetName()] = o.GetResourceVersion()
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("nothing found in the provider workspace")
+	}
+	return out
+}
+
+// TestBootstrapIsIdempotent: a second bootstrap run changes nothing.
+func TestBootstrapIsIdempotent(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	before := resourceVersions(ctx, t)
+	out, err := exec.CommandContext(ctx, env.provider.Bin, "--kubeconfig", env.kcp.Kubeconfig,
+		"--workspace", env.providerWS.String(), "--bootstrap-only").CombinedOutput()
+	if err != nil {
+		t.Fatalf("bootstrap-only run failed: %v\n%s", err, out)
+	}
+	after := resourceVersions(ctx, t)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s changed: resourceVersion %s -> %s", k, v, after[k])
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s appeared on the second run", k)
+		}
+	}
+	t.Logf("%d objects unchanged by a second bootstrap", len(before))
+}
+
+// TestProviderRejectsBadFlags: an unreachable kcp, a malformed or missing
+// kubeconfig and an invalid workspace path end the provider with exit code
+// 1 and one line naming the problem.
+func TestProviderRejectsBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	malformed := filepath.Join(dir, "malformed.kubeconfig")
+	unreachable := filepath.Join(dir, "unreachable.kubeconfig")
+	if err := os.WriteFile(malformed, []byte("apiVersion: v1\nclusters: [this is: not yaml\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(unreachable, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, port)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"malformed kubeconfig", []string{"--kubeconfig", malformed}, "is malformed"},
+		{"missing kubeconfig", []string{"--kubeconfig", filepath.Join(dir, "nope")}, "no such file"},
+		{"unreachable kcp", []string{"--kubeconfig", unreachable, "--connect-timeout", "2s"}, "unreachable"},
+		{"invalid workspace path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--workspace", "root:Not_Valid"}, "not a valid workspace path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, env.provider.Bin, tc.args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 1 {
+				t.Fatalf("want exit code 1, got %v; stderr:\n%s", err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("want one line containing %q, got:\n%s", tc.want, stderr.String())
+			}
+			t.Logf("stderr: %s", lines[0])
+		})
+	}
+}
+
+// TestEngagementRecoversFromUnservedEndpoint: the virtual workspace URL is
+// published before it serves (simulated by a probe that fails twice);
+// engagement restarts with backoff and engages the bound workspaces
+// without a process restart.
+func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	name := env.prefix + "-recover"
+	if _, err := newApplicationWorkspace(ctx, env.admin, name); err != nil {
+		t.Fatal(err)
+	}
+	wsCfg, err := bootstrap.ForWorkspace(env.admin, env.providerWS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var probes atomic.Int32
+	flaky := func(ctx context.Context, cfg *rest.Config, url string) error {
+		if probes.Add(1) <= 2 {
+			return fmt.Errorf("simulated: %s not served yet", url)
+		}
+		return engage.ProbeVirtualWorkspace(ctx, cfg, url)
+	}
+	scheme := framework.Scheme()
+	p, err := engage.New(wsCfg, []string{"apps.knotless.dev"}, engage.Options{
+		Scheme: scheme, Probe: flaky, Backoff: engage.Backoff{Initial: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := mcmanager.New(wsCfg, p, manager.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan string, 100)
+	err = mcbuilder.ControllerManagedBy(mgr).Named("e2e-recover").
+		For(&appsv1alpha1.Application{}, engage.ForExport("apps.knotless.dev")).
+		Complete(mcreconcile.Func(func(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+			select {
+			case seen <- string(req.ClusterName):
+			default:
+			}
+			return reconcile.Result{}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	select {
+	case cluster := <-seen:
+		t.Logf("engaged %s after %d probes, %d restarts", cluster, probes.Load(), p.Restarts()["apps.knotless.dev"])
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no workspace engaged after %d probes", probes.Load())
+	}
+	if r := p.Restarts()["apps.knotless.dev"]; r < 1 {
+		t.Errorf("want at least one restart of the export's provider, got %d", r)
+	}
+}
+
+func metaItems(l client.ObjectList) ([]client.Object, error) {
+	items, err := apimeta.ExtractList(l)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]client.Object, 0, len(items))
+	for _, o := range items {
+		co, ok := o.(client.Object)
+		if !ok {
+			return nil, fmt.Errorf("%T is not a client.Object", o)
+		}
+		out = append(out, co)
+	}
+	return out, nil
+}
