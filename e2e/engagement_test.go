@@ -121,6 +121,24 @@ func TestWorkspacesCreatedAfterStartupAreEngaged(t *testing.T) {
 		durations[n/2].Round(time.Millisecond), durations[0].Round(time.Millisecond), durations[n-1].Round(time.Millisecond), n)
 	t.Logf("FIGURE provider RSS after engaging %d workspaces: %.1f MiB", n, float64(rss)/(1<<20))
 
+	// R05: Application status has exactly one writer.
+	c, err := framework.ClientFor(env.admin, root.Join(env.prefix+"-engage-00"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &appsv1alpha1.Application{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "app"}, app); err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range app.ManagedFields {
+		if mf.Subresource == "status" && mf.Manager != "knotless-application" {
+			t.Errorf("status written by %q too", mf.Manager)
+		}
+		if mf.Subresource == "" && mf.Manager == "knotless-application" {
+			t.Errorf("the controller wrote the main resource: %s", mf.FieldsV1)
+		}
+	}
+
 	metrics, err := env.provider.Metrics()
 	if err != nil {
 		t.Fatal(err)

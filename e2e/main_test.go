@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/knotless-dev/knotless/e2e/framework"
 )
@@ -77,6 +79,11 @@ func run(m *testing.M) (code int) {
 		fmt.Printf("e2e: logs in %s\n", dir)
 	}()
 
+	// In-process controllers (engage tests) log to a file of their own.
+	if f, err := os.Create(filepath.Join(dir, "in-process.log")); err == nil {
+		defer f.Close()
+		ctrllog.SetLogger(zap.New(zap.WriteTo(f)))
+	}
 	fail := func(err error) int {
 		fmt.Printf("e2e: setup failed: %v\n", err)
 		return 1
