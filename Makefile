@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: all build tools codegen-tools generate verify test test-unit e2e dev bench-engage clean
+.PHONY: all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage clean
 
 all: build
 
@@ -17,6 +17,11 @@ build:
 tools:
 	hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp
 	hack/tool.sh kubectl-kcp github.com/kcp-dev/cli/cmd/kubectl-ws github.com/kcp-dev/cli/cmd/kubectl-kcp
+
+## stack-deps: the test stack: Node 22 + PDS + PLC (hack/stack/install.sh) and the Vault dev server binary
+stack-deps:
+	hack/stack/install.sh
+	hack/tool.sh vault github.com/hashicorp/vault
 
 codegen-tools:
 	hack/tool.sh codegen sigs.k8s.io/controller-tools/cmd/controller-gen github.com/kcp-dev/sdk/cmd/apigen
@@ -41,7 +46,7 @@ test-unit:
 	go vet ./...
 	go test -count=1 $(GO_PACKAGES)
 
-e2e: tools
+e2e: tools stack-deps
 	KCP_BIN=$(BIN)/kcp go test -count=1 -timeout 40m -v ./e2e/
 
 ## dev: local kcp + knotless-provider; prints what to try; Ctrl-C stops everything

@@ -7,6 +7,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 )
 
 // AddToScheme registers every knotless group. A group added under apis/
@@ -14,6 +15,7 @@ import (
 func AddToScheme(s *runtime.Scheme) error {
 	for _, add := range []func(*runtime.Scheme) error{
 		appsv1alpha1.AddToScheme,
+		atprotov1alpha1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			return err

@@ -32,6 +32,11 @@ type suite struct {
 	kcp      *framework.KCP
 	admin    *rest.Config
 	provider *framework.Provider
+	plc      *framework.PLC
+	pds      *framework.PDS
+	vault    *framework.Vault
+	// vaultAudit is the file Vault's audit device writes.
+	vaultAudit string
 	// prefix makes names unique when an existing kcp is reused.
 	prefix string
 	// providerWS is deliberately not root:knotless (R15).
@@ -107,14 +112,74 @@ func run(m *testing.M) (code int) {
 	if err != nil {
 		return fail(err)
 	}
+	start = time.Now()
+	if s.plc, err = framework.StartPLC(ctx, s.group, root, dir); err != nil {
+		return fail(err)
+	}
+	if s.pds, err = framework.StartPDS(ctx, s.group, root, dir, s.plc.URL); err != nil {
+		return fail(err)
+	}
+	var vaultArgs []string
+	if os.Getenv("KNOTLESS_E2E_SKIP_VAULT") == "" {
+		if s.vault, err = framework.StartVault(ctx, s.group, filepath.Join(root, "bin", "vault"), dir); err != nil {
+			return fail(err)
+		}
+		if vaultArgs, err = setupVault(ctx, s, dir); err != nil {
+			return fail(err)
+		}
+	}
+	fmt.Printf("e2e: PLC, PDS and Vault ready in %s (pds %s)\n", time.Since(start).Round(time.Millisecond), s.pds.URL)
 	s.providerWS = logicalcluster.NewPath("root:" + s.prefix + "-org:knotless")
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
-	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String()); err != nil {
+	args := append([]string{"--atproto-resync", "3s"}, vaultArgs...)
+	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String(), args...); err != nil {
 		return fail(err)
 	}
 	fmt.Printf("e2e: provider ready in %s for %s\n", time.Since(start).Round(time.Millisecond), s.providerWS)
 	return m.Run()
+}
+
+// setupVault gives the provider an AppRole whose policy may read the KV v2
+// paths under secret/knotless/, turns on a file audit device, and returns
+// the provider's --vault-* flags.
+func setupVault(ctx context.Context, s *suite, dir string) ([]string, error) {
+	v := s.vault
+	s.vaultAudit = filepath.Join(dir, "vault-audit.log")
+	if err := v.EnableAudit(ctx, s.vaultAudit); err != nil {
+		return nil, err
+	}
+	steps := []struct {
+		path string
+		data map[string]any
+	}{
+		{"sys/auth/approle", map[string]any{"type": "approle"}},
+		{"sys/policies/acl/knotless-provider", map[string]any{"policy": `path "secret/data/knotless/*" { capabilities = ["read"] }`}},
+		{"auth/approle/role/knotless-provider", map[string]any{"token_policies": "knotless-provider", "token_ttl": "10m", "token_max_ttl": "1h"}},
+	}
+	for _, st := range steps {
+		if _, err := v.Write(ctx, st.path, st.data); err != nil {
+			return nil, err
+		}
+	}
+	role, err := v.Read(ctx, "auth/approle/role/knotless-provider/role-id")
+	if err != nil {
+		return nil, err
+	}
+	secret, err := v.Write(ctx, "auth/approle/role/knotless-provider/secret-id", map[string]any{})
+	if err != nil {
+		return nil, err
+	}
+	secretFile := filepath.Join(dir, "vault-secret-id")
+	if err := os.WriteFile(secretFile, []byte(fmt.Sprint(secret["secret_id"])), 0o600); err != nil {
+		return nil, err
+	}
+	return []string{
+		"--vault-address", v.Addr,
+		"--vault-approle-role-id", fmt.Sprint(role["role_id"]),
+		"--vault-approle-secret-id-file", secretFile,
+		"--vault-prefix", "knotless",
+	}, nil
 }
 
 // grantWorkspaceCreators lets the token users create workspaces in root

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,9 +32,13 @@ import (
 
 	"github.com/knotless-dev/knotless/apis"
 	"github.com/knotless-dev/knotless/controllers/application"
+	"github.com/knotless-dev/knotless/controllers/atprotorecord"
+	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/vault"
 	"github.com/knotless-dev/knotless/workspacetypes"
 )
 
@@ -46,6 +51,8 @@ type options struct {
 	connectTimeout  time.Duration
 	shutdownTimeout time.Duration
 	bootstrapOnly   bool
+	atprotoResync   time.Duration
+	vault           vault.Config
 }
 
 func main() {
@@ -59,6 +66,8 @@ func main() {
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
 	fs.BoolVar(&o.bootstrapOnly, "bootstrap-only", false, "apply the provider workspace's objects and exit")
+	fs.DurationVar(&o.atprotoResync, "atproto-resync", 2*time.Minute, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
+	vault.BindFlags(fs, &o.vault)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -123,8 +132,24 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	vc, err := newVault(o.vault, logger)
+	if err != nil {
+		return err
+	}
+	if vc != nil {
+		if err := mgr.GetLocalManager().Add(vc); err != nil {
+			return err
+		}
+	}
+	pool := &repoconn.Pool{Vault: vc}
 	if err := application.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
+	}
+	if err := atprotorepo.SetupWithManager(ctx, mgr, &atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}); err != nil {
+		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
+	}
+	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync}); err != nil {
+		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
 		return err
@@ -143,6 +168,24 @@ func run(ctx context.Context, o options) error {
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// newVault connects to Vault when --vault-address is set.
+func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
+	if !cfg.Enabled() {
+		logger.Info("no Vault connection: credentials that reference Vault are reported as VaultUnavailable")
+		return nil, nil
+	}
+	m, err := vault.NewMetrics(metrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	vc, err := vault.New(cfg, vault.WithLogger(logger.WithName("vault")), vault.WithMetrics(m))
+	if err != nil {
+		return nil, fmt.Errorf("vault: %w", err)
+	}
+	logger.Info("Vault connection configured", "address", cfg.Address, "prefix", vc.Prefix())
+	return vc, nil
 }
 
 // loadConfig reads a kubeconfig and names the file in its error.

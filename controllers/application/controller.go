@@ -24,6 +24,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
 const (
@@ -74,17 +75,11 @@ func Reconcile(ctx context.Context, c client.Client, rec events.EventRecorder, k
 		return reconcile.Result{}, nil
 	}
 
-	patch := &appsv1alpha1.Application{
-		TypeMeta:   metav1.TypeMeta{APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Application"},
-		ObjectMeta: metav1.ObjectMeta{Name: app.Name, Namespace: app.Namespace, UID: app.UID},
-		Status:     want,
-	}
-	//nolint:staticcheck // SSA of a typed object without generated apply configurations.
-	if err := c.Status().Patch(ctx, patch, client.Apply, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return reconcile.Result{Requeue: true}, nil
+	if err := ssa.Status(ctx, c, app, &want, FieldManager); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
 		}
-		return reconcile.Result{}, fmt.Errorf("applying status of %s: %w", key, err)
+		return reconcile.Result{}, err
 	}
 	if app.Status.Phase != want.Phase {
 		logger.Info("application phase changed", "from", app.Status.Phase, "to", want.Phase)

@@ -32,14 +32,16 @@ type Provider struct {
 	Workspace  string
 	ProbePort  int
 	MetricPort int
-	dir        string
+	// Args are extra flags.
+	Args []string
+	dir  string
 }
 
 // StartProvider starts the provider for the provider workspace ws and
 // waits until its health endpoint answers (bootstrap done, manager
 // started).
-func StartProvider(ctx context.Context, g *Group, bin, dir, kubeconfig, ws string) (*Provider, error) {
-	p := &Provider{Bin: bin, Kubeconfig: kubeconfig, Workspace: ws, dir: dir}
+func StartProvider(ctx context.Context, g *Group, bin, dir, kubeconfig, ws string, args ...string) (*Provider, error) {
+	p := &Provider{Bin: bin, Kubeconfig: kubeconfig, Workspace: ws, Args: args, dir: dir}
 	return p, p.Restart(ctx, g)
 }
 
@@ -53,12 +55,12 @@ func (p *Provider) Restart(ctx context.Context, g *Group) error {
 	if p.MetricPort, err = FreePort(); err != nil {
 		return err
 	}
-	proc, err := Start(p.dir, "knotless-provider", p.Bin, []string{
+	proc, err := Start(p.dir, "knotless-provider", p.Bin, append([]string{
 		"--kubeconfig", p.Kubeconfig,
 		"--workspace", p.Workspace,
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(p.ProbePort),
 		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(p.MetricPort),
-	}, nil)
+	}, p.Args...), nil)
 	if err != nil {
 		return err
 	}

@@ -314,8 +314,10 @@ func hasInitializerPermissions(cfg *rest.Config) (bool, error) {
 }
 
 // StandardClaims returns the permission claims every knotless export
-// makes: the controllers read Secrets and ConfigMaps the user references
-// and write Events for users. The apibinder initializer accepts them for
+// makes: the controllers read ConfigMaps the user references, read Secrets
+// the user references and keep their own Secrets (for example ATProto
+// sessions, owned by the object they belong to), and write Events for
+// users. The apibinder initializer accepts them for
 // workspaces of knotless's types.
 func StandardClaims() []apisv1alpha2.PermissionClaim {
 	read := []string{"get", "list", "watch"}
@@ -323,7 +325,7 @@ func StandardClaims() []apisv1alpha2.PermissionClaim {
 		{GroupResource: apisv1alpha2.GroupResource{Resource: "configmaps"}, Verbs: read},
 		{GroupResource: apisv1alpha2.GroupResource{Resource: "events"}, Verbs: append(read, "create", "update", "patch")},
 		{GroupResource: apisv1alpha2.GroupResource{Group: "events.k8s.io", Resource: "events"}, Verbs: append(read, "create", "update", "patch")},
-		{GroupResource: apisv1alpha2.GroupResource{Resource: "secrets"}, Verbs: read},
+		{GroupResource: apisv1alpha2.GroupResource{Resource: "secrets"}, Verbs: append(read, "create", "update", "patch", "delete")},
 	}
 }
 

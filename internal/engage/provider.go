@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
@@ -51,6 +52,7 @@ type Options struct {
 // Provider engages the workspaces bound to any of a set of APIExports.
 type Provider struct {
 	exports map[string]*exportProvider
+	scheme  *runtime.Scheme
 }
 
 var (
@@ -69,7 +71,7 @@ func New(cfg *rest.Config, exports []string, opts Options) (*Provider, error) {
 		opts.Probe = ProbeVirtualWorkspace
 	}
 	opts.Backoff = opts.Backoff.withDefaults()
-	p := &Provider{exports: map[string]*exportProvider{}}
+	p := &Provider{exports: map[string]*exportProvider{}, scheme: opts.Scheme}
 	for _, name := range exports {
 		if name == "" || strings.Contains(name, Separator) {
 			return nil, fmt.Errorf("engage: invalid export name %q", name)
@@ -117,9 +119,18 @@ func (p *Provider) Get(ctx context.Context, name multicluster.ClusterName) (clus
 	return ep.Get(ctx, multicluster.ClusterName(lc))
 }
 
-// IndexField adds an index to the clusters of every export.
+// IndexField adds an index to the clusters of the exports that serve obj:
+// a knotless kind is served by the export named after its API group (as
+// apigen names exports); other kinds (Secrets, ConfigMaps) by every export.
 func (p *Provider) IndexField(ctx context.Context, obj client.Object, field string, extract client.IndexerFunc) error {
+	gvk, err := apiutil.GVKForObject(obj, p.scheme)
+	if err != nil {
+		return err
+	}
 	for _, name := range p.exportNames() {
+		if _, own := p.exports[gvk.Group]; own && name != gvk.Group {
+			continue
+		}
 		if err := p.exports[name].IndexField(ctx, obj, field, extract); err != nil {
 			return fmt.Errorf("export %s: %w", name, err)
 		}

@@ -1,0 +1,319 @@
+// Package atprotorecord keeps each AtprotoRecord equal to its spec on the
+// PDS of its AtprotoRepo. Status comes from reading the record back from
+// the PDS, never from what the controller intended (R01). It is the only
+// writer of AtprotoRecord status and of the record's finalizer and owner
+// reference (field manager FieldManager); it never writes spec.
+package atprotorecord
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/controllers/atprotorepo"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "atprotorecord"
+	// FieldManager owns AtprotoRecord status, finalizer and owner reference.
+	FieldManager = "knotless-atprotorecord"
+	// Finalizer deletes the record from the PDS before the object goes.
+	Finalizer = "atproto.knotless.dev/record"
+)
+
+// Reconciler reconciles AtprotoRecords in every engaged workspace.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Pool       *repoconn.Pool
+	// Resync is how often a Synced record is read back from the PDS to
+	// detect changes made behind knotless's back. Zero means 2 minutes.
+	Resync time.Duration
+}
+
+// SetupWithManager registers the controller. The repo controller's
+// SetupWithManager registers the index of records by repo.
+func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&atprotov1alpha1.AtprotoRecord{}, engage.ForExport(atprotorepo.Export)).
+		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			MaxConcurrentReconciles: 8,
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, 5*time.Minute),
+		}).
+		Complete(r)
+}
+
+func enqueueRecordsOfRepo() mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
+			var records atprotov1alpha1.AtprotoRecordList
+			if err := cl.GetCache().List(ctx, &records, client.InNamespace(o.GetNamespace()), client.MatchingFields{atprotorepo.RecordRepoIndex: o.GetName()}); err != nil {
+				log.FromContext(ctx).Error(err, "listing the records of a repo", "repo", o.GetName())
+				return nil
+			}
+			reqs := make([]mcreconcile.Request, 0, len(records.Items))
+			for _, r := range records.Items {
+				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&r)}})
+			}
+			return reqs
+		})
+	}
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	c := cl.GetClient()
+	rec := &atprotov1alpha1.AtprotoRecord{}
+	if err := c.Get(ctx, req.NamespacedName, rec); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	s := &syncer{r: r, c: c, cluster: lc, events: cl.GetEventRecorder(Name), rec: rec}
+	return s.sync(ctx)
+}
+
+// syncer reconciles one record.
+type syncer struct {
+	r       *Reconciler
+	c       client.Client
+	cluster string
+	events  events.EventRecorder
+	rec     *atprotov1alpha1.AtprotoRecord
+}
+
+func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
+	rec := s.rec
+	if !rec.DeletionTimestamp.IsZero() {
+		return s.finalize(ctx)
+	}
+	if err := pds.ValidateRecord(rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw); err != nil {
+		// Bad input: say what is wrong, write nothing, wait for a spec edit.
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, err.Error(), nil)
+	}
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: rec.Namespace, Name: rec.Spec.RepoRef.Name}, repo); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
+				fmt.Sprintf("AtprotoRepo %s not found in this namespace", rec.Spec.RepoRef.Name), nil)
+		}
+		return reconcile.Result{}, err
+	}
+	if err := s.ensureMetadata(ctx, repo); err != nil {
+		return reconcile.Result{}, err
+	}
+	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
+		msg := fmt.Sprintf("AtprotoRepo %s is not Ready", repo.Name)
+		if c := meta.FindStatusCondition(repo.Status.Conditions, atprotov1alpha1.ConditionReady); c != nil {
+			msg += ": " + c.Reason
+		}
+		// The repo watch brings the record back when the repo is Ready.
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady, msg, nil)
+	}
+	pc := s.r.Pool.Get(s.cluster, repo)
+	if pc == nil {
+		var err error
+		if pc, err = s.r.Pool.Connect(ctx, s.c, s.cluster, repo); err != nil {
+			return s.failed(ctx, err)
+		}
+	}
+
+	value, err := withType(rec.Spec.Collection, rec.Spec.Value.Raw)
+	if err != nil {
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, "spec.value: "+err.Error(), nil)
+	}
+	cur, err := pc.GetRecord(ctx, rec.Spec.Collection, rec.Spec.RKey)
+	if err != nil && !errors.Is(err, pds.ErrRecordNotFound) {
+		return s.failed(ctx, err)
+	}
+	if cur == nil || !jsonEqual(cur.Value, value) {
+		if rec.Status.CID != "" && rec.Status.ObservedGeneration == rec.Generation {
+			// Spec did not change since the last sync, yet the PDS differs.
+			what := "deleted"
+			if cur != nil {
+				what = "changed"
+			}
+			s.events.Eventf(rec, nil, corev1.EventTypeWarning, "Restored", "Sync", "the record was %s on the PDS behind knotless's back; restoring it from spec", what)
+		}
+		var swap *string
+		if cur != nil {
+			swap = &cur.CID
+		}
+		if _, err := pc.PutRecord(ctx, rec.Spec.Collection, rec.Spec.RKey, value, swap); err != nil {
+			if errors.Is(err, pds.ErrInvalidSwap) {
+				// Someone wrote in between: read again and retry.
+				return reconcile.Result{Requeue: true}, nil
+			}
+			return s.failed(ctx, err)
+		}
+		if cur, err = pc.GetRecord(ctx, rec.Spec.Collection, rec.Spec.RKey); err != nil {
+			return s.failed(ctx, err)
+		}
+	}
+	rev, err := pc.LatestRev(ctx)
+	if err != nil {
+		return s.failed(ctx, err)
+	}
+	resync := s.r.Resync
+	if resync == 0 {
+		resync = 2 * time.Minute
+	}
+	return reconcile.Result{RequeueAfter: resync}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
+		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: cur.URI, CID: cur.CID, Rev: rev})
+}
+
+// failed reports a PDS or connection error and backs off.
+func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error) {
+	reason := atprotov1alpha1.ReasonWriteFailed
+	var re *repoconn.Error
+	if errors.As(err, &re) {
+		reason = re.Reason
+	} else if r, ok := repoconn.Classify(err); ok {
+		reason = r
+	}
+	if serr := s.status(ctx, metav1.ConditionFalse, reason, err.Error(), nil); serr != nil {
+		return reconcile.Result{}, serr
+	}
+	var rl *pds.RateLimitedError
+	if errors.As(err, &rl) {
+		return reconcile.Result{RequeueAfter: time.Until(rl.Reset) + time.Second}, nil
+	}
+	return reconcile.Result{}, err
+}
+
+// ensureMetadata sets the finalizer and the owner reference to the repo.
+func (s *syncer) ensureMetadata(ctx context.Context, repo *atprotov1alpha1.AtprotoRepo) error {
+	owner := metav1.OwnerReference{
+		APIVersion: atprotov1alpha1.GroupVersion.String(), Kind: "AtprotoRepo", Name: repo.Name, UID: repo.UID,
+	}
+	for _, o := range s.rec.OwnerReferences {
+		if o.UID == repo.UID && controllerutil.ContainsFinalizer(s.rec, Finalizer) {
+			return nil
+		}
+	}
+	return ssa.Metadata(ctx, s.c, s.rec, []string{Finalizer}, []metav1.OwnerReference{owner}, FieldManager)
+}
+
+// finalize deletes the record from the PDS, then drops the finalizer.
+func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
+	rec := s.rec
+	if !controllerutil.ContainsFinalizer(rec, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	err := s.c.Get(ctx, client.ObjectKey{Namespace: rec.Namespace, Name: rec.Spec.RepoRef.Name}, repo)
+	switch {
+	case apierrors.IsNotFound(err):
+		s.events.Eventf(rec, nil, corev1.EventTypeWarning, "RecordLeft", "Delete", "AtprotoRepo %s is gone: the record stays on the PDS", rec.Spec.RepoRef.Name)
+	case err != nil:
+		return reconcile.Result{}, err
+	case pds.ValidateRecord(rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw) != nil && rec.Status.CID == "":
+		// Never written: nothing to delete.
+	default:
+		pc := s.r.Pool.Get(s.cluster, repo)
+		if pc == nil {
+			if pc, err = s.r.Pool.Connect(ctx, s.c, s.cluster, repo); err != nil {
+				return s.failed(ctx, err)
+			}
+		}
+		if err := pc.DeleteRecord(ctx, rec.Spec.Collection, rec.Spec.RKey, nil); err != nil && !errors.Is(err, pds.ErrRecordNotFound) {
+			return s.failed(ctx, err)
+		}
+	}
+	err = ssa.RemoveFinalizer(ctx, s.c, rec, Finalizer)
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return reconcile.Result{Requeue: true}, nil
+	}
+	return reconcile.Result{}, err
+}
+
+// status applies the Synced condition and, when given, the read-back
+// fields. Status is patched only when it changed.
+func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason, msg string, readBack *atprotov1alpha1.AtprotoRecordStatus) error {
+	st := s.rec.Status.DeepCopy()
+	st.ObservedGeneration = s.rec.Generation
+	if readBack != nil {
+		st.URI, st.CID, st.Rev = readBack.URI, readBack.CID, readBack.Rev
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+	if apiequality.Semantic.DeepEqual(s.rec.Status, *st) {
+		return nil
+	}
+	before := meta.FindStatusCondition(s.rec.Status.Conditions, atprotov1alpha1.ConditionSynced)
+	if err := ssa.Status(ctx, s.c, s.rec, st, FieldManager); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if before == nil || before.Reason != reason {
+		typ := corev1.EventTypeNormal
+		if cond != metav1.ConditionTrue {
+			typ = corev1.EventTypeWarning
+		}
+		s.events.Eventf(s.rec, nil, typ, reason, "Sync", "%s", msg)
+	}
+	return nil
+}
+
+// withType returns the record value with $type set to the collection when
+// it is missing (ValidateRecord has refused a different one).
+func withType(collection string, raw []byte) (json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	if _, ok := obj["$type"]; ok {
+		return raw, nil
+	}
+	t, _ := json.Marshal(collection)
+	obj["$type"] = t
+	return json.Marshal(obj)
+}
+
+// jsonEqual compares two JSON documents by value.
+func jsonEqual(a, b []byte) bool {
+	var va, vb any
+	da := json.NewDecoder(bytes.NewReader(a))
+	da.UseNumber()
+	db := json.NewDecoder(bytes.NewReader(b))
+	db.UseNumber()
+	if da.Decode(&va) != nil || db.Decode(&vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
+}

@@ -1,0 +1,252 @@
+// Package atprotorepo reconciles AtprotoRepos: it logs in to the PDS with
+// the repo's credential and reports the account's DID, handle and latest
+// revision as the PDS reports them. It is the only status writer of
+// AtprotoRepo (field manager FieldManager) and never writes spec.
+package atprotorepo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "atprotorepo"
+	// FieldManager owns AtprotoRepo status and the repo finalizer.
+	FieldManager = "knotless-atprotorepo"
+	// Export serves the atproto kinds.
+	Export = "atproto.knotless.dev"
+	// Finalizer makes a deleted repo delete its records (from the PDS)
+	// before it goes.
+	Finalizer = "atproto.knotless.dev/records"
+	// refIndex indexes repos by the Secrets and ConfigMaps they reference.
+	refIndex = "atproto.knotless.dev/refs"
+	// RecordRepoIndex indexes records by their repo.
+	RecordRepoIndex = "atproto.knotless.dev/repo"
+)
+
+// Reconciler reconciles AtprotoRepos in every engaged workspace.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Pool       *repoconn.Pool
+	// Resync is how often a Ready repo is checked again (revision, and a
+	// changed Vault credential). Zero means 5 minutes.
+	Resync time.Duration
+}
+
+// SetupWithManager registers the controller and the indexes it uses.
+func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRepo{}, refIndex, refsOf); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRecord{}, RecordRepoIndex, func(o client.Object) []string {
+		return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
+	}); err != nil {
+		return err
+	}
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&atprotov1alpha1.AtprotoRepo{}, engage.ForExport(Export)).
+		Watches(&corev1.Secret{}, enqueueReferrers("Secret"), engage.ForExport(Export)).
+		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap"), engage.ForExport(Export)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, 5*time.Minute),
+		}).
+		Complete(r)
+}
+
+func refsOf(o client.Object) []string {
+	repo := o.(*atprotov1alpha1.AtprotoRepo)
+	var refs []string
+	if ref := repo.Spec.Credential.SecretKeyRef; ref != nil {
+		refs = append(refs, "Secret/"+ref.Name)
+	}
+	if ref := repo.Spec.PDS.CABundle; ref != nil {
+		refs = append(refs, ref.Kind+"/"+ref.Name)
+	}
+	return refs
+}
+
+// enqueueReferrers maps a Secret or ConfigMap to the repos of its
+// namespace that reference it, so a changed credential or CA bundle is
+// picked up without a restart (R08).
+func enqueueReferrers(kind string) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
+			var repos atprotov1alpha1.AtprotoRepoList
+			if err := cl.GetCache().List(ctx, &repos, client.InNamespace(o.GetNamespace()), client.MatchingFields{refIndex: kind + "/" + o.GetName()}); err != nil {
+				log.FromContext(ctx).Error(err, "listing repos that reference an object", "kind", kind, "name", o.GetName())
+				return nil
+			}
+			reqs := make([]mcreconcile.Request, 0, len(repos.Items))
+			for _, r := range repos.Items {
+				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&r)}})
+			}
+			return reqs
+		})
+	}
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	c := cl.GetClient()
+	rec := cl.GetEventRecorder(Name)
+
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	if err := c.Get(ctx, req.NamespacedName, repo); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !repo.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, c, lc, repo)
+	}
+	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
+		if err := addFinalizer(ctx, c, repo); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+
+	resync := r.Resync
+	if resync == 0 {
+		resync = 5 * time.Minute
+	}
+	st := repo.Status.DeepCopy()
+	st.ObservedGeneration = repo.Generation
+	pc, err := r.Pool.Connect(ctx, c, lc, repo)
+	if err == nil {
+		did, handle := pc.Info()
+		st.DID, st.Handle = did, handle
+		st.Rev, err = pc.LatestRev(ctx)
+		if err != nil {
+			err = classifyCall(err)
+		}
+	}
+	var result reconcile.Result
+	var cause error
+	var re *repoconn.Error
+	switch {
+	case err == nil:
+		setReady(st, repo.Generation, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
+		result.RequeueAfter = resync
+	case errors.As(err, &re):
+		setReady(st, repo.Generation, metav1.ConditionFalse, re.Reason, re.Message)
+		var rl interface{ RetryAfter() time.Duration }
+		if errors.As(err, &rl) {
+			result.RequeueAfter = rl.RetryAfter()
+		} else {
+			// Back off through the rate-limited workqueue.
+			cause = err
+		}
+	default:
+		setReady(st, repo.Generation, metav1.ConditionFalse, "Error", err.Error())
+		cause = err
+	}
+	if err := r.applyStatus(ctx, c, rec, repo, *st); err != nil {
+		return reconcile.Result{}, err
+	}
+	if cause != nil {
+		return reconcile.Result{}, cause
+	}
+	return result, nil
+}
+
+func classifyCall(err error) error {
+	if reason, ok := repoconn.Classify(err); ok {
+		return &repoconn.Error{Reason: reason, Message: err.Error(), Err: err}
+	}
+	return err
+}
+
+func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
+}
+
+func (r *Reconciler) applyStatus(ctx context.Context, c client.Client, rec events.EventRecorder, repo *atprotov1alpha1.AtprotoRepo, st atprotov1alpha1.AtprotoRepoStatus) error {
+	if apiequality.Semantic.DeepEqual(repo.Status, st) {
+		return nil
+	}
+	before := meta.FindStatusCondition(repo.Status.Conditions, atprotov1alpha1.ConditionReady)
+	after := meta.FindStatusCondition(st.Conditions, atprotov1alpha1.ConditionReady)
+	if err := ssa.Status(ctx, c, repo, &st, FieldManager); err != nil {
+		return err
+	}
+	if after != nil && (before == nil || before.Status != after.Status || before.Reason != after.Reason) {
+		typ := corev1.EventTypeNormal
+		if after.Status != metav1.ConditionTrue {
+			typ = corev1.EventTypeWarning
+		}
+		rec.Eventf(repo, nil, typ, after.Reason, "Connect", "%s", after.Message)
+	}
+	return nil
+}
+
+// finalize deletes the repo's records (their own finalizers delete them
+// from the PDS while the repo and its credential still exist), then lets
+// the repo go.
+func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	var records atprotov1alpha1.AtprotoRecordList
+	if err := c.List(ctx, &records, client.InNamespace(repo.Namespace), client.MatchingFields{RecordRepoIndex: repo.Name}); err != nil {
+		return reconcile.Result{}, err
+	}
+	if len(records.Items) > 0 {
+		for i := range records.Items {
+			if err := c.Delete(ctx, &records.Items[i]); client.IgnoreNotFound(err) != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		log.FromContext(ctx).Info("waiting for the repo's records to be deleted", "records", len(records.Items))
+		return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
+	}
+	if err := ssa.RemoveFinalizer(ctx, c, repo, Finalizer); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{Requeue: true}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	r.Pool.Forget(cluster, repo.UID)
+	return reconcile.Result{}, nil
+}
+
+// addFinalizer adds the controller's finalizer with a server-side apply of
+// metadata only.
+func addFinalizer(ctx context.Context, c client.Client, repo *atprotov1alpha1.AtprotoRepo) error {
+	err := ssa.Metadata(ctx, c, repo, []string{Finalizer}, nil, FieldManager)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,278 @@
+// Package pds is a client for one account's repo on an ATProto PDS, built on
+// indigo's atproto/atclient and api/agnostic.
+//
+// Sessions: Connect resumes a stored session (checked with getSession) and
+// logs in (createSession, which the PDS rate-limits) only when there is no
+// usable one. Every token refresh, and every login that a dead refresh token
+// forces, is saved through the SessionStore before the request that needed
+// it is retried, so a restart never logs in again. An ExpiredToken answer in
+// the middle of any call refreshes once and retries once.
+//
+// Errors are typed (ErrAuthentication, ErrUnreachable, *RateLimitedError,
+// ErrInvalidSwap, ErrRecordNotFound, *InvalidRequestError, *StatusError,
+// *SpecError) and never contain the password or a token.
+package pds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// DefaultTimeout is the request timeout of the HTTP client used when
+// Options.HTTPClient is nil.
+const DefaultTimeout = 20 * time.Second
+
+const defaultUserAgent = "knotless-pds-client"
+
+// Options configures Connect.
+type Options struct {
+	// HTTPClient carries the TLS roots for the PDS and a timeout. Default: a
+	// client with DefaultTimeout (never http.DefaultClient, which has none).
+	HTTPClient *http.Client
+	// Store persists the session (required).
+	Store SessionStore
+	// UserAgent is sent with every request. Default "knotless-pds-client".
+	UserAgent string
+}
+
+// Client writes to the repo of one account. It is safe for concurrent use.
+type Client struct {
+	host, identifier, password string
+	store                      SessionStore
+	api                        *atclient.APIClient // authenticated through bearerAuth
+	anon                       *atclient.APIClient // createSession, refreshSession
+
+	renewMu sync.Mutex // serialises login, refresh and Store.Save
+
+	mu    sync.RWMutex
+	sess  Session
+	dirty bool // sess has not been saved yet
+}
+
+// Connect returns a Client for the account identifier (handle, DID or email)
+// on the PDS at host (e.g. "https://pds.example.com"). It resumes the stored
+// session if it belongs to the same host and account and the PDS accepts it
+// (refreshing it if the access token expired); otherwise it logs in with
+// appPassword and saves the new session. When the stored session cannot be
+// checked because the PDS is unreachable or rate-limits, Connect returns that
+// error instead of spending a login.
+func Connect(ctx context.Context, host, identifier, appPassword string, opts Options) (*Client, error) {
+	host = strings.TrimRight(host, "/")
+	if err := validateHost(host); err != nil {
+		return nil, err
+	}
+	if identifier == "" {
+		return nil, &SpecError{Field: "identifier", Reason: "must not be empty"}
+	}
+	if appPassword == "" {
+		return nil, &SpecError{Field: "password", Reason: "must not be empty"}
+	}
+	if opts.Store == nil {
+		return nil, &SpecError{Field: "Options.Store", Reason: "a SessionStore is required"}
+	}
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: DefaultTimeout}
+	}
+	ua := opts.UserAgent
+	if ua == "" {
+		ua = defaultUserAgent
+	}
+	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store}
+	headers := http.Header{"User-Agent": []string{ua}}
+	c.anon = &atclient.APIClient{Client: hc, Host: host, Headers: headers}
+	c.api = &atclient.APIClient{Client: hc, Host: host, Headers: headers, Auth: bearerAuth{c}}
+
+	stored, err := opts.Store.Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pds: loading session: %w", err)
+	}
+	if stored.usableFor(host, identifier) {
+		c.sess = *stored
+		err := c.resume(ctx)
+		if err == nil {
+			return c, nil
+		}
+		if !isAuth(err) {
+			return nil, err
+		}
+	}
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	if err := c.login(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Info returns the account's DID and handle.
+func (c *Client) Info() (did, handle string) {
+	s := c.session()
+	return s.DID, s.Handle
+}
+
+// resume checks the current session with getSession; an expired access
+// token is refreshed (and saved) by bearerAuth on the way.
+func (c *Client) resume(ctx context.Context) error {
+	var out struct {
+		DID    string `json:"did"`
+		Handle string `json:"handle"`
+	}
+	if err := c.lex().LexDo(ctx, http.MethodGet, "", "com.atproto.server.getSession", nil, nil, &out); err != nil {
+		return fmt.Errorf("pds: checking stored session: %w", err)
+	}
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	s := c.session()
+	if out.DID != s.DID {
+		return fmt.Errorf("pds: checking stored session: %w: it belongs to another account", ErrAuthentication)
+	}
+	if out.Handle != s.Handle {
+		s.Handle = out.Handle
+		return c.setSession(ctx, s)
+	}
+	return c.persist(ctx)
+}
+
+// renew refreshes the session after the access token `used` was reported
+// expired; if the refresh token is dead too it logs in. Concurrent callers
+// that saw the same expired token cause one refresh.
+func (c *Client) renew(ctx context.Context, used string) error {
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	if c.session().AccessJWT != used {
+		return c.persist(ctx) // someone else renewed already
+	}
+	err := c.refresh(ctx)
+	if isAuth(err) {
+		err = c.login(ctx)
+	}
+	return err
+}
+
+type sessionOutput struct {
+	AccessJwt  string `json:"accessJwt"`
+	RefreshJwt string `json:"refreshJwt"`
+	Did        string `json:"did"`
+	Handle     string `json:"handle"`
+}
+
+// refresh calls refreshSession with the refresh token. Needs renewMu.
+func (c *Client) refresh(ctx context.Context) error {
+	s := c.session()
+	var out sessionOutput
+	lc := lexClient{c: c, api: c.anon, bearer: s.RefreshJWT}
+	if err := lc.LexDo(ctx, http.MethodPost, "", "com.atproto.server.refreshSession", nil, nil, &out); err != nil {
+		return fmt.Errorf("pds: refreshing session: %w", err)
+	}
+	if out.Did != s.DID {
+		return fmt.Errorf("pds: refreshing session: %w: the PDS returned another account", ErrAuthentication)
+	}
+	s.AccessJWT, s.RefreshJWT, s.Handle = out.AccessJwt, out.RefreshJwt, out.Handle
+	return c.setSession(ctx, s)
+}
+
+// login calls createSession and saves the session. Needs renewMu.
+func (c *Client) login(ctx context.Context) error {
+	in := struct {
+		Identifier string `json:"identifier"`
+		Password   string `json:"password"`
+	}{c.identifier, c.password}
+	var out sessionOutput
+	if err := c.lexAnon().LexDo(ctx, http.MethodPost, "", "com.atproto.server.createSession", nil, in, &out); err != nil {
+		var ire *InvalidRequestError
+		if errors.As(err, &ire) { // a 400 at login: unusable credentials
+			err = fmt.Errorf("%w: %w", ErrAuthentication, err)
+		}
+		return fmt.Errorf("pds: logging in as %s: %w", c.identifier, err)
+	}
+	if _, err := syntax.ParseDID(out.Did); err != nil {
+		return fmt.Errorf("pds: logging in as %s: the PDS returned an invalid DID: %w", c.identifier, err)
+	}
+	return c.setSession(ctx, Session{
+		Host: c.host, Identifier: c.identifier, DID: out.Did, Handle: out.Handle,
+		AccessJWT: out.AccessJwt, RefreshJWT: out.RefreshJwt,
+	})
+}
+
+// setSession replaces the session and saves it. Needs renewMu.
+func (c *Client) setSession(ctx context.Context, s Session) error {
+	c.mu.Lock()
+	c.sess, c.dirty = s, true
+	c.mu.Unlock()
+	return c.persist(ctx)
+}
+
+// persist saves the session if it has not been saved yet. Needs renewMu.
+func (c *Client) persist(ctx context.Context) error {
+	c.mu.RLock()
+	s, dirty := c.sess, c.dirty
+	c.mu.RUnlock()
+	if !dirty {
+		return nil
+	}
+	if err := c.store.Save(ctx, &s); err != nil {
+		return fmt.Errorf("pds: saving session: %w", err)
+	}
+	c.mu.Lock()
+	if c.sess == s {
+		c.dirty = false
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// ready is called before every operation: a session that a failed Save left
+// unpersisted is saved first, so no write happens with tokens a restart
+// would not find.
+func (c *Client) ready(ctx context.Context) error {
+	c.mu.RLock()
+	dirty := c.dirty
+	c.mu.RUnlock()
+	if !dirty {
+		return nil
+	}
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	return c.persist(ctx)
+}
+
+func (c *Client) session() Session {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.sess
+}
+
+func (c *Client) lex() lexClient     { return lexClient{c: c, api: c.api} }
+func (c *Client) lexAnon() lexClient { return lexClient{c: c, api: c.anon} }
+
+// redact removes this client's secrets from text that came from the PDS.
+func (c *Client) redact(text string) string {
+	s := c.session()
+	for _, secret := range []string{c.password, s.AccessJWT, s.RefreshJWT} {
+		if len(secret) >= 6 {
+			text = strings.ReplaceAll(text, secret, "[redacted]")
+		}
+	}
+	return text
+}
+
+func isAuth(err error) bool { return err != nil && errors.Is(err, ErrAuthentication) }
+
+func validateHost(host string) error {
+	u, err := url.Parse(host)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return &SpecError{Field: "host", Reason: fmt.Sprintf("%q is not an http(s) URL without path", host)}
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package pds
+
+import (
+	"fmt"
+	"time"
+)
+
+// Error is the type of this package's sentinel errors. They are constants so
+// that no caller can reassign them; test with errors.Is.
+type Error string
+
+func (e Error) Error() string { return string(e) }
+
+const (
+	// ErrAuthentication: the PDS refused the credentials or the session
+	// (wrong identifier or password, unknown account, AuthenticationRequired,
+	// an invalid token, a refresh token that was revoked).
+	ErrAuthentication Error = "authentication failed"
+	// ErrUnreachable: the PDS could not be reached or did not answer in time
+	// (dial error, timeout, TLS failure, or a 502/503/504 from a gateway).
+	ErrUnreachable Error = "PDS unreachable"
+	// ErrInvalidSwap: the record's current CID is not the swap CID (400
+	// InvalidSwap). Re-read the record and decide again.
+	ErrInvalidSwap Error = "record changed since it was read (InvalidSwap)"
+	// ErrRecordNotFound: 400 RecordNotFound.
+	ErrRecordNotFound Error = "record not found"
+)
+
+// RateLimitedError is returned for HTTP 429. Reset is when the PDS will accept
+// requests again, from the RateLimit-Reset header (unix seconds) or else from
+// Retry-After; it is the zero time if the PDS sent neither.
+type RateLimitedError struct {
+	Reset time.Time
+}
+
+func (e *RateLimitedError) Error() string {
+	if e.Reset.IsZero() {
+		return "rate limited by the PDS"
+	}
+	return "rate limited by the PDS until " + e.Reset.UTC().Format(time.RFC3339)
+}
+
+// InvalidRequestError is a 400 answer other than the ones with their own
+// error (InvalidSwap, RecordNotFound, ExpiredToken/InvalidToken).
+type InvalidRequestError struct {
+	Name    string // XRPC error name, e.g. "InvalidRequest" or "InvalidRecord"
+	Message string
+}
+
+func (e *InvalidRequestError) Error() string {
+	return fmt.Sprintf("invalid request: %s: %s", e.Name, e.Message)
+}
+
+// StatusError is any other non-2xx answer (404, 500, ...). Note that the PDS
+// answers 500 when applyWrites creates a key that already exists (and when
+// it updates or deletes one that does not): re-read the record before
+// deciding whether the write happened.
+type StatusError struct {
+	StatusCode int
+	Name       string
+	Message    string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("HTTP %d: %s: %s", e.StatusCode, e.Name, e.Message)
+}
+
+// SpecError says which input is invalid and why; nothing was sent to the PDS.
+type SpecError struct {
+	Field  string // "collection", "rkey", "value", "value.a.b[2]", "did", ...
+	Reason string
+}
+
+func (e *SpecError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason) }

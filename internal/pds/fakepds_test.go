@@ -1,0 +1,266 @@
+package pds_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const (
+	testDID      = "did:plc:alice000000000000000000"
+	testHandle   = "alice.test"
+	testPassword = "hunter2-app-password"
+)
+
+// fakePDS answers the XRPC calls the client makes, with the reference PDS's
+// semantics for sessions, swaps and applyWrites. Tokens contain "jwt-" so
+// tests can look for leaks.
+type fakePDS struct {
+	srv *httptest.Server
+
+	mu        sync.Mutex
+	seq       int
+	access    map[string]bool // valid access tokens
+	expired   map[string]bool // access tokens that answer ExpiredToken
+	refresh   map[string]bool // valid refresh tokens
+	calls     map[string]int  // per NSID
+	records   map[string]fakeRecord
+	rev       int
+	rateLimit http.Header // if set, the next request gets 429 with these headers
+	echoAuth  bool        // InvalidToken messages echo the Authorization header
+	putBodies []map[string]json.RawMessage
+}
+
+type fakeRecord struct {
+	value json.RawMessage
+	cid   string
+}
+
+func newFakePDS(t *testing.T) *fakePDS {
+	f := &fakePDS{
+		access: map[string]bool{}, expired: map[string]bool{}, refresh: map[string]bool{},
+		calls: map[string]int{}, records: map[string]fakeRecord{},
+	}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakePDS) count(nsid string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[nsid]
+}
+
+// expireAccess makes every issued access token answer ExpiredToken.
+func (f *fakePDS) expireAccess() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for tok := range f.access {
+		f.expired[tok] = true
+	}
+	f.access = map[string]bool{}
+}
+
+// revokeAll invalidates every token (access answers ExpiredToken, refresh is revoked).
+func (f *fakePDS) revokeAll() {
+	f.expireAccess()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refresh = map[string]bool{}
+}
+
+func (f *fakePDS) setRateLimit(h http.Header) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rateLimit = h
+}
+
+func (f *fakePDS) accessValid(tok string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.access[tok]
+}
+
+func (f *fakePDS) issue() map[string]any {
+	f.seq++
+	a, r := fmt.Sprintf("jwt-access-%d", f.seq), fmt.Sprintf("jwt-refresh-%d", f.seq)
+	f.access[a], f.refresh[r] = true, true
+	return map[string]any{"accessJwt": a, "refreshJwt": r, "did": testDID, "handle": testHandle, "active": true}
+}
+
+func cidOf(v []byte) string {
+	h := sha256.Sum256(v)
+	return "bafyrei" + strings.ToLower(hex.EncodeToString(h[:]))[:40]
+}
+
+func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	nsid := strings.TrimPrefix(r.URL.Path, "/xrpc/")
+	f.calls[nsid]++
+
+	reply := func(code int, v any) {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+	fail := func(code int, name, msg string) { reply(code, map[string]string{"error": name, "message": msg}) }
+
+	if f.rateLimit != nil {
+		for k, v := range f.rateLimit {
+			w.Header()[k] = v
+		}
+		f.rateLimit = nil
+		fail(http.StatusTooManyRequests, "RateLimitExceeded", "Rate Limit Exceeded")
+		return
+	}
+	bearer := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	authed := func() bool {
+		switch {
+		case f.expired[bearer]:
+			fail(400, "ExpiredToken", "Token has expired")
+		case !f.access[bearer]:
+			msg := "Token could not be verified"
+			if f.echoAuth {
+				msg += ": " + r.Header.Get("Authorization")
+			}
+			fail(400, "InvalidToken", msg)
+		default:
+			return true
+		}
+		return false
+	}
+	var body map[string]json.RawMessage
+	if r.Method == http.MethodPost && r.ContentLength != 0 {
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			fail(400, "InvalidRequest", "bad json")
+			return
+		}
+	}
+	str := func(k string) string {
+		var s string
+		_ = json.Unmarshal(body[k], &s)
+		return s
+	}
+	commit := func() map[string]string {
+		f.rev++
+		return map[string]string{"cid": "bafycommit" + strconv.Itoa(f.rev), "rev": fmt.Sprintf("3rev%09d", f.rev)}
+	}
+
+	switch nsid {
+	case "com.atproto.server.createSession":
+		id := str("identifier")
+		if (id != testHandle && id != testDID) || str("password") != testPassword {
+			fail(401, "AuthenticationRequired", "Invalid identifier or password")
+			return
+		}
+		reply(200, f.issue())
+	case "com.atproto.server.refreshSession":
+		if !f.refresh[bearer] {
+			fail(400, "ExpiredToken", "Token has been revoked")
+			return
+		}
+		delete(f.refresh, bearer)
+		reply(200, f.issue())
+	case "com.atproto.server.getSession":
+		if authed() {
+			reply(200, map[string]any{"did": testDID, "handle": testHandle, "active": true})
+		}
+	case "com.atproto.sync.getLatestCommit":
+		reply(200, map[string]string{"cid": "bafycommit", "rev": fmt.Sprintf("3rev%09d", f.rev)})
+	case "com.atproto.repo.getRecord":
+		q := r.URL.Query()
+		key := q.Get("collection") + "/" + q.Get("rkey")
+		rec, ok := f.records[key]
+		if q.Get("repo") != testDID || !ok {
+			fail(400, "RecordNotFound", "Could not locate record: at://"+q.Get("repo")+"/"+key)
+			return
+		}
+		reply(200, map[string]any{"uri": "at://" + testDID + "/" + key, "cid": rec.cid, "value": rec.value})
+	case "com.atproto.repo.putRecord":
+		if !authed() {
+			return
+		}
+		f.putBodies = append(f.putBodies, body)
+		key := str("collection") + "/" + str("rkey")
+		var rec map[string]any
+		if json.Unmarshal(body["record"], &rec) != nil || rec["$type"] != str("collection") {
+			fail(400, "InvalidRecord", "Record/$type must match the collection")
+			return
+		}
+		cur, exists := f.records[key]
+		if swap, ok := body["swapRecord"]; ok {
+			if string(swap) == "null" && exists || string(swap) != "null" && (!exists || str("swapRecord") != cur.cid) {
+				fail(400, "InvalidSwap", "Record was at "+cur.cid)
+				return
+			}
+		}
+		cid := cidOf(body["record"])
+		out := map[string]any{"uri": "at://" + testDID + "/" + key, "cid": cid}
+		if !exists || cur.cid != cid {
+			f.records[key] = fakeRecord{value: body["record"], cid: cid}
+			out["commit"] = commit()
+		}
+		reply(200, out)
+	case "com.atproto.repo.deleteRecord":
+		if !authed() {
+			return
+		}
+		key := str("collection") + "/" + str("rkey")
+		cur, exists := f.records[key]
+		if _, ok := body["swapRecord"]; ok && (!exists || str("swapRecord") != cur.cid) {
+			fail(400, "InvalidSwap", "Record was at "+cur.cid)
+			return
+		}
+		if !exists {
+			reply(200, map[string]any{})
+			return
+		}
+		delete(f.records, key)
+		reply(200, map[string]any{"commit": commit()})
+	case "com.atproto.repo.applyWrites":
+		if !authed() {
+			return
+		}
+		var writes []map[string]json.RawMessage
+		_ = json.Unmarshal(body["writes"], &writes)
+		next := map[string]fakeRecord{}
+		for k, v := range f.records {
+			next[k] = v
+		}
+		var results []map[string]any
+		for _, wr := range writes {
+			var typ, coll, rkey string
+			_ = json.Unmarshal(wr["$type"], &typ)
+			_ = json.Unmarshal(wr["collection"], &coll)
+			_ = json.Unmarshal(wr["rkey"], &rkey)
+			key := coll + "/" + rkey
+			_, exists := next[key]
+			op := strings.TrimPrefix(typ, "com.atproto.repo.applyWrites#")
+			if op == "create" && exists || op != "create" && !exists {
+				fail(500, "InternalServerError", "Internal Server Error")
+				return
+			}
+			if op == "delete" {
+				delete(next, key)
+				results = append(results, map[string]any{"$type": typ + "Result"})
+				continue
+			}
+			cid := cidOf(wr["value"])
+			next[key] = fakeRecord{value: wr["value"], cid: cid}
+			results = append(results, map[string]any{"$type": typ + "Result", "uri": "at://" + testDID + "/" + key, "cid": cid})
+		}
+		f.records = next
+		reply(200, map[string]any{"commit": commit(), "results": results})
+	default:
+		fail(501, "MethodNotImplemented", "Method Not Implemented")
+	}
+}

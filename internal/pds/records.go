@@ -1,0 +1,248 @@
+package pds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/bluesky-social/indigo/api/agnostic"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// MaxWritesPerBatch is the largest ApplyWrites batch the PDS accepts.
+const MaxWritesPerBatch = 200
+
+// Record is a record as the PDS returned it.
+type Record struct {
+	URI   string
+	CID   string
+	Value json.RawMessage
+}
+
+// WriteResult is what the PDS reported for a write. Rev is the repo revision
+// of the commit; it is empty when the write changed nothing (the PDS answers
+// 200 without a commit), in which case CID is the unchanged record's CID.
+type WriteResult struct {
+	URI string
+	CID string
+	Rev string
+}
+
+// Changed reports whether the write produced a commit.
+func (r *WriteResult) Changed() bool { return r.Rev != "" }
+
+// WriteOp is the kind of a Write in ApplyWrites.
+type WriteOp string
+
+const (
+	// OpCreate fails (HTTP 500 from the PDS, failing the whole batch) if the
+	// key exists: use OpUpdate for records that may exist, and re-read after
+	// a 500 to learn what is there.
+	OpCreate WriteOp = "create"
+	// OpUpdate replaces an existing record (the PDS answers 500 if it is missing).
+	OpUpdate WriteOp = "update"
+	// OpDelete removes a record (the PDS answers 500 if it is missing).
+	OpDelete WriteOp = "delete"
+)
+
+// Write is one operation of an ApplyWrites batch. Value is ignored for OpDelete.
+type Write struct {
+	Op         WriteOp
+	Collection string
+	Rkey       string
+	Value      json.RawMessage
+}
+
+// ApplyResult is the outcome of ApplyWrites: Results[i] belongs to writes[i]
+// (CID is empty for deletes). Rev is empty if the batch changed nothing.
+type ApplyResult struct {
+	Rev     string
+	Results []WriteResult
+}
+
+// LatestRev returns the revision of the repo's latest commit
+// (com.atproto.sync.getLatestCommit).
+func (c *Client) LatestRev(ctx context.Context) (string, error) {
+	if err := c.ready(ctx); err != nil {
+		return "", err
+	}
+	did, _ := c.Info()
+	var out struct {
+		Rev string `json:"rev"`
+	}
+	if err := c.lex().LexDo(ctx, http.MethodGet, "", "com.atproto.sync.getLatestCommit", map[string]any{"did": did}, nil, &out); err != nil {
+		return "", fmt.Errorf("pds: getLatestCommit: %w", err)
+	}
+	return out.Rev, nil
+}
+
+// GetRecord reads a record; a missing one is ErrRecordNotFound.
+func (c *Client) GetRecord(ctx context.Context, collection, rkey string) (*Record, error) {
+	if err := validateKey(collection, rkey); err != nil {
+		return nil, err
+	}
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	did, _ := c.Info()
+	out, err := agnostic.RepoGetRecord(ctx, c.lex(), "", collection, did, rkey)
+	if err != nil {
+		return nil, fmt.Errorf("pds: get %s/%s: %w", collection, rkey, err)
+	}
+	r := &Record{URI: out.Uri}
+	if out.Cid != nil {
+		r.CID = *out.Cid
+	}
+	if out.Value != nil {
+		r.Value = *out.Value
+	}
+	return r, nil
+}
+
+// PutRecord creates or replaces a record. swapCID == nil writes
+// unconditionally; otherwise the record's current CID must equal *swapCID or
+// the PDS refuses with ErrInvalidSwap. The value is checked with
+// ValidateRecord first, and "$type" is set to the collection if absent.
+func (c *Client) PutRecord(ctx context.Context, collection, rkey string, value json.RawMessage, swapCID *string) (*WriteResult, error) {
+	rec, err := recordMap(collection, rkey, value)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateSwap(swapCID); err != nil {
+		return nil, err
+	}
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	did, _ := c.Info()
+	// agnostic's input has omitempty on swapRecord; the generated
+	// comatproto one sends null, which the PDS reads as "create only".
+	out, err := agnostic.RepoPutRecord(ctx, c.lex(), &agnostic.RepoPutRecord_Input{
+		Repo: did, Collection: collection, Rkey: rkey, Record: rec, SwapRecord: swapCID,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pds: put %s/%s: %w", collection, rkey, err)
+	}
+	res := &WriteResult{URI: out.Uri, CID: out.Cid}
+	if out.Commit != nil {
+		res.Rev = out.Commit.Rev
+	}
+	return res, nil
+}
+
+// DeleteRecord deletes a record; deleting a missing record succeeds. With
+// swapCID != nil the record's current CID must equal it (ErrInvalidSwap).
+func (c *Client) DeleteRecord(ctx context.Context, collection, rkey string, swapCID *string) error {
+	if err := validateKey(collection, rkey); err != nil {
+		return err
+	}
+	if err := validateSwap(swapCID); err != nil {
+		return err
+	}
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	did, _ := c.Info()
+	in := struct {
+		Repo       string  `json:"repo"`
+		Collection string  `json:"collection"`
+		Rkey       string  `json:"rkey"`
+		SwapRecord *string `json:"swapRecord,omitempty"`
+	}{did, collection, rkey, swapCID}
+	if err := c.lex().LexDo(ctx, http.MethodPost, "", "com.atproto.repo.deleteRecord", nil, in, nil); err != nil {
+		return fmt.Errorf("pds: delete %s/%s: %w", collection, rkey, err)
+	}
+	return nil
+}
+
+// ApplyWrites applies up to MaxWritesPerBatch writes to the repo in one
+// commit, all or nothing. OpCreate on an existing key (and OpUpdate/OpDelete
+// on a missing one) makes the PDS fail the whole batch with a 500
+// (*StatusError): use OpUpdate for records known to exist, and after a 500
+// re-read the records to find out which write was wrong.
+func (c *Client) ApplyWrites(ctx context.Context, writes []Write) (*ApplyResult, error) {
+	if len(writes) == 0 {
+		return &ApplyResult{}, nil
+	}
+	if len(writes) > MaxWritesPerBatch {
+		return nil, &SpecError{Field: "writes", Reason: fmt.Sprintf("%d writes, at most %d per batch", len(writes), MaxWritesPerBatch)}
+	}
+	did, _ := c.Info()
+	in := &agnostic.RepoApplyWrites_Input{Repo: did}
+	for i, w := range writes {
+		elem, err := writeElem(w)
+		if err != nil {
+			var se *SpecError
+			if errors.As(err, &se) {
+				se.Field = fmt.Sprintf("writes[%d].%s", i, se.Field)
+			}
+			return nil, err
+		}
+		in.Writes = append(in.Writes, elem)
+	}
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	out, err := agnostic.RepoApplyWrites(ctx, c.lex(), in)
+	if err != nil {
+		return nil, fmt.Errorf("pds: applyWrites (%d writes): %w", len(writes), err)
+	}
+	res := &ApplyResult{Results: make([]WriteResult, len(writes))}
+	if out.Commit != nil {
+		res.Rev = out.Commit.Rev
+	}
+	for i, w := range writes {
+		r := WriteResult{URI: "at://" + did + "/" + w.Collection + "/" + w.Rkey, Rev: res.Rev}
+		if i < len(out.Results) {
+			switch o := out.Results[i]; {
+			case o.RepoApplyWrites_CreateResult != nil:
+				r.URI, r.CID = o.RepoApplyWrites_CreateResult.Uri, o.RepoApplyWrites_CreateResult.Cid
+			case o.RepoApplyWrites_UpdateResult != nil:
+				r.URI, r.CID = o.RepoApplyWrites_UpdateResult.Uri, o.RepoApplyWrites_UpdateResult.Cid
+			}
+		}
+		res.Results[i] = r
+	}
+	return res, nil
+}
+
+func writeElem(w Write) (*agnostic.RepoApplyWrites_Input_Writes_Elem, error) {
+	if w.Op == OpDelete {
+		if err := validateKey(w.Collection, w.Rkey); err != nil {
+			return nil, err
+		}
+		return &agnostic.RepoApplyWrites_Input_Writes_Elem{RepoApplyWrites_Delete: &agnostic.RepoApplyWrites_Delete{
+			Collection: w.Collection, Rkey: w.Rkey}}, nil
+	}
+	if w.Op != OpCreate && w.Op != OpUpdate {
+		return nil, &SpecError{Field: "op", Reason: fmt.Sprintf("%q is not create, update or delete", w.Op)}
+	}
+	rec, err := recordMap(w.Collection, w.Rkey, w.Value)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	raw := json.RawMessage(b)
+	if w.Op == OpCreate {
+		rkey := w.Rkey
+		return &agnostic.RepoApplyWrites_Input_Writes_Elem{RepoApplyWrites_Create: &agnostic.RepoApplyWrites_Create{
+			Collection: w.Collection, Rkey: &rkey, Value: &raw}}, nil
+	}
+	return &agnostic.RepoApplyWrites_Input_Writes_Elem{RepoApplyWrites_Update: &agnostic.RepoApplyWrites_Update{
+		Collection: w.Collection, Rkey: w.Rkey, Value: &raw}}, nil
+}
+
+func validateSwap(swapCID *string) error {
+	if swapCID == nil {
+		return nil
+	}
+	if _, err := syntax.ParseCID(*swapCID); err != nil {
+		return &SpecError{Field: "swapCID", Reason: err.Error()}
+	}
+	return nil
+}

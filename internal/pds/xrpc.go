@@ -1,0 +1,186 @@
+package pds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+)
+
+// maxErrorBody bounds how much of an error response is read.
+const maxErrorBody = 64 << 10
+
+// lexClient implements indigo's lexutil.LexClient on top of an
+// atclient.APIClient. Unlike atclient's own LexDo it keeps the response
+// headers (RateLimit-Reset) and turns every failure into this package's
+// typed errors.
+type lexClient struct {
+	c      *Client
+	api    *atclient.APIClient
+	bearer string // explicit Authorization for unauthenticated clients (refreshSession)
+}
+
+func (l lexClient) LexDo(ctx context.Context, method, inputEncoding, endpoint string, params map[string]any, bodyData, out any) error {
+	nsid, err := syntax.ParseNSID(endpoint)
+	if err != nil {
+		return err
+	}
+	req := atclient.NewAPIRequest(method, nsid, nil)
+	req.Headers.Set("Accept", "application/json")
+	if bodyData != nil {
+		b, err := json.Marshal(bodyData)
+		if err != nil {
+			return fmt.Errorf("encoding %s request: %w", endpoint, err)
+		}
+		// GetBody lets the auth layer replay the body after a refresh.
+		req.Body = bytes.NewReader(b)
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		if inputEncoding == "" {
+			inputEncoding = "application/json"
+		}
+		req.Headers.Set("Content-Type", inputEncoding)
+	}
+	if len(params) > 0 {
+		if req.QueryParams, err = atclient.ParseParams(params); err != nil {
+			return err
+		}
+	}
+	if l.bearer != "" {
+		req.Headers.Set("Authorization", "Bearer "+l.bearer)
+	}
+
+	resp, err := l.api.Do(ctx, req)
+	if err != nil {
+		return transportError(ctx, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return l.c.responseError(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decoding %s response: %w", endpoint, err)
+	}
+	return nil
+}
+
+// transportError classifies an error of http.Client.Do (always a *url.Error):
+// the caller's context ending is reported as such, everything else (dial,
+// DNS, TLS, timeouts, connection resets) as ErrUnreachable. Errors that are
+// not a *url.Error themselves (already typed by the auth layer, e.g. a
+// failed refresh) pass through unchanged.
+func transportError(ctx context.Context, err error) error {
+	if _, ok := err.(*url.Error); !ok {
+		return err
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("request aborted: %w", ctx.Err())
+	}
+	return fmt.Errorf("%w: %w", ErrUnreachable, err)
+}
+
+// responseError turns a non-2xx response into a typed error. Messages from
+// the PDS are redacted of this client's secrets before they go anywhere.
+func (c *Client) responseError(resp *http.Response) error {
+	var eb atclient.ErrorBody
+	_ = json.NewDecoder(io.LimitReader(resp.Body, maxErrorBody)).Decode(&eb)
+	name, msg := c.redact(eb.Name), c.redact(eb.Message)
+	detail := fmt.Sprintf("HTTP %d %s: %s", resp.StatusCode, name, msg)
+
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+		return &RateLimitedError{Reset: rateLimitReset(resp.Header, time.Now())}
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return fmt.Errorf("%w: %s", ErrAuthentication, detail)
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return fmt.Errorf("%w: %s", ErrUnreachable, detail)
+	case http.StatusBadRequest:
+		switch name {
+		case "InvalidSwap":
+			return fmt.Errorf("%w: %s", ErrInvalidSwap, msg)
+		case "RecordNotFound":
+			return fmt.Errorf("%w: %s", ErrRecordNotFound, msg)
+		case "ExpiredToken", "InvalidToken", "AuthMissing", "AuthenticationRequired":
+			return fmt.Errorf("%w: %s", ErrAuthentication, detail)
+		}
+		return &InvalidRequestError{Name: name, Message: msg}
+	}
+	return &StatusError{StatusCode: resp.StatusCode, Name: name, Message: msg}
+}
+
+// rateLimitReset reads RateLimit-Reset (unix seconds, as the reference PDS
+// sends it; small values are taken as seconds from now) or else Retry-After
+// (seconds or an HTTP date).
+func rateLimitReset(h http.Header, now time.Time) time.Time {
+	if v := h.Get("RateLimit-Reset"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			if n < 1_000_000_000 {
+				return now.Add(time.Duration(n) * time.Second)
+			}
+			return time.Unix(n, 0)
+		}
+	}
+	if v := h.Get("Retry-After"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			return now.Add(time.Duration(n) * time.Second)
+		}
+		if t, err := http.ParseTime(v); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+// bearerAuth is the atclient.AuthMethod of a Client. It differs from
+// atclient.PasswordAuth in that a refresh (and, if the refresh token is dead,
+// a login) is persisted through the SessionStore before the request is
+// retried, refreshes are single-flight, and errors are typed.
+type bearerAuth struct{ c *Client }
+
+func (a bearerAuth) DoWithAuth(hc *http.Client, req *http.Request, _ syntax.NSID) (*http.Response, error) {
+	used := a.c.session().AccessJWT
+	req.Header.Set("Authorization", "Bearer "+used)
+	resp, err := hc.Do(req)
+	if err != nil || !expiredToken(resp) {
+		return resp, err
+	}
+	resp.Body.Close()
+
+	if err := a.c.renew(req.Context(), used); err != nil {
+		return nil, err
+	}
+	retry := req.Clone(req.Context())
+	if req.GetBody != nil {
+		if retry.Body, err = req.GetBody(); err != nil {
+			return nil, err
+		}
+	}
+	retry.Header.Set("Authorization", "Bearer "+a.c.session().AccessJWT)
+	return hc.Do(retry) // once: a second ExpiredToken becomes ErrAuthentication
+}
+
+// expiredToken reports whether resp is an ExpiredToken error (400 from the
+// reference PDS; 401 accepted too). The body stays readable.
+func expiredToken(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnauthorized {
+		return false
+	}
+	buf, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(buf), resp.Body), resp.Body}
+	var eb atclient.ErrorBody
+	return json.Unmarshal(buf, &eb) == nil && eb.Name == "ExpiredToken"
+}

@@ -1,0 +1,92 @@
+// Package ssa writes the fields a controller owns with server-side apply,
+// one field manager per writer (R05). Controllers never write spec (R03):
+// these helpers send only metadata fields or only status.
+package ssa
+
+import (
+	"context"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+)
+
+// skeleton is an apply configuration that names obj and nothing else.
+func skeleton(c client.Client, obj client.Object) (*unstructured.Unstructured, error) {
+	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	u.SetGroupVersionKind(gvk)
+	u.SetName(obj.GetName())
+	u.SetNamespace(obj.GetNamespace())
+	// The UID makes the apply fail instead of recreating a deleted object.
+	u.SetUID(obj.GetUID())
+	return u, nil
+}
+
+// Status applies status (a pointer to a status struct of obj's kind) to
+// obj's status subresource as manager.
+func Status(ctx context.Context, c client.Client, obj client.Object, status any, manager string) error {
+	u, err := skeleton(c, obj)
+	if err != nil {
+		return err
+	}
+	st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
+	if err != nil {
+		return err
+	}
+	u.Object["status"] = st
+	//nolint:staticcheck // client.Apply with unstructured: no generated apply configurations.
+	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying status of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
+	}
+	return nil
+}
+
+// Metadata applies the finalizers and ownerReferences manager owns on obj.
+// Entries manager applied before and leaves out now are removed; entries of
+// other managers stay.
+func Metadata(ctx context.Context, c client.Client, obj client.Object, finalizers []string, owners []metav1.OwnerReference, manager string) error {
+	u, err := skeleton(c, obj)
+	if err != nil {
+		return err
+	}
+	u.SetFinalizers(finalizers)
+	u.SetOwnerReferences(owners)
+	if len(finalizers) == 0 {
+		unstructured.RemoveNestedField(u.Object, "metadata", "finalizers")
+	}
+	if len(owners) == 0 {
+		unstructured.RemoveNestedField(u.Object, "metadata", "ownerReferences")
+	}
+	//nolint:staticcheck // client.Apply with unstructured.
+	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying metadata of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
+	}
+	return nil
+}
+
+// RemoveFinalizer removes one finalizer from obj with a merge patch of
+// metadata.finalizers guarded by obj's resourceVersion. Server-side apply
+// cannot do this reliably: a user who updated the whole object co-owns the
+// finalizer list, and an apply that leaves the entry out keeps it.
+func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) error {
+	if !controllerutil.ContainsFinalizer(obj, finalizer) {
+		return nil
+	}
+	orig, ok := obj.DeepCopyObject().(client.Object)
+	if !ok {
+		return fmt.Errorf("%T is not a client.Object", obj)
+	}
+	controllerutil.RemoveFinalizer(obj, finalizer)
+	if err := c.Patch(ctx, obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("removing finalizer %s from %s/%s: %w", finalizer, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
