@@ -47,7 +47,7 @@ test-unit:
 	go test -count=1 $(GO_PACKAGES)
 
 e2e: tools stack-deps
-	KCP_BIN=$(BIN)/kcp go test -count=1 -timeout 40m -v ./e2e/
+	KCP_BIN=$(BIN)/kcp go test -p 1 -count=1 -timeout 40m -v ./e2e/ ./e2e/stack/
 
 ## dev: local kcp + knotless-provider; prints what to try; Ctrl-C stops everything
 dev: tools build
