@@ -137,7 +137,7 @@ func classify(callerCtx context.Context, op, target string, err error, redact ..
 		// holds the original request (with its X-Vault-Token header) and,
 		// when Vault's answer was not an error list, the raw body.
 		e.Status = re.StatusCode
-		e.Detail = redactAll(strings.Join(re.Errors, "; "), redact)
+		e.Detail = redactAll(tidy(re.Errors), redact)
 		switch {
 		case re.StatusCode == http.StatusNotFound:
 			e.Kind = ErrNotFound
@@ -163,6 +163,23 @@ func classify(callerCtx context.Context, op, target string, err error, redact ..
 		e.cause = errors.New(redactAll(err.Error(), redact))
 	}
 	return e
+}
+
+// tidy flattens Vault's messages, which may be multierror lists such as
+// "1 error occurred:\n\t* permission denied\n\n", into one line.
+func tidy(msgs []string) string {
+	var out []string
+	for _, m := range msgs {
+		for _, line := range strings.Split(m, "\n") {
+			line = strings.TrimSpace(line)
+			line = strings.TrimSpace(strings.TrimPrefix(line, "* "))
+			if line == "" || (strings.HasSuffix(line, " occurred:") && strings.Contains(line, "error")) {
+				continue
+			}
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func redactAll(s string, secrets []string) string {

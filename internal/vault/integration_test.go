@@ -221,6 +221,7 @@ func TestRealVault(t *testing.T) {
 		if !errors.Is(err, ErrUnauthorized) {
 			t.Errorf("path outside the policy: %v", err)
 		}
+		t.Logf("policy denial: %v", err)
 		if n := c.Logins(); n != 2 {
 			t.Errorf("Logins() = %d after a policy denial, want still 2", n)
 		}
@@ -299,5 +300,6 @@ func TestRealVault(t *testing.T) {
 		if !errors.Is(err, ErrUnauthorized) || bytes.Contains([]byte(err.Error()), []byte(wrong)) {
 			t.Fatalf("err = %v, want ErrUnauthorized without the secret ID", err)
 		}
+		t.Logf("wrong secret ID: %v", err)
 	})
 }
