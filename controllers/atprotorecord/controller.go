@@ -37,6 +37,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -65,11 +66,11 @@ type Reconciler struct {
 func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRecord{}, engage.ForExport(atprotorepo.Export)).
+		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(atprotorepo.Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
-			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, 5*time.Minute),
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 		}).
 		Complete(r)
 }
@@ -210,7 +211,7 @@ func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error
 	}
 	var rl *pds.RateLimitedError
 	if errors.As(err, &rl) {
-		return reconcile.Result{RequeueAfter: time.Until(rl.Reset) + time.Second}, nil
+		return reconcile.Result{RequeueAfter: max(time.Until(rl.Reset), 0) + time.Second}, nil
 	}
 	return reconcile.Result{}, err
 }
@@ -247,6 +248,12 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 		pc := s.r.Pool.Get(s.cluster, repo)
 		if pc == nil {
 			if pc, err = s.r.Pool.Connect(ctx, s.c, s.cluster, repo); err != nil {
+				if rec.Status.CID == "" {
+					// Never synced and no way to reach the PDS: do not block
+					// the deletion on a record that most likely never existed.
+					s.events.Eventf(rec, nil, corev1.EventTypeWarning, "RecordLeft", "Delete", "the record was never synced and the repo cannot connect (%v); not deleting it from the PDS", err)
+					break
+				}
 				return s.failed(ctx, err)
 			}
 		}

@@ -32,6 +32,8 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/predicates"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
@@ -73,11 +75,11 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRepo{}, engage.ForExport(Export)).
+		For(&atprotov1alpha1.AtprotoRepo{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
 		Watches(&corev1.Secret{}, enqueueReferrers("Secret"), engage.ForExport(Export)).
 		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap"), engage.ForExport(Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, 5*time.Minute),
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 		}).
 		Complete(r)
 }
@@ -161,9 +163,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		result.RequeueAfter = resync
 	case errors.As(err, &re):
 		setReady(st, repo.Generation, metav1.ConditionFalse, re.Reason, re.Message)
-		var rl interface{ RetryAfter() time.Duration }
+		var rl *pds.RateLimitedError
 		if errors.As(err, &rl) {
-			result.RequeueAfter = rl.RetryAfter()
+			result.RequeueAfter = max(time.Until(rl.Reset), 0) + time.Second
 		} else {
 			// Back off through the rate-limited workqueue.
 			cause = err

@@ -36,10 +36,17 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 		k.BaseURL = cfg.Host
 		return k, nil
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	// kcp's embedded etcd listens on fixed ports unless told otherwise; a
+	// second kcp on the machine (make dev, another run) would collide.
+	var ports [3]int
+	for i := range ports {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
 	}
+	port := ports[0]
 	root := filepath.Join(dir, "kcp")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
@@ -64,6 +71,8 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 		"--secure-port", strconv.Itoa(port),
 		"--feature-gates", "WorkspaceMounts=true",
 		"--token-auth-file", tokenFile,
+		"--embedded-etcd-client-port", strconv.Itoa(ports[1]),
+		"--embedded-etcd-peer-port", strconv.Itoa(ports[2]),
 	}, nil)
 	if err != nil {
 		return nil, err

@@ -207,7 +207,7 @@ func (p *Pool) password(ctx context.Context, c client.Client, cluster string, re
 		switch {
 		case err == nil:
 			return v, nil
-		case errors.Is(err, vault.ErrForbiddenPath), errors.Is(err, vault.ErrNotFound):
+		case errors.Is(err, vault.ErrForbiddenPath), errors.Is(err, vault.ErrNotFound), errors.Is(err, vault.ErrInvalidValue):
 			return "", fail(atprotov1alpha1.ReasonCredentialNotFound, err, "%v", err)
 		default:
 			return "", fail(atprotov1alpha1.ReasonVaultUnavailable, err, "reading the credential from Vault: %v", err)

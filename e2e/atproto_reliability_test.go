@@ -1,0 +1,396 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+)
+
+// repoWorkspace creates a workspace with a Ready AtprotoRepo "repo" for a
+// new account and returns its client and the account's DID.
+func repoWorkspace(ctx context.Context, t *testing.T, name, handle, pdsURL string) (client.Client, string) {
+	t.Helper()
+	c, _ := appWorkspace(ctx, t, name)
+	acct, err := env.pds.CreateAccount(ctx, handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := secretRepo("repo", acct.Handle, "cred")
+	if pdsURL != "" {
+		repo.Spec.PDS.URL = pdsURL
+	}
+	create(ctx, t, c, passwordSecret("cred", acct.AppPassword), repo)
+	waitRepo(ctx, t, c, "repo", atprotov1alpha1.ReasonReady)
+	return c, acct.DID
+}
+
+// listRecords returns rkey -> value of every record of the test
+// collection in a repo, read straight from the PDS.
+func listRecords(ctx context.Context, t *testing.T, did string) map[string]pdsRecord {
+	t.Helper()
+	out := map[string]pdsRecord{}
+	cursor := ""
+	for {
+		var page struct {
+			Cursor  string      `json:"cursor"`
+			Records []pdsRecord `json:"records"`
+		}
+		q := url.Values{"repo": {did}, "collection": {testCollection}, "limit": {"100"}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		if err := env.pds.XRPC(ctx, "com.atproto.repo.listRecords", "", q, nil, &page); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page.Records {
+			rkey := rkeyOf(r.URI)
+			if _, dup := out[rkey]; dup {
+				t.Errorf("record %s listed twice", r.URI)
+			}
+			out[rkey] = r
+		}
+		if page.Cursor == "" || len(page.Records) == 0 {
+			return out
+		}
+		cursor = page.Cursor
+	}
+}
+
+func rkeyOf(uri string) string {
+	for i := len(uri) - 1; i >= 0; i-- {
+		if uri[i] == '/' {
+			return uri[i+1:]
+		}
+	}
+	return uri
+}
+
+// waitAllSynced waits until every AtprotoRecord in c is Synced for its
+// generation and returns them.
+func waitAllSynced(ctx context.Context, t *testing.T, c client.Client, n int, timeout time.Duration) []atprotov1alpha1.AtprotoRecord {
+	t.Helper()
+	var list atprotov1alpha1.AtprotoRecordList
+	if err := framework.Eventually(ctx, timeout, fmt.Sprintf("%d records Synced", n), func(ctx context.Context) (bool, string, error) {
+		if err := c.List(ctx, &list); err != nil {
+			return false, err.Error(), nil
+		}
+		synced := 0
+		for _, r := range list.Items {
+			cond := meta.FindStatusCondition(r.Status.Conditions, atprotov1alpha1.ConditionSynced)
+			if cond != nil && cond.Status == "True" && cond.ObservedGeneration == r.Generation {
+				synced++
+			}
+		}
+		return synced == n && len(list.Items) == n, fmt.Sprintf("%d/%d synced", synced, len(list.Items)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// checkPDSEqualsSpec compares every record on the PDS with the objects:
+// same set of keys, values equal to spec, CIDs equal to status.
+func checkPDSEqualsSpec(ctx context.Context, t *testing.T, did string, recs []atprotov1alpha1.AtprotoRecord) {
+	t.Helper()
+	onPDS := listRecords(ctx, t, did)
+	if len(onPDS) != len(recs) {
+		t.Errorf("PDS has %d records, %d objects exist", len(onPDS), len(recs))
+	}
+	for _, r := range recs {
+		got, ok := onPDS[r.Spec.RKey]
+		if !ok {
+			t.Errorf("record %s missing on the PDS", r.Spec.RKey)
+			continue
+		}
+		if got.CID != r.Status.CID {
+			t.Errorf("record %s: status CID %s, PDS CID %s", r.Spec.RKey, r.Status.CID, got.CID)
+		}
+		var want map[string]any
+		_ = json.Unmarshal(r.Spec.Value.Raw, &want)
+		if field(got.Value, "text") != fmt.Sprint(want["text"]) {
+			t.Errorf("record %s: PDS value %s, spec %s", r.Spec.RKey, got.Value, r.Spec.Value.Raw)
+		}
+	}
+}
+
+// TestAtprotoManyRecords: 100 records in one repo and one record in each
+// of 50 workspaces all become Synced.
+func TestAtprotoManyRecords(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, did := repoWorkspace(ctx, t, env.prefix+"-many", env.prefix+"many.test", "")
+	start := time.Now()
+	for i := range 100 {
+		create(ctx, t, c, record(fmt.Sprintf("r%03d", i), "repo", fmt.Sprintf("r%03d", i), fmt.Sprintf(`{"text":"r%03d"}`, i)))
+	}
+	recs := waitAllSynced(ctx, t, c, 100, 3*time.Minute)
+	t.Logf("FIGURE 100 records in one repo Synced in %s", time.Since(start).Round(time.Millisecond))
+	checkPDSEqualsSpec(ctx, t, did, recs)
+
+	const workspaces = 50
+	start = time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := range workspaces {
+		g.Go(func() error {
+			name := fmt.Sprintf("%s-fan-%02d", env.prefix, i)
+			wc, err := appWorkspaceNoT(gctx, name)
+			if err != nil {
+				return err
+			}
+			acct, err := env.pds.CreateAccount(gctx, fmt.Sprintf("%sfan%02d.test", env.prefix, i))
+			if err != nil {
+				return err
+			}
+			for _, o := range []client.Object{passwordSecret("cred", acct.AppPassword), secretRepo("repo", acct.Handle, "cred"), record("one", "repo", "one", `{"text":"one"}`)} {
+				if err := wc.Create(gctx, o); err != nil {
+					return err
+				}
+			}
+			return framework.Eventually(gctx, 3*time.Minute, name+" record Synced", func(ctx context.Context) (bool, string, error) {
+				r := &atprotov1alpha1.AtprotoRecord{}
+				if err := wc.Get(ctx, client.ObjectKey{Namespace: "default", Name: "one"}, r); err != nil {
+					return false, err.Error(), nil
+				}
+				return meta.IsStatusConditionTrue(r.Status.Conditions, atprotov1alpha1.ConditionSynced), "", nil
+			})
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("FIGURE %d workspaces each with a repo and a record: all Synced %s after the first workspace was requested", workspaces, time.Since(start).Round(time.Millisecond))
+}
+
+// appWorkspaceNoT is appWorkspace for goroutines.
+func appWorkspaceNoT(ctx context.Context, name string) (client.Client, error) {
+	if err := framework.CreateWorkspace(ctx, env.admin, root, name, env.appType); err != nil {
+		return nil, err
+	}
+	if err := framework.WaitWorkspaceReady(ctx, env.admin, root, name, 3*time.Minute); err != nil {
+		return nil, err
+	}
+	return framework.ClientFor(env.admin, root.Join(name))
+}
+
+// TestAtprotoProviderKilledDuringWrites: kill -9 the provider in the middle
+// of 200 record writes; after a restart every record on the PDS equals its
+// spec, none is duplicated, and every status equals a fresh read-back.
+func TestAtprotoProviderKilledDuringWrites(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, did := repoWorkspace(ctx, t, env.prefix+"-kill", env.prefix+"kill.test", "")
+	const n = 200
+	for i := range n {
+		create(ctx, t, c, record(fmt.Sprintf("k%03d", i), "repo", fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"text":"k%03d"}`, i)))
+	}
+	// Kill once some, but not all, records were written.
+	if err := framework.Eventually(ctx, 2*time.Minute, "some records to be written", func(ctx context.Context) (bool, string, error) {
+		got := len(listRecords(ctx, t, did))
+		return got >= 10, strconv.Itoa(got), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	written := len(listRecords(ctx, t, did))
+	env.provider.Kill9()
+	t.Logf("killed the provider after %d of %d records reached the PDS", written, n)
+	if err := env.provider.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	recs := waitAllSynced(ctx, t, c, n, 4*time.Minute)
+	checkPDSEqualsSpec(ctx, t, did, recs)
+}
+
+// countingProxy forwards TCP connections to target and counts them.
+type countingProxy struct {
+	ln     net.Listener
+	target string
+	conns  atomic.Int64
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	open   map[net.Conn]bool
+}
+
+func startProxy(t *testing.T, target string) *countingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProxy{ln: ln, target: target, open: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.conns.Add(1)
+			p.track(in, true)
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer p.track(in, false)
+				defer in.Close()
+				out, err := net.DialTimeout("tcp", target, 2*time.Second)
+				if err != nil {
+					return
+				}
+				p.track(out, true)
+				defer p.track(out, false)
+				defer out.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for c := range p.open {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *countingProxy) track(c net.Conn, open bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if open {
+		p.open[c] = true
+	} else {
+		delete(p.open, c)
+	}
+}
+
+func (p *countingProxy) URL() string { return "http://" + p.ln.Addr().String() }
+
+// TestAtprotoPDSDown: with the PDS stopped, the repo and its record say
+// PDSUnreachable and back off (connection attempts are counted); after the
+// PDS is back they are Ready and Synced without manual steps.
+func TestAtprotoPDSDown(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	proxy := startProxy(t, fmt.Sprintf("127.0.0.1:%d", env.pds.Port))
+	c, _ := repoWorkspace(ctx, t, env.prefix+"-down", env.prefix+"down.test", proxy.URL())
+	create(ctx, t, c, record("note", "repo", "note", `{"text":"before"}`))
+	waitRecord(ctx, t, c, "note", atprotov1alpha1.ReasonSynced, nil)
+
+	env.pds.Stop(20 * time.Second)
+	defer func() {
+		if env.pds.Exited() {
+			if err := env.pds.Restart(context.WithoutCancel(ctx), env.group); err != nil {
+				t.Errorf("restarting the PDS: %v", err)
+			}
+		}
+	}()
+	waitRecord(ctx, t, c, "note", atprotov1alpha1.ReasonPDSUnreachable, nil)
+	before := proxy.conns.Load()
+	time.Sleep(30 * time.Second)
+	during := proxy.conns.Load() - before
+	t.Logf("FIGURE connection attempts to the stopped PDS in 30s (repo + record, with backoff): %d", during)
+	if during > 40 {
+		t.Errorf("%d connection attempts in 30s to a stopped PDS: no backoff", during)
+	}
+	if err := env.pds.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	waitRepo(ctx, t, c, "repo", atprotov1alpha1.ReasonReady)
+	waitRecordEventually(ctx, t, c, "note", 6*time.Minute)
+}
+
+func waitRecordEventually(ctx context.Context, t *testing.T, c client.Client, name string, timeout time.Duration) {
+	t.Helper()
+	if err := framework.Eventually(ctx, timeout, name+" Synced again", func(ctx context.Context) (bool, string, error) {
+		r := &atprotov1alpha1.AtprotoRecord{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, r); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(r.Status.Conditions, atprotov1alpha1.ConditionSynced)
+		if cond == nil {
+			return false, "", nil
+		}
+		return cond.Status == "True", cond.Reason, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var loginsRE = regexp.MustCompile(`(?m)^knotless_vault_logins_total (\d+)`)
+
+func vaultLogins(t *testing.T) int {
+	t.Helper()
+	m, err := env.provider.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	match := loginsRE.FindStringSubmatch(m)
+	if match == nil {
+		t.Fatal("no knotless_vault_logins_total metric")
+	}
+	n, _ := strconv.Atoi(match[1])
+	return n
+}
+
+// TestVaultTokenRevoked: after the provider's Vault token is revoked, the
+// next credential read logs in exactly once more.
+func TestVaultTokenRevoked(t *testing.T) {
+	if env.vault == nil {
+		t.Skip("KNOTLESS_E2E_SKIP_VAULT is set")
+	}
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, lc := appWorkspace(ctx, t, env.prefix+"-revoke")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"revoke.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.vault.Write(ctx, "secret/data/knotless/"+lc+"/account", map[string]any{"data": map[string]any{"password": acct.AppPassword}}); err != nil {
+		t.Fatal(err)
+	}
+	vaultRepo := func(name string) *atprotov1alpha1.AtprotoRepo {
+		r := secretRepo(name, acct.Handle, "")
+		r.Spec.Credential.SecretKeyRef = nil
+		r.Spec.Credential.Vault = &atprotov1alpha1.VaultKeyRef{Mount: "secret", Path: "knotless/" + lc + "/account", Key: "password"}
+		return r
+	}
+	create(ctx, t, c, vaultRepo("first"))
+	waitRepo(ctx, t, c, "first", atprotov1alpha1.ReasonReady)
+	before := vaultLogins(t)
+	if _, err := env.vault.Write(ctx, "sys/leases/revoke-prefix/auth/approle/login", map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"second", "third", "fourth"}
+	for _, n := range names {
+		create(ctx, t, c, vaultRepo(n))
+	}
+	for _, n := range names {
+		waitRepo(ctx, t, c, n, atprotov1alpha1.ReasonReady)
+	}
+	after := vaultLogins(t)
+	t.Logf("Vault logins: %d before the revocation, %d after three reads", before, after)
+	if after-before != 1 {
+		t.Fatalf("want exactly one re-login after the revocation, got %d", after-before)
+	}
+}
