@@ -25,8 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
@@ -37,6 +35,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -75,21 +74,10 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		Complete(r)
 }
 
+// enqueueRecordsOfRepo maps a repo to its records.
 func enqueueRecordsOfRepo() mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
-	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
-			var records atprotov1alpha1.AtprotoRecordList
-			if err := cl.GetCache().List(ctx, &records, client.InNamespace(o.GetNamespace()), client.MatchingFields{atprotorepo.RecordRepoIndex: o.GetName()}); err != nil {
-				log.FromContext(ctx).Error(err, "listing the records of a repo", "repo", o.GetName())
-				return nil
-			}
-			reqs := make([]mcreconcile.Request, 0, len(records.Items))
-			for _, r := range records.Items {
-				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&r)}})
-			}
-			return reqs
-		})
-	}
+	return mapping.ByIndex(func() client.ObjectList { return &atprotov1alpha1.AtprotoRecordList{} }, atprotorepo.RecordRepoIndex,
+		func(o client.Object) string { return o.GetName() })
 }
 
 // Reconcile implements mcreconcile.Reconciler.

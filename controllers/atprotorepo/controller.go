@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
@@ -32,6 +31,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -100,20 +100,8 @@ func refsOf(o client.Object) []string {
 // namespace that reference it, so a changed credential or CA bundle is
 // picked up without a restart (R08).
 func enqueueReferrers(kind string) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
-	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
-			var repos atprotov1alpha1.AtprotoRepoList
-			if err := cl.GetCache().List(ctx, &repos, client.InNamespace(o.GetNamespace()), client.MatchingFields{refIndex: kind + "/" + o.GetName()}); err != nil {
-				log.FromContext(ctx).Error(err, "listing repos that reference an object", "kind", kind, "name", o.GetName())
-				return nil
-			}
-			reqs := make([]mcreconcile.Request, 0, len(repos.Items))
-			for _, r := range repos.Items {
-				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&r)}})
-			}
-			return reqs
-		})
-	}
+	return mapping.ByIndex(func() client.ObjectList { return &atprotov1alpha1.AtprotoRepoList{} }, refIndex,
+		func(o client.Object) string { return kind + "/" + o.GetName() })
 }
 
 // Reconcile implements mcreconcile.Reconciler.
