@@ -189,10 +189,8 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error) {
 	reason := atprotov1alpha1.ReasonWriteFailed
 	var re *repoconn.Error
-	if errors.As(err, &re) {
+	if errors.As(repoconn.Classify(err), &re) {
 		reason = re.Reason
-	} else if r, ok := repoconn.Classify(err); ok {
-		reason = r
 	}
 	if serr := s.status(ctx, metav1.ConditionFalse, reason, err.Error(), nil); serr != nil {
 		return reconcile.Result{}, serr

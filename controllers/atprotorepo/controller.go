@@ -139,7 +139,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		st.DID, st.Handle = did, handle
 		st.Rev, err = pc.LatestRev(ctx)
 		if err != nil {
-			err = classifyCall(err)
+			err = repoconn.Classify(err)
 		}
 	}
 	var result reconcile.Result
@@ -169,13 +169,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, cause
 	}
 	return result, nil
-}
-
-func classifyCall(err error) error {
-	if reason, ok := repoconn.Classify(err); ok {
-		return &repoconn.Error{Reason: reason, Message: err.Error(), Err: err}
-	}
-	return err
 }
 
 func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {

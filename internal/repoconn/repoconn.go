@@ -126,7 +126,7 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	store := &secretStore{c: c, repo: repo}
 	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Store: store, UserAgent: "knotless"})
 	if err != nil {
-		return nil, classify(err)
+		return nil, Classify(err)
 	}
 	p.mu.Lock()
 	if p.conns == nil {
@@ -137,8 +137,10 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	return pc, nil
 }
 
-// classify maps a PDS error to a condition reason.
-func classify(err error) error {
+// Classify wraps an error of a PDS call in an *Error carrying its condition
+// reason (AuthenticationFailed, PDSUnreachable, RateLimited); other errors
+// are returned as they are.
+func Classify(err error) error {
 	var rl *pds.RateLimitedError
 	switch {
 	case errors.Is(err, pds.ErrAuthentication):
@@ -149,16 +151,6 @@ func classify(err error) error {
 		return fail(atprotov1alpha1.ReasonRateLimited, err, "the PDS rate-limits this account until %s", rl.Reset.Format(time.RFC3339))
 	}
 	return err
-}
-
-// Classify maps an error of a PDS call to a condition reason ("" when it
-// has none).
-func Classify(err error) (reason string, ok bool) {
-	var e *Error
-	if errors.As(classify(err), &e) {
-		return e.Reason, true
-	}
-	return "", false
 }
 
 func (p *Pool) httpClient(caPEM []byte) (*http.Client, error) {
