@@ -37,6 +37,7 @@ import (
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/vault"
 	"github.com/knotless-dev/knotless/workspacetypes"
@@ -52,6 +53,8 @@ type options struct {
 	shutdownTimeout time.Duration
 	bootstrapOnly   bool
 	atprotoResync   time.Duration
+	atprotoWorkers  int
+	atprotoMaxBatch int
 	vault           vault.Config
 }
 
@@ -66,6 +69,8 @@ func main() {
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
 	fs.BoolVar(&o.bootstrapOnly, "bootstrap-only", false, "apply the provider workspace's objects and exit")
+	fs.IntVar(&o.atprotoWorkers, "atproto-workers", 64, "concurrent AtprotoRecord reconciles; records of one repo that are reconciled at the same time share one applyWrites batch")
+	fs.IntVar(&o.atprotoMaxBatch, "atproto-max-batch", pds.MaxWritesPerBatch, "most record writes per applyWrites batch (1 disables batching)")
 	fs.DurationVar(&o.atprotoResync, "atproto-resync", 2*time.Minute, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
 	vault.BindFlags(fs, &o.vault)
 	zapOpts := zap.Options{}
@@ -88,6 +93,9 @@ func run(ctx context.Context, o options) error {
 	ws := logicalcluster.NewPath(o.workspace)
 	if !ws.IsValid() {
 		return fmt.Errorf("--workspace %q is not a valid workspace path", o.workspace)
+	}
+	if o.atprotoWorkers < 1 || o.atprotoMaxBatch < 1 || o.atprotoMaxBatch > pds.MaxWritesPerBatch || o.atprotoResync <= 0 {
+		return fmt.Errorf("--atproto-workers must be at least 1, --atproto-max-batch between 1 and %d, --atproto-resync positive", pds.MaxWritesPerBatch)
 	}
 	cfg, err := loadConfig(o.kubeconfig, o.kubecontext)
 	if err != nil {
@@ -141,14 +149,14 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	pool := &repoconn.Pool{Vault: vc}
+	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.atprotoMaxBatch}
 	if err := application.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
 	if err := atprotorepo.SetupWithManager(ctx, mgr, &atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}); err != nil {
 		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
 	}
-	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync}); err != nil {
+	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers}); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
@@ -205,7 +213,8 @@ func loadConfig(path, context string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	cfg.QPS, cfg.Burst = 50, 100
+	// Per workspace: every engaged workspace gets its own client.
+	cfg.QPS, cfg.Burst = 200, 400
 	return cfg, nil
 }
 

@@ -6,12 +6,10 @@
 package atprotorecord
 
 import (
-	"bytes"
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +56,10 @@ type Reconciler struct {
 	// Resync is how often a Synced record is read back from the PDS to
 	// detect changes made behind knotless's back. Zero means 2 minutes.
 	Resync time.Duration
+	// Workers is the number of concurrent reconciles. A reconcile waits
+	// while its record's write is batched with the other records of the
+	// same repo, so more workers make larger batches. Zero means 64.
+	Workers int
 }
 
 // SetupWithManager registers the controller. The repo controller's
@@ -68,7 +70,7 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(atprotorepo.Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
-			MaxConcurrentReconciles: 8,
+			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 		}).
 		Complete(r)
@@ -141,48 +143,31 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 	}
 
-	value, err := withType(rec.Spec.Collection, rec.Spec.Value.Raw)
-	if err != nil {
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, "spec.value: "+err.Error(), nil)
+	res, err := pc.Ensure(ctx, rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw)
+	if errors.Is(err, pds.ErrInvalidSwap) {
+		// Another writer kept moving the repo: read again later.
+		return reconcile.Result{Requeue: true}, nil
 	}
-	cur, err := pc.GetRecord(ctx, rec.Spec.Collection, rec.Spec.RKey)
-	if err != nil && !errors.Is(err, pds.ErrRecordNotFound) {
-		return s.failed(ctx, err)
-	}
-	if cur == nil || !jsonEqual(cur.Value, value) {
-		if rec.Status.CID != "" && rec.Status.ObservedGeneration == rec.Generation {
-			// Spec did not change since the last sync, yet the PDS differs.
-			what := "deleted"
-			if cur != nil {
-				what = "changed"
-			}
-			s.events.Eventf(rec, nil, corev1.EventTypeWarning, "Restored", "Sync", "the record was %s on the PDS behind knotless's back; restoring it from spec", what)
-		}
-		var swap *string
-		if cur != nil {
-			swap = &cur.CID
-		}
-		if _, err := pc.PutRecord(ctx, rec.Spec.Collection, rec.Spec.RKey, value, swap); err != nil {
-			if errors.Is(err, pds.ErrInvalidSwap) {
-				// Someone wrote in between: read again and retry.
-				return reconcile.Result{Requeue: true}, nil
-			}
-			return s.failed(ctx, err)
-		}
-		if cur, err = pc.GetRecord(ctx, rec.Spec.Collection, rec.Spec.RKey); err != nil {
-			return s.failed(ctx, err)
-		}
-	}
-	rev, err := pc.LatestRev(ctx)
 	if err != nil {
 		return s.failed(ctx, err)
+	}
+	if res.Wrote && rec.Status.CID != "" && rec.Status.ObservedGeneration == rec.Generation {
+		// Spec did not change since the last sync, yet the PDS differed.
+		what := "changed"
+		if res.Before == nil {
+			what = "deleted"
+		}
+		s.events.Eventf(rec, nil, corev1.EventTypeWarning, "Restored", "Sync", "the record was %s on the PDS behind knotless's back; restoring it from spec", what)
+	}
+	if res.After == nil {
+		return reconcile.Result{Requeue: true}, nil
 	}
 	resync := s.r.Resync
 	if resync == 0 {
 		resync = 2 * time.Minute
 	}
 	return reconcile.Result{RequeueAfter: resync}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
-		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: cur.URI, CID: cur.CID, Rev: rev})
+		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev})
 }
 
 // failed reports a PDS or connection error and backs off.
@@ -243,7 +228,7 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 				return s.failed(ctx, err)
 			}
 		}
-		if err := pc.DeleteRecord(ctx, rec.Spec.Collection, rec.Spec.RKey, nil); err != nil && !errors.Is(err, pds.ErrRecordNotFound) {
+		if _, err := pc.Ensure(ctx, rec.Spec.Collection, rec.Spec.RKey, nil); err != nil {
 			return s.failed(ctx, err)
 		}
 	}
@@ -281,32 +266,4 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 		s.events.Eventf(s.rec, nil, typ, reason, "Sync", "%s", msg)
 	}
 	return nil
-}
-
-// withType returns the record value with $type set to the collection when
-// it is missing (ValidateRecord has refused a different one).
-func withType(collection string, raw []byte) (json.RawMessage, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, err
-	}
-	if _, ok := obj["$type"]; ok {
-		return raw, nil
-	}
-	t, _ := json.Marshal(collection)
-	obj["$type"] = t
-	return json.Marshal(obj)
-}
-
-// jsonEqual compares two JSON documents by value.
-func jsonEqual(a, b []byte) bool {
-	var va, vb any
-	da := json.NewDecoder(bytes.NewReader(a))
-	da.UseNumber()
-	db := json.NewDecoder(bytes.NewReader(b))
-	db.UseNumber()
-	if da.Decode(&va) != nil || db.Decode(&vb) != nil {
-		return false
-	}
-	return reflect.DeepEqual(va, vb)
 }

@@ -42,6 +42,10 @@ type Options struct {
 	Store SessionStore
 	// UserAgent is sent with every request. Default "knotless-pds-client".
 	UserAgent string
+	// MaxBatch is the most writes Ensure puts in one applyWrites call
+	// (1 disables batching). Zero or more than MaxWritesPerBatch means
+	// MaxWritesPerBatch.
+	MaxBatch int
 }
 
 // Client writes to the repo of one account. It is safe for concurrent use.
@@ -56,6 +60,9 @@ type Client struct {
 	mu    sync.RWMutex
 	sess  Session
 	dirty bool // sess has not been saved yet
+
+	batch    batcher // Ensure calls waiting for the next applyWrites
+	maxBatch int
 }
 
 // Connect returns a Client for the account identifier (handle, DID or email)
@@ -87,7 +94,10 @@ func Connect(ctx context.Context, host, identifier, appPassword string, opts Opt
 	if ua == "" {
 		ua = defaultUserAgent
 	}
-	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store}
+	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store, maxBatch: opts.MaxBatch}
+	if c.maxBatch <= 0 || c.maxBatch > MaxWritesPerBatch {
+		c.maxBatch = MaxWritesPerBatch
+	}
 	headers := http.Header{"User-Agent": []string{ua}}
 	c.anon = &atclient.APIClient{Client: hc, Host: host, Headers: headers}
 	c.api = &atclient.APIClient{Client: hc, Host: host, Headers: headers, Auth: bearerAuth{c}}

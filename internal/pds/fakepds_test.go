@@ -36,6 +36,13 @@ type fakePDS struct {
 	rateLimit http.Header // if set, the next request gets 429 with these headers
 	echoAuth  bool        // InvalidToken messages echo the Authorization header
 	putBodies []map[string]json.RawMessage
+	// applyBatches is the number of writes of each applyWrites call.
+	applyBatches []int
+	// beforeApply, if set, runs (under the lock) before the next
+	// applyWrites is decided: a writer racing with the client.
+	beforeApply func()
+	// hold, if set, makes the next getLatestCommit wait until it is closed.
+	hold chan struct{}
 }
 
 type fakeRecord struct {
@@ -175,7 +182,14 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 			reply(200, map[string]any{"did": testDID, "handle": testHandle, "active": true})
 		}
 	case "com.atproto.sync.getLatestCommit":
-		reply(200, map[string]string{"cid": "bafycommit", "rev": fmt.Sprintf("3rev%09d", f.rev)})
+		if f.hold != nil {
+			hold := f.hold
+			f.hold = nil
+			f.mu.Unlock()
+			<-hold
+			f.mu.Lock()
+		}
+		reply(200, map[string]string{"cid": "bafycommit" + strconv.Itoa(f.rev), "rev": fmt.Sprintf("3rev%09d", f.rev)})
 	case "com.atproto.repo.getRecord":
 		q := r.URL.Query()
 		key := q.Get("collection") + "/" + q.Get("rkey")
@@ -232,6 +246,16 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		var writes []map[string]json.RawMessage
 		_ = json.Unmarshal(body["writes"], &writes)
+		f.applyBatches = append(f.applyBatches, len(writes))
+		if f.beforeApply != nil {
+			f.beforeApply()
+			f.beforeApply = nil
+		}
+		if _, ok := body["swapCommit"]; ok && str("swapCommit") != "bafycommit"+strconv.Itoa(f.rev) {
+			fail(400, "InvalidSwap", "Commit was at bafycommit"+strconv.Itoa(f.rev))
+			return
+		}
+
 		next := map[string]fakeRecord{}
 		for k, v := range f.records {
 			next[k] = v
@@ -253,6 +277,10 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 				delete(next, key)
 				results = append(results, map[string]any{"$type": typ + "Result"})
 				continue
+			}
+			if strings.Contains(string(wr["value"]), `"lexiconInvalid"`) {
+				fail(400, "InvalidRecord", "Invalid record: lexiconInvalid is not allowed")
+				return
 			}
 			cid := cidOf(wr["value"])
 			next[key] = fakeRecord{value: wr["value"], cid: cid}

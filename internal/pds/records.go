@@ -1,11 +1,13 @@
 package pds
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 
 	"github.com/bluesky-social/indigo/api/agnostic"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -65,17 +67,11 @@ type ApplyResult struct {
 // LatestRev returns the revision of the repo's latest commit
 // (com.atproto.sync.getLatestCommit).
 func (c *Client) LatestRev(ctx context.Context) (string, error) {
-	if err := c.ready(ctx); err != nil {
+	head, err := c.latestCommit(ctx)
+	if err != nil {
 		return "", err
 	}
-	did, _ := c.Info()
-	var out struct {
-		Rev string `json:"rev"`
-	}
-	if err := c.lex().LexDo(ctx, http.MethodGet, "", "com.atproto.sync.getLatestCommit", map[string]any{"did": did}, nil, &out); err != nil {
-		return "", fmt.Errorf("pds: getLatestCommit: %w", err)
-	}
-	return out.Rev, nil
+	return head.Rev, nil
 }
 
 // GetRecord reads a record; a missing one is ErrRecordNotFound.
@@ -163,6 +159,13 @@ func (c *Client) DeleteRecord(ctx context.Context, collection, rkey string, swap
 // (*StatusError): use OpUpdate for records known to exist, and after a 500
 // re-read the records to find out which write was wrong.
 func (c *Client) ApplyWrites(ctx context.Context, writes []Write) (*ApplyResult, error) {
+	return c.applyWrites(ctx, writes, nil)
+}
+
+// applyWrites is ApplyWrites with an optional swapCommit: the PDS applies
+// the batch only if the repo's latest commit is still *swapCommit
+// (ErrInvalidSwap otherwise).
+func (c *Client) applyWrites(ctx context.Context, writes []Write, swapCommit *string) (*ApplyResult, error) {
 	if len(writes) == 0 {
 		return &ApplyResult{}, nil
 	}
@@ -170,7 +173,7 @@ func (c *Client) ApplyWrites(ctx context.Context, writes []Write) (*ApplyResult,
 		return nil, &SpecError{Field: "writes", Reason: fmt.Sprintf("%d writes, at most %d per batch", len(writes), MaxWritesPerBatch)}
 	}
 	did, _ := c.Info()
-	in := &agnostic.RepoApplyWrites_Input{Repo: did}
+	in := &agnostic.RepoApplyWrites_Input{Repo: did, SwapCommit: swapCommit}
 	for i, w := range writes {
 		elem, err := writeElem(w)
 		if err != nil {
@@ -206,6 +209,19 @@ func (c *Client) ApplyWrites(ctx context.Context, writes []Write) (*ApplyResult,
 		res.Results[i] = r
 	}
 	return res, nil
+}
+
+// jsonEqual compares two JSON documents by value (numbers as written).
+func jsonEqual(a, b []byte) bool {
+	var va, vb any
+	da := json.NewDecoder(bytes.NewReader(a))
+	da.UseNumber()
+	db := json.NewDecoder(bytes.NewReader(b))
+	db.UseNumber()
+	if da.Decode(&va) != nil || db.Decode(&vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
 }
 
 func writeElem(w Write) (*agnostic.RepoApplyWrites_Input_Writes_Elem, error) {

@@ -9,10 +9,10 @@ import (
 )
 
 // SpecOrLifecycleChanged passes an update only when the object's spec
-// (generation), deletion timestamp or finalizers changed. A controller's
-// own status writes then do not re-trigger it: an error message that
-// differs on every attempt would otherwise bypass the workqueue's backoff
-// and turn into a retry storm.
+// (generation) or deletion timestamp changed, or a finalizer was removed.
+// A controller's own status writes and finalizer additions then do not
+// re-trigger it: an error message that differs on every attempt would
+// otherwise bypass the workqueue's backoff and turn into a retry storm.
 func SpecOrLifecycleChanged() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -22,7 +22,7 @@ func SpecOrLifecycleChanged() predicate.Predicate {
 			}
 			return o.GetGeneration() != n.GetGeneration() ||
 				!o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp()) ||
-				!slices.Equal(o.GetFinalizers(), n.GetFinalizers())
+				slices.ContainsFunc(o.GetFinalizers(), func(f string) bool { return !slices.Contains(n.GetFinalizers(), f) })
 		},
 	}
 }

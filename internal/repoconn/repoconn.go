@@ -60,6 +60,8 @@ type Pool struct {
 	Vault *vault.Client
 	// Timeout of every PDS request. Zero means 20s.
 	Timeout time.Duration
+	// MaxBatch is pds.Options.MaxBatch of every client.
+	MaxBatch int
 
 	mu    sync.Mutex
 	conns map[key]*entry
@@ -124,7 +126,7 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 		return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, err, "CA bundle of the PDS: %v", err)
 	}
 	store := &secretStore{c: c, repo: repo}
-	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Store: store, UserAgent: "knotless"})
+	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Store: store, UserAgent: "knotless", MaxBatch: p.MaxBatch})
 	if err != nil {
 		return nil, Classify(err)
 	}

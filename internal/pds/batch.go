@@ -1,0 +1,255 @@
+package pds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// EnsureResult is what Ensure found and left on the PDS.
+type EnsureResult struct {
+	// Before is the record as read before writing; nil if it did not exist.
+	Before *Record
+	// After is the record read back after the write (Before if nothing was
+	// written); nil if the record is absent.
+	After *Record
+	// Rev is the repo revision read after the write.
+	Rev string
+	// Wrote reports whether the record had to be written or deleted.
+	Wrote bool
+}
+
+// maxParallelReads bounds the concurrent getRecord calls of one batch.
+const maxParallelReads = 8
+
+// maxSwapRetries bounds how often a batch is re-read and retried because
+// the repo moved between the reads and the write (another writer).
+const maxSwapRetries = 5
+
+// ensureOp is one caller waiting in a batch.
+type ensureOp struct {
+	collection, rkey string
+	value            json.RawMessage // nil: the record must be absent
+	res              *EnsureResult
+	err              error
+	done             chan struct{}
+}
+
+// batcher groups the Ensure calls of one repo: while a batch is being
+// applied, the calls that arrive wait and go together in the next one
+// (group commit; nothing waits for a timer).
+type batcher struct {
+	mu       sync.Mutex
+	pending  []*ensureOp
+	flushing bool
+}
+
+// Ensure makes the record collection/rkey equal value, or absent when value
+// is nil, and reports what was there before and what is there now, read
+// back from the PDS (the write's own answer is not trusted for status).
+//
+// Calls for records of the same repo that overlap in time are applied as
+// one com.atproto.repo.applyWrites batch (at most Options.MaxBatch). Each
+// batch reads the repo's latest commit, then the current records, and
+// writes only the ones that differ with swapCommit set to that commit: a
+// write by anyone else in between makes the PDS refuse the batch
+// (InvalidSwap) and the batch is read and decided again. This is a
+// compare-and-swap on everything the batch observed, which includes each
+// record's CID. When the PDS refuses a batch of several records as invalid,
+// they are retried one by one so that one bad record fails alone.
+func (c *Client) Ensure(ctx context.Context, collection, rkey string, value json.RawMessage) (*EnsureResult, error) {
+	if err := validateKey(collection, rkey); err != nil {
+		return nil, err
+	}
+	if value != nil {
+		// Compare and write the value as the PDS stores it: with $type.
+		m, err := recordMap(collection, rkey, value)
+		if err != nil {
+			return nil, err
+		}
+		if value, err = json.Marshal(m); err != nil {
+			return nil, err
+		}
+	}
+	op := &ensureOp{collection: collection, rkey: rkey, value: value, done: make(chan struct{})}
+	b := &c.batch
+	b.mu.Lock()
+	b.pending = append(b.pending, op)
+	if !b.flushing {
+		b.flushing = true
+		go c.flushLoop()
+	}
+	b.mu.Unlock()
+	select {
+	case <-op.done:
+		return op.res, op.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// flushLoop applies batches until no call is waiting.
+func (c *Client) flushLoop() {
+	for {
+		ops := c.takeBatch()
+		if ops == nil {
+			return
+		}
+		c.flush(ops)
+	}
+}
+
+// takeBatch removes up to maxBatch waiting calls, at most one per
+// record (a later call for the same record waits for the next batch).
+func (c *Client) takeBatch() []*ensureOp {
+	b := &c.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.pending) == 0 {
+		b.flushing = false
+		return nil
+	}
+	seen := map[[2]string]bool{}
+	var ops, rest []*ensureOp
+	for _, op := range b.pending {
+		k := [2]string{op.collection, op.rkey}
+		if seen[k] || len(ops) == c.maxBatch {
+			rest = append(rest, op)
+			continue
+		}
+		seen[k] = true
+		ops = append(ops, op)
+	}
+	b.pending = rest
+	return ops
+}
+
+// flush applies one batch and hands each caller its result.
+func (c *Client) flush(ops []*ensureOp) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*DefaultTimeout)
+	defer cancel()
+	results, err := c.ensureBatch(ctx, ops)
+	var invalid *InvalidRequestError
+	if errors.As(err, &invalid) && len(ops) > 1 {
+		for _, op := range ops {
+			r, err := c.ensureBatch(ctx, []*ensureOp{op})
+			op.err = err
+			if err == nil {
+				op.res = &r[0]
+			}
+			close(op.done)
+		}
+		return
+	}
+	for i, op := range ops {
+		op.err = err
+		if err == nil {
+			op.res = &results[i]
+		}
+		close(op.done)
+	}
+}
+
+// ensureBatch reads, decides and writes one batch; see Ensure.
+func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResult, error) {
+	for attempt := 1; ; attempt++ {
+		head, err := c.latestCommit(ctx)
+		if err != nil {
+			return nil, err
+		}
+		before, err := c.getMany(ctx, ops)
+		if err != nil {
+			return nil, err
+		}
+		results := make([]EnsureResult, len(ops))
+		var writes []Write
+		var written []*ensureOp
+		var at []int
+		for i, op := range ops {
+			results[i] = EnsureResult{Before: before[i], After: before[i], Rev: head.Rev}
+			w := Write{Collection: op.collection, Rkey: op.rkey, Value: op.value}
+			switch {
+			case op.value == nil && before[i] == nil, op.value != nil && before[i] != nil && jsonEqual(before[i].Value, op.value):
+				continue
+			case op.value == nil:
+				w.Op = OpDelete
+			case before[i] == nil:
+				w.Op = OpCreate
+			default:
+				w.Op = OpUpdate
+			}
+			writes, written, at = append(writes, w), append(written, op), append(at, i)
+		}
+		if len(writes) == 0 {
+			return results, nil
+		}
+		_, err = c.applyWrites(ctx, writes, &head.CID)
+		var se *StatusError
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrInvalidSwap) && attempt < maxSwapRetries:
+			continue // the repo moved: read again
+		case errors.As(err, &se) && se.StatusCode == http.StatusInternalServerError && attempt < 2:
+			continue // the write may have happened: read again
+		default:
+			return nil, err
+		}
+		after, err := c.getMany(ctx, written)
+		if err != nil {
+			return nil, err
+		}
+		rev, err := c.LatestRev(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for i := range results {
+			results[i].Rev = rev
+		}
+		for j, i := range at {
+			results[i].After, results[i].Wrote = after[j], true
+		}
+		return results, nil
+	}
+}
+
+// getMany reads records concurrently; a missing record is nil.
+func (c *Client) getMany(ctx context.Context, ops []*ensureOp) ([]*Record, error) {
+	out := make([]*Record, len(ops))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(maxParallelReads)
+	for i, op := range ops {
+		g.Go(func() error {
+			r, err := c.GetRecord(gctx, op.collection, op.rkey)
+			if errors.Is(err, ErrRecordNotFound) {
+				return nil
+			}
+			out[i] = r
+			return err
+		})
+	}
+	return out, g.Wait()
+}
+
+// commit is a repo's latest commit.
+type commit struct {
+	CID string `json:"cid"`
+	Rev string `json:"rev"`
+}
+
+// latestCommit reads the repo's latest commit (com.atproto.sync.getLatestCommit).
+func (c *Client) latestCommit(ctx context.Context) (*commit, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	did, _ := c.Info()
+	var out commit
+	if err := c.lex().LexDo(ctx, http.MethodGet, "", "com.atproto.sync.getLatestCommit", map[string]any{"did": did}, nil, &out); err != nil {
+		return nil, fmt.Errorf("pds: getLatestCommit: %w", err)
+	}
+	return &out, nil
+}
