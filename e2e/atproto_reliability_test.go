@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,13 +10,17 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
@@ -82,11 +87,12 @@ func rkeyOf(uri string) string {
 }
 
 // waitAllSynced waits until every AtprotoRecord in c is Synced for its
-// generation and returns them.
+// generation and returns them. It lists once a second: listing many
+// records costs kcp CPU that the provider competes for.
 func waitAllSynced(ctx context.Context, t *testing.T, c client.Client, n int, timeout time.Duration) []atprotov1alpha1.AtprotoRecord {
 	t.Helper()
 	var list atprotov1alpha1.AtprotoRecordList
-	if err := framework.Eventually(ctx, timeout, fmt.Sprintf("%d records Synced", n), func(ctx context.Context) (bool, string, error) {
+	if err := framework.EventuallyEvery(ctx, time.Second, timeout, fmt.Sprintf("%d records Synced", n), func(ctx context.Context) (bool, string, error) {
 		if err := c.List(ctx, &list); err != nil {
 			return false, err.Error(), nil
 		}
@@ -217,9 +223,12 @@ func TestAtprotoProviderKilledDuringWrites(t *testing.T) {
 	checkPDSEqualsSpec(ctx, t, did, recs)
 }
 
-// countingProxy forwards TCP connections to target and counts them.
+// countingProxy forwards TCP connections to target and counts them. With
+// TLS it terminates TLS with the certificate cert holds.
 type countingProxy struct {
 	ln     net.Listener
+	tls    bool
+	cert   atomic.Pointer[tls.Certificate]
 	target string
 	conns  atomic.Int64
 	wg     sync.WaitGroup
@@ -227,12 +236,17 @@ type countingProxy struct {
 	open   map[net.Conn]bool
 }
 
-func startProxy(t *testing.T, target string) *countingProxy {
+func startProxy(t *testing.T, target string, cert *tls.Certificate) *countingProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &countingProxy{ln: ln, target: target, open: map[net.Conn]bool{}}
+	if cert != nil {
+		p.tls = true
+		p.cert.Store(cert)
+		ln = tls.NewListener(ln, &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return p.cert.Load(), nil }})
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -264,11 +278,7 @@ func startProxy(t *testing.T, target string) *countingProxy {
 	}()
 	t.Cleanup(func() {
 		ln.Close()
-		p.mu.Lock()
-		for c := range p.open {
-			c.Close()
-		}
-		p.mu.Unlock()
+		p.closeAll()
 		p.wg.Wait()
 	})
 	return p
@@ -284,7 +294,21 @@ func (p *countingProxy) track(c net.Conn, open bool) {
 	}
 }
 
-func (p *countingProxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *countingProxy) URL() string {
+	if p.tls {
+		return "https://" + p.ln.Addr().String()
+	}
+	return "http://" + p.ln.Addr().String()
+}
+
+// closeAll closes every open connection (clients must dial again).
+func (p *countingProxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.open {
+		c.Close()
+	}
+}
 
 // TestAtprotoPDSDown: with the PDS stopped, the repo and its record say
 // PDSUnreachable and back off (connection attempts are counted); after the
@@ -292,7 +316,7 @@ func (p *countingProxy) URL() string { return "http://" + p.ln.Addr().String() }
 func TestAtprotoPDSDown(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	proxy := startProxy(t, fmt.Sprintf("127.0.0.1:%d", env.pds.Port))
+	proxy := startProxy(t, fmt.Sprintf("127.0.0.1:%d", env.pds.Port), nil)
 	c, _ := repoWorkspace(ctx, t, env.prefix+"-down", env.prefix+"down.test", proxy.URL())
 	create(ctx, t, c, record("note", "repo", "note", `{"text":"before"}`))
 	waitRecord(ctx, t, c, "note", atprotov1alpha1.ReasonSynced, nil)
@@ -392,5 +416,71 @@ func TestVaultTokenRevoked(t *testing.T) {
 	t.Logf("Vault logins: %d before the revocation, %d after three reads", before, after)
 	if after-before != 1 {
 		t.Fatalf("want exactly one re-login after the revocation, got %d", after-before)
+	}
+}
+
+// TestAtprotoCABundleRotation: a PDS behind TLS with a private CA is
+// reached through the repo's CA bundle ConfigMap. When the PDS's
+// certificate is replaced by one of another CA, writes fail with
+// PDSUnreachable naming the certificate; updating the ConfigMap (no
+// restart) makes the repo connect again and the record sync (R08).
+func TestAtprotoCABundleRotation(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	ca1, err := framework.NewCA("pds-ca-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca2, err := framework.NewCA("pds-ca-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert1, err := ca1.Issue("pds", "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert2, err := ca2.Issue("pds", "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, fmt.Sprintf("127.0.0.1:%d", env.pds.Port), &cert1)
+
+	c, _ := appWorkspace(ctx, t, env.prefix+"-ca")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"ca.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pds-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(ca1.PEM)}}
+	repo := secretRepo("repo", acct.Handle, "cred")
+	repo.Spec.PDS.URL = proxy.URL()
+	repo.Spec.PDS.CABundle = &atprotov1alpha1.ObjectKeyRef{Kind: "ConfigMap", Name: "pds-ca", Key: "ca.crt"}
+	create(ctx, t, c, bundle, passwordSecret("cred", acct.AppPassword), repo, record("note", "repo", "note", `{"text":"ca1"}`))
+	waitRepo(ctx, t, c, "repo", atprotov1alpha1.ReasonReady)
+	waitRecord(ctx, t, c, "note", atprotov1alpha1.ReasonSynced, nil)
+
+	// The PDS now presents a certificate of another CA.
+	proxy.cert.Store(&cert2)
+	proxy.closeAll()
+	rec := &atprotov1alpha1.AtprotoRecord{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "note"}, rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Spec.Value = apiextensionsv1.JSON{Raw: []byte(`{"text":"ca2"}`)}
+	if err := c.Update(ctx, rec, client.FieldOwner("e2e-user")); err != nil {
+		t.Fatal(err)
+	}
+	rec = waitRecord(ctx, t, c, "note", atprotov1alpha1.ReasonPDSUnreachable, nil)
+	if cond := meta.FindStatusCondition(rec.Status.Conditions, atprotov1alpha1.ConditionSynced); !strings.Contains(cond.Message, "certificate") {
+		t.Errorf("condition message %q does not say that the certificate is the problem", cond.Message)
+	}
+
+	// The operator updates the bundle; nothing is restarted.
+	bundle.Data["ca.crt"] = string(ca2.PEM)
+	if err := c.Update(ctx, bundle); err != nil {
+		t.Fatal(err)
+	}
+	waitRecordEventually(ctx, t, c, "note", 2*time.Minute)
+	if got, err := getRecord(ctx, acct.DID, testCollection, "note"); err != nil || field(got.Value, "text") != "ca2" {
+		t.Fatalf("PDS has %+v (%v), want the edited value", got, err)
 	}
 }

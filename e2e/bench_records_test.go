@@ -81,28 +81,45 @@ func TestRecordThroughput(t *testing.T) {
 		}
 	}()
 
-	measure := func(run func() error) (rate, cpu float64, rss int64) {
-		cpu0 := cpuSeconds(env.provider.Process)
+	// measure runs run and returns records/s and what the provider, kcp and
+	// the PDS used meanwhile (CPU in cores; kcp's is 0 for an external kcp).
+	type usage struct{ rate, provider, kcp, pds float64 }
+	measure := func(run func() error) (u usage, rss int64) {
+		cpu := func() [3]float64 {
+			var k float64
+			if env.kcp.Process != nil {
+				k = cpuSeconds(env.kcp.Process)
+			}
+			return [3]float64{cpuSeconds(env.provider.Process), k, cpuSeconds(env.pds.Process)}
+		}
+		c0, r0 := cpu(), kcpRequests(t)
 		start := time.Now()
 		if err := run(); err != nil {
 			t.Fatal(err)
 		}
-		el := time.Since(start)
+		el := time.Since(start).Seconds()
+		c1 := cpu()
 		rss, _ = env.provider.RSS()
-		return float64(n) / el.Seconds(), (cpuSeconds(env.provider.Process) - cpu0) / el.Seconds(), rss
+		t.Logf("provider requests to kcp: %.2f per record", float64(kcpRequests(t)-r0)/float64(n))
+		return usage{float64(n) / el, (c1[0] - c0[0]) / el, (c1[1] - c0[1]) / el, (c1[2] - c0[2]) / el}, rss
 	}
+	// createAll creates count records with 16 concurrent clients, so that
+	// creating them is not what is measured.
 	createAll := func(c client.Client, prefix string, count int) error {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(16)
 		for i := range count {
-			name := fmt.Sprintf("%s%05d", prefix, i)
-			if err := c.Create(ctx, record(name, "repo", name, fmt.Sprintf(`{"text":"%d"}`, i))); err != nil {
-				return err
-			}
+			g.Go(func() error {
+				name := fmt.Sprintf("%s%05d", prefix, i)
+				return c.Create(gctx, record(name, "repo", name, fmt.Sprintf(`{"text":"%d"}`, i)))
+			})
 		}
-		return nil
+		return g.Wait()
 	}
 	var lines []string
-	line := func(what string, rate, cpu float64, rss int64) {
-		lines = append(lines, fmt.Sprintf("%-34s %7.1f/s (%.2fx ceiling), provider CPU %.2f cores, RSS %.1f MiB", what, rate, rate/ceiling, cpu, float64(rss)/(1<<20)))
+	line := func(what string, u usage, rss int64) {
+		lines = append(lines, fmt.Sprintf("%-34s %7.1f/s (%.2fx ceiling); CPU cores: provider %.2f, kcp %.2f, PDS %.2f; provider RSS %.1f MiB",
+			what, u.rate, u.rate/ceiling, u.provider, u.kcp, u.pds, float64(rss)/(1<<20)))
 	}
 	for round, mode := range []struct {
 		name, prefix string
@@ -118,16 +135,18 @@ func TestRecordThroughput(t *testing.T) {
 		}
 		waitQuiet(ctx, t)
 
-		rate, cpu, rss := measure(func() error {
+		u, rss := measure(func() error {
+			t0 := time.Now()
 			if err := createAll(one, mode.prefix, n); err != nil {
 				return err
 			}
+			t.Logf("created %d records in %s", n, time.Since(t0))
 			waitAllSynced(ctx, t, one, (round+1)*n, 30*time.Minute)
 			return nil
 		})
-		line(fmt.Sprintf("knotless %s, 1 repo:", mode.name), rate, cpu, rss)
+		line(fmt.Sprintf("knotless %s, 1 repo:", mode.name), u, rss)
 
-		rate, cpu, rss = measure(func() error {
+		u, rss = measure(func() error {
 			g, _ := errgroup.WithContext(ctx)
 			for i := range w {
 				g.Go(func() error { return createAll(clients[i], mode.prefix, n/w) })
@@ -140,7 +159,7 @@ func TestRecordThroughput(t *testing.T) {
 			}
 			return nil
 		})
-		line(fmt.Sprintf("knotless %s, %d workspaces:", mode.name, w), rate, cpu, rss)
+		line(fmt.Sprintf("knotless %s, %d workspaces:", mode.name, w), u, rss)
 	}
 	t.Logf("FIGURE records/s, %d records, same PDS, same run:", n)
 	t.Logf("FIGURE %-34s %7.1f/s", "plain sequential putRecord loop:", ceiling)
@@ -188,4 +207,23 @@ func waitQuiet(ctx context.Context, t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// kcpRequests is the number of requests the provider has made to kcp
+// (client-go's rest_client_requests_total, all codes and methods).
+func kcpRequests(t *testing.T) int {
+	m, err := env.provider.Metrics()
+	if err != nil {
+		t.Logf("reading provider metrics: %v", err)
+		return 0
+	}
+	total := 0
+	for _, l := range strings.Split(m, "\n") {
+		if strings.HasPrefix(l, "rest_client_requests_total{") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += int(v)
+		}
+	}
+	return total
 }

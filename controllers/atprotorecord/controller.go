@@ -258,12 +258,14 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 		}
 		return err
 	}
-	if before == nil || before.Reason != reason {
-		typ := corev1.EventTypeNormal
-		if cond != metav1.ConditionTrue {
-			typ = corev1.EventTypeWarning
-		}
-		s.events.Eventf(s.rec, nil, typ, reason, "Sync", "%s", msg)
+	// An Event for every change of reason, except the first Synced of a
+	// new record: that one is the normal case and would double the writes
+	// to kcp per record (the condition says it).
+	switch {
+	case cond != metav1.ConditionTrue && (before == nil || before.Reason != reason):
+		s.events.Eventf(s.rec, nil, corev1.EventTypeWarning, reason, "Sync", "%s", msg)
+	case cond == metav1.ConditionTrue && before != nil && before.Reason != reason:
+		s.events.Eventf(s.rec, nil, corev1.EventTypeNormal, reason, "Sync", "%s", msg)
 	}
 	return nil
 }

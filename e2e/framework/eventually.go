@@ -10,6 +10,12 @@ import (
 // error, or timeout passes. The error names what was waited for and the
 // last state cond reported.
 func Eventually(ctx context.Context, timeout time.Duration, what string, cond func(context.Context) (bool, string, error)) error {
+	return EventuallyEvery(ctx, 250*time.Millisecond, timeout, what, cond)
+}
+
+// EventuallyEvery is Eventually with another polling interval, for
+// conditions that are expensive to check (large lists).
+func EventuallyEvery(ctx context.Context, interval, timeout time.Duration, what string, cond func(context.Context) (bool, string, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	last := "never checked"
@@ -27,7 +33,7 @@ func Eventually(ctx context.Context, timeout time.Duration, what string, cond fu
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("timed out after %s waiting for %s (last: %s)", timeout, what, last)
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 }

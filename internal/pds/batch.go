@@ -37,16 +37,20 @@ type ensureOp struct {
 	value            json.RawMessage // nil: the record must be absent
 	res              *EnsureResult
 	err              error
-	done             chan struct{}
+	done             chan struct{} // closed when res/err are set
+	lead             chan struct{} // closed when this caller becomes the leader
 }
 
-// batcher groups the Ensure calls of one repo: while a batch is being
-// applied, the calls that arrive wait and go together in the next one
-// (group commit; nothing waits for a timer).
+// batcher groups the Ensure calls of one repo (group commit): one caller,
+// the leader, applies batches in its own goroutine and with its own
+// context; calls that arrive meanwhile wait and go together in the next
+// batch. When the leader's own call is done it hands the role to the
+// oldest waiting caller. No goroutine outlives the calls, and nothing
+// waits for a timer.
 type batcher struct {
-	mu       sync.Mutex
-	pending  []*ensureOp
-	flushing bool
+	mu      sync.Mutex
+	pending []*ensureOp
+	leading bool // some caller is the leader
 }
 
 // Ensure makes the record collection/rkey equal value, or absent when value
@@ -76,44 +80,72 @@ func (c *Client) Ensure(ctx context.Context, collection, rkey string, value json
 			return nil, err
 		}
 	}
-	op := &ensureOp{collection: collection, rkey: rkey, value: value, done: make(chan struct{})}
+	op := &ensureOp{collection: collection, rkey: rkey, value: value, done: make(chan struct{}), lead: make(chan struct{})}
 	b := &c.batch
 	b.mu.Lock()
 	b.pending = append(b.pending, op)
-	if !b.flushing {
-		b.flushing = true
-		go c.flushLoop()
+	if !b.leading {
+		b.leading = true
+		close(op.lead)
 	}
 	b.mu.Unlock()
+
 	select {
 	case <-op.done:
 		return op.res, op.err
+	case <-op.lead:
 	case <-ctx.Done():
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		select {
+		case <-op.lead: // made leader meanwhile: pass the role on
+			b.remove(op)
+			b.handOff()
+		default:
+			b.remove(op)
+		}
 		return nil, ctx.Err()
 	}
-}
-
-// flushLoop applies batches until no call is waiting.
-func (c *Client) flushLoop() {
+	// Leader: apply batches until this call's record is done.
 	for {
-		ops := c.takeBatch()
-		if ops == nil {
-			return
+		select {
+		case <-op.done:
+			b.mu.Lock()
+			b.handOff()
+			b.mu.Unlock()
+			return op.res, op.err
+		default:
 		}
-		c.flush(ops)
+		c.flush(ctx, c.takeBatch())
 	}
 }
 
-// takeBatch removes up to maxBatch waiting calls, at most one per
-// record (a later call for the same record waits for the next batch).
+// handOff makes the oldest waiting caller the leader. Called with mu held.
+func (b *batcher) handOff() {
+	if len(b.pending) == 0 {
+		b.leading = false
+		return
+	}
+	close(b.pending[0].lead)
+}
+
+// remove drops op from the waiting calls. Called with mu held.
+func (b *batcher) remove(op *ensureOp) {
+	for i, p := range b.pending {
+		if p == op {
+			b.pending = append(b.pending[:i:i], b.pending[i+1:]...)
+			return
+		}
+	}
+}
+
+// takeBatch removes up to maxBatch waiting calls, oldest first, at most
+// one per record (a later call for the same record waits for the next
+// batch).
 func (c *Client) takeBatch() []*ensureOp {
 	b := &c.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.pending) == 0 {
-		b.flushing = false
-		return nil
-	}
 	seen := map[[2]string]bool{}
 	var ops, rest []*ensureOp
 	for _, op := range b.pending {
@@ -130,9 +162,7 @@ func (c *Client) takeBatch() []*ensureOp {
 }
 
 // flush applies one batch and hands each caller its result.
-func (c *Client) flush(ops []*ensureOp) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*DefaultTimeout)
-	defer cancel()
+func (c *Client) flush(ctx context.Context, ops []*ensureOp) {
 	results, err := c.ensureBatch(ctx, ops)
 	var invalid *InvalidRequestError
 	if errors.As(err, &invalid) && len(ops) > 1 {

@@ -165,3 +165,58 @@ func TestEnsureInvalidRecordFailsAloneInItsBatch(t *testing.T) {
 		}
 	}
 }
+
+func TestEnsureCallersThatGiveUpDoNotStallOthers(t *testing.T) {
+	f := newFakePDS(t)
+	c := connect(t, f, &countingStore{})
+	hold := make(chan struct{})
+	defer func() {
+		select {
+		case <-hold:
+		default:
+			close(hold)
+		}
+	}()
+	f.mu.Lock()
+	f.hold = hold
+	f.mu.Unlock()
+
+	// A leads and is stuck in the PDS; B and C wait behind it.
+	ctxA, cancelA := context.WithCancel(context.Background())
+	ctxB, cancelB := context.WithCancel(context.Background())
+	errA, errB, errC := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	go func() { _, err := c.Ensure(ctxA, coll, "a", json.RawMessage(`{"n":1}`)); errA <- err }()
+	for f.count("com.atproto.sync.getLatestCommit") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() { _, err := c.Ensure(ctxB, coll, "b", json.RawMessage(`{"n":2}`)); errB <- err }()
+	time.Sleep(50 * time.Millisecond)
+	go func() { _, err := c.Ensure(context.Background(), coll, "c", json.RawMessage(`{"n":3}`)); errC <- err }()
+	time.Sleep(50 * time.Millisecond)
+
+	// B gives up while waiting; then the leader A gives up inside its request.
+	cancelB()
+	if err := <-errB; !errors.Is(err, context.Canceled) {
+		t.Fatalf("B: %v, want context.Canceled", err)
+	}
+	cancelA()
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("A: %v, want context.Canceled", err)
+	}
+	// C took over as leader and is written; B's record was not.
+	select {
+	case err := <-errC:
+		if err != nil {
+			t.Fatalf("C: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("C never finished: nobody took over the batch")
+	}
+	ctx := context.Background()
+	if _, err := c.GetRecord(ctx, coll, "c"); err != nil {
+		t.Fatalf("c not written: %v", err)
+	}
+	if _, err := c.GetRecord(ctx, coll, "b"); !errors.Is(err, pds.ErrRecordNotFound) {
+		t.Fatalf("b was written after its caller gave up: %v", err)
+	}
+}
