@@ -122,6 +122,8 @@ current-context: c
 		{"missing kubeconfig", []string{"--kubeconfig", filepath.Join(dir, "nope")}, "no such file"},
 		{"unreachable kcp", []string{"--kubeconfig", unreachable, "--connect-timeout", "2s"}, "unreachable"},
 		{"invalid workspace path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--workspace", "root:Not_Valid"}, "not a valid workspace path"},
+		{"no record workers", []string{"--kubeconfig", env.kcp.Kubeconfig, "--atproto-workers", "0"}, "--atproto-workers must be at least 1"},
+		{"batch above the PDS limit", []string{"--kubeconfig", env.kcp.Kubeconfig, "--atproto-max-batch", "201"}, "--atproto-max-batch between 1 and 200"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
