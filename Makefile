@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
+.PHONY: bench-apps all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -59,6 +59,10 @@ bench-engage: tools
 
 clean:
 	rm -rf bin .dev e2e/_artifacts
+
+## bench-apps: reconciles/s of the application and component controllers (W workspaces x C components)
+bench-apps: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_APPS_BENCH=$${W:-200},$${C:-10} go test -count=1 -timeout 120m -v -run TestApplicationThroughput ./e2e/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps

@@ -146,9 +146,11 @@ ws=${KNOTLESS_WORKSPACE:-root:knotless}
 examples=$root/docs/examples
 if [ "$pds_url" = http://127.0.0.1:2583 ]; then
   apply_repo="kubectl apply -f $examples/atprotorepo.yaml"
+  apply_app="kubectl apply -f $examples/application.yaml"
   apply_vault_repo="sed \"s/LOGICAL_CLUSTER/\$lc/\" $examples/atprotorepo-vault.yaml | kubectl apply -f -"
 else
   apply_repo="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo.yaml | kubectl apply -f -"
+  apply_app="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/application.yaml | kubectl apply -f -"
   apply_vault_repo="sed -e \"s/LOGICAL_CLUSTER/\$lc/\" -e 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo-vault.yaml | kubectl apply -f -"
 fi
 cat <<TRY
@@ -159,20 +161,29 @@ knotless is running. Try this in another shell:
   kubectl ws use :root
   kubectl ws create shop --type $ws:socialweb-application --ignore-existing --enter
   kubectl api-resources | grep knotless
-  kubectl apply -f $examples/application.yaml
-  kubectl get applications        # PHASE Ready, READY True
 
-ATProto: an account alice.test on the local PDS, an app password for it in
-a Secret, a repo and a record, in the shop workspace. (A shop workspace
-left in .dev by a knotless without atproto.knotless.dev lacks these kinds:
-run "kubectl ws use :root; kubectl delete workspace shop" and the lines
-above again.)
+An account alice.test on the local PDS and an app password for it in a
+Secret of the shop workspace. (A shop workspace left in .dev by an older
+knotless may lack some kinds: run "kubectl ws use :root; kubectl delete
+workspace shop" and the lines above again.)
 
   pds=$pds_url
   curl -sS -H 'Content-Type: application/json' -d '{"handle":"alice.test","email":"alice@knotless.test","password":"alice-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount | sed 's/,"didDoc".*/}/'; echo
   jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"alice.test","password":"alice-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
   app_pw=\$(curl -sS -H "Authorization: Bearer \$jwt" -H 'Content-Type: application/json' -d "{\"name\":\"knotless-\$(date +%s)\"}" \$pds/xrpc/com.atproto.server.createAppPassword | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
   kubectl create secret generic alice-pds --from-literal=password="\$app_pw" --dry-run=client -o yaml | kubectl apply -f -
+
+An Application with two components, a repo and a record (docs/applications.md):
+
+  $apply_app
+  kubectl wait --for=jsonpath='{.status.phase}'=Ready application/shop --timeout=90s
+  kubectl get applications,components
+  kubectl patch application shop --type merge -p '{"spec":{"suspend":true}}'
+  kubectl get applications,components     # PHASE Suspended
+  kubectl patch application shop --type merge -p '{"spec":{"suspend":false}}'
+
+A repo and a record declared directly:
+
   $apply_repo
   kubectl apply -f $examples/atprotorecord.yaml
   kubectl wait --for=condition=Synced atprotorecord/alice-profile --timeout=60s

@@ -34,6 +34,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/application"
 	"github.com/knotless-dev/knotless/controllers/atprotorecord"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
+	"github.com/knotless-dev/knotless/controllers/component"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
@@ -153,10 +154,13 @@ func run(ctx context.Context, o options) error {
 	if err := application.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
+	if err := component.SetupWithManager(ctx, mgr, &component.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme}); err != nil {
+		return fmt.Errorf("setting up the component controller: %w", err)
+	}
 	if err := atprotorepo.SetupWithManager(ctx, mgr, &atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}); err != nil {
 		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
 	}
-	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers}); err != nil {
+	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {

@@ -17,12 +17,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
@@ -30,6 +34,7 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/internal/engage"
@@ -38,6 +43,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/suspend"
 )
 
 const (
@@ -56,6 +62,8 @@ type Reconciler struct {
 	// Resync is how often a Synced record is read back from the PDS to
 	// detect changes made behind knotless's back. Zero means 2 minutes.
 	Resync time.Duration
+	// Scheme knows the kinds of the records' owner chains (suspend).
+	Scheme *runtime.Scheme
 	// Workers is the number of concurrent reconciles. A reconcile waits
 	// while its record's write is batched with the other records of the
 	// same repo, so more workers make larger batches. Zero means 64.
@@ -69,11 +77,40 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		Named(Name).
 		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(atprotorepo.Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
+		// A Component's suspend or resume reaches the record it owns.
+		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, phaseChanged())), engage.ForExport(appsExport)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 		}).
 		Complete(r)
+}
+
+// appsExport serves Component.
+const appsExport = "apps.knotless.dev"
+
+// componentToRecord maps a Component whose template is a record to that
+// record (named like the Component) in the same workspace.
+func componentToRecord() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		_, lc, _ := engage.SplitClusterName(name)
+		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+			comp, ok := o.(*appsv1alpha1.Component)
+			if !ok || comp.Spec.Template.AtprotoRecord == nil {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: engage.ClusterName(atprotorepo.Export, lc), Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
+		})
+	}
+}
+
+// phaseChanged passes Component updates that change status.phase.
+func phaseChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*appsv1alpha1.Component)
+		n, ok2 := e.ObjectNew.(*appsv1alpha1.Component)
+		return ok1 && ok2 && o.Status.Phase != n.Status.Phase
+	}}
 }
 
 // enqueueRecordsOfRepo maps a repo to its records.
@@ -105,6 +142,8 @@ type syncer struct {
 	cluster string
 	events  events.EventRecorder
 	rec     *atprotov1alpha1.AtprotoRecord
+	// suspended is the record's effective suspend, once known.
+	suspended suspend.State
 }
 
 func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
@@ -126,6 +165,18 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	}
 	if err := s.ensureMetadata(ctx, repo); err != nil {
 		return reconcile.Result{}, err
+	}
+	// Suspended (by the record's Component or Application): write nothing.
+	state, err := suspend.Effective(ctx, suspend.InWorkspace(s.r.GetCluster, s.cluster), s.r.Scheme, rec)
+	var chain *suspend.ChainError
+	switch {
+	case errors.As(err, &chain):
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, chain.Reason, chain.Message, nil)
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	if s.suspended = state; state.Suspended {
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
 	}
 	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
 		msg := fmt.Sprintf("AtprotoRepo %s is not Ready", repo.Name)
@@ -247,7 +298,18 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 	if readBack != nil {
 		st.URI, st.CID, st.Rev = readBack.URI, readBack.CID, readBack.Rev
 	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+	if reason == suspend.ReasonSuspended {
+		// Synced keeps describing the PDS as last read; Suspended says why
+		// nothing is written.
+		cond, reason, msg = metav1.ConditionUnknown, "", ""
+		if c := meta.FindStatusCondition(st.Conditions, atprotov1alpha1.ConditionSynced); c != nil {
+			cond, reason, msg = c.Status, c.Reason, c.Message
+		}
+	}
+	if reason != "" {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+	}
+	suspend.SetCondition(&st.Conditions, s.suspended, s.rec.Generation)
 	if apiequality.Semantic.DeepEqual(s.rec.Status, *st) {
 		return nil
 	}

@@ -204,7 +204,7 @@ func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResu
 			results[i] = EnsureResult{Before: before[i], After: before[i], Rev: head.Rev}
 			w := Write{Collection: op.collection, Rkey: op.rkey, Value: op.value}
 			switch {
-			case op.value == nil && before[i] == nil, op.value != nil && before[i] != nil && jsonEqual(before[i].Value, op.value):
+			case op.value == nil && before[i] == nil, op.value != nil && before[i] != nil && JSONEqual(before[i].Value, op.value):
 				continue
 			case op.value == nil:
 				w.Op = OpDelete

@@ -211,8 +211,8 @@ func (c *Client) applyWrites(ctx context.Context, writes []Write, swapCommit *st
 	return res, nil
 }
 
-// jsonEqual compares two JSON documents by value (numbers as written).
-func jsonEqual(a, b []byte) bool {
+// JSONEqual compares two JSON documents by value (numbers as written).
+func JSONEqual(a, b []byte) bool {
 	var va, vb any
 	da := json.NewDecoder(bytes.NewReader(a))
 	da.UseNumber()

@@ -1,6 +1,9 @@
 // Package ssa writes the fields a controller owns with server-side apply,
-// one field manager per writer (R05). Controllers never write spec (R03):
-// these helpers send only metadata fields or only status.
+// one field manager per writer (R05). Controllers never write the spec of
+// an object a user wrote (R03): these helpers send only metadata fields or
+// only status, except Child, which applies an object the controller
+// generates (a Component from its Application, a child from its
+// Component).
 package ssa
 
 import (
@@ -87,6 +90,42 @@ func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 	controllerutil.RemoveFinalizer(obj, finalizer)
 	if err := c.Patch(ctx, obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("removing finalizer %s from %s/%s: %w", finalizer, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// Child applies an object that the caller generates and owns as a child of
+// owner (a controller owner reference; not blockOwnerDeletion, which needs
+// rights on the owner that an APIExport's virtual workspace may not give):
+// metadata name, namespace, labels and owner reference, and spec. Status
+// and every field the caller leaves out are not touched; fields another
+// manager set (a user's spec.suspend on a Component) stay.
+func Child(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
+	gvk, err := apiutil.GVKForObject(child, c.Scheme())
+	if err != nil {
+		return err
+	}
+	ogvk, err := apiutil.GVKForObject(owner, c.Scheme())
+	if err != nil {
+		return err
+	}
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(child)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": raw["spec"]}}
+	u.SetGroupVersionKind(gvk)
+	u.SetName(child.GetName())
+	u.SetNamespace(child.GetNamespace())
+	u.SetLabels(child.GetLabels())
+	yes := true
+	u.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: ogvk.GroupVersion().String(), Kind: ogvk.Kind, Name: owner.GetName(), UID: owner.GetUID(),
+		Controller: &yes,
+	}})
+	//nolint:staticcheck // client.Apply with unstructured.
+	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying %s %s/%s as %s: %w", gvk.Kind, child.GetNamespace(), child.GetName(), manager, err)
 	}
 	return nil
 }

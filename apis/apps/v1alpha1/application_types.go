@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 )
 
 // ApplicationPhase is the coarse state of an Application.
@@ -20,6 +22,19 @@ const (
 // ConditionReady is the condition type every knotless kind reports.
 const ConditionReady = "Ready"
 
+// Condition reasons of Application and Component.
+const (
+	ReasonReady               = "Ready"
+	ReasonProgressing         = "Progressing"
+	ReasonSuspended           = "Suspended"
+	ReasonFailed              = "Failed"
+	ReasonDeleting            = "Deleting"
+	ReasonInvalidSpec         = "InvalidSpec"
+	ReasonApplicationNotFound = "ApplicationNotFound"
+	ReasonOwnerCycle          = "OwnerCycle"
+	ReasonConflict            = "Conflict"
+)
+
 // ApplicationSpec is written only by the application team.
 type ApplicationSpec struct {
 	// Suspend stops the application from creating or changing anything.
@@ -31,6 +46,37 @@ type ApplicationSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	Description string `json:"description,omitempty"`
+
+	// Components are the parts of the application. Each becomes a
+	// Component of the same name, owned by the Application, which owns
+	// one child object made from the template.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Components []ApplicationComponent `json:"components,omitempty"`
+}
+
+// ApplicationComponent is one entry of Application spec.components.
+type ApplicationComponent struct {
+	// Name of the Component and of its child object (a DNS-1123 label,
+	// unique in the namespace).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// Template of the child object.
+	Template ComponentTemplate `json:"template"`
+}
+
+// ComponentTemplate describes the one child object of a Component. Exactly
+// one field is set.
+type ComponentTemplate struct {
+	// AtprotoRepo is the spec of an AtprotoRepo.
+	// +optional
+	AtprotoRepo *atprotov1alpha1.AtprotoRepoSpec `json:"atprotoRepo,omitempty"`
+	// AtprotoRecord is the spec of an AtprotoRecord.
+	// +optional
+	AtprotoRecord *atprotov1alpha1.AtprotoRecordSpec `json:"atprotoRecord,omitempty"`
 }
 
 // ApplicationStatus is written by the application controller only
@@ -49,6 +95,27 @@ type ApplicationStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Market is reserved for the market controller, its only writer
+	// (field manager "knotless-market"); the application controller never
+	// writes it.
+	// +optional
+	Market *ApplicationMarketStatus `json:"market,omitempty"`
+}
+
+// ApplicationMarketStatus is the market controller's view of the
+// application's compute purchases.
+type ApplicationMarketStatus struct {
+	// ObservedGeneration is the Application generation the market
+	// controller acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Phase of the purchase (set by the market controller).
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// Message is a short human text.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // Application is the root of an application in a socialweb-application
@@ -59,6 +126,7 @@ type ApplicationStatus struct {
 // +kubebuilder:resource:scope=Namespaced,categories=knotless
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Application struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -76,3 +144,87 @@ type ApplicationList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Application `json:"items"`
 }
+
+// ComponentPhase is the coarse state of a Component.
+// +kubebuilder:validation:Enum=Pending;Progressing;Ready;Suspended;Failed;Deleting
+type ComponentPhase string
+
+const (
+	ComponentPending     ComponentPhase = "Pending"
+	ComponentProgressing ComponentPhase = "Progressing"
+	ComponentReady       ComponentPhase = "Ready"
+	ComponentSuspended   ComponentPhase = "Suspended"
+	ComponentFailed      ComponentPhase = "Failed"
+	ComponentDeleting    ComponentPhase = "Deleting"
+)
+
+// ComponentSpec is written by the application controller from the
+// Application's spec.components, except Suspend, which is the user's.
+type ComponentSpec struct {
+	// Suspend suspends this component only. It can only add to the
+	// Application's suspend: a component never runs while its Application
+	// is suspended (effective suspend = Application suspend OR this).
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+	// Template of the child object, named like the Component.
+	Template ComponentTemplate `json:"template"`
+}
+
+// ChildRef names a Component's child object (same namespace).
+type ChildRef struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+}
+
+// ComponentStatus is written by the component controller only (field
+// manager "knotless-component").
+type ComponentStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Phase summarises the conditions.
+	// +optional
+	Phase ComponentPhase `json:"phase,omitempty"`
+	// Child is the object the component owns.
+	// +optional
+	Child *ChildRef `json:"child,omitempty"`
+	// Conditions: Ready mirrors the child's readiness.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Component is one part of an Application (its owner). It owns exactly one
+// child object made from its template and mirrors that child's readiness.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,categories=knotless
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.status.child.kind`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Component struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ComponentSpec   `json:"spec,omitempty"`
+	Status ComponentStatus `json:"status,omitempty"`
+}
+
+// ComponentList is a list of Components.
+//
+// +kubebuilder:object:root=true
+type ComponentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Component `json:"items"`
+}
+
+// SuspendRequested reports spec.suspend (internal/suspend.Requester).
+func (a *Application) SuspendRequested() bool { return a.Spec.Suspend }
+
+// SuspendRequested reports spec.suspend (internal/suspend.Requester).
+func (c *Component) SuspendRequested() bool { return c.Spec.Suspend }

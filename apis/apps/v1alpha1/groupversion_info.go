@@ -14,6 +14,7 @@ var GroupVersion = schema.GroupVersion{Group: "apps.knotless.dev", Version: "v1a
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&Application{}, &ApplicationList{},
+		&Component{}, &ComponentList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

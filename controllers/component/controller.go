@@ -1,0 +1,300 @@
+// Package component reconciles Components: each owns exactly one child
+// object made from its template (an AtprotoRepo or an AtprotoRecord, named
+// like the Component) and mirrors that child's readiness in its status.
+// While the Component or its Application is suspended it creates and
+// changes nothing; the child stays as it is, and deletions (by kcp's
+// garbage collector through the owner references) still complete.
+//
+// It is the only writer of Component status (field manager FieldManager)
+// and of the children's spec (it generates them); it never writes a
+// Component's spec.
+package component
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/predicates"
+	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/suspend"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "component"
+	// FieldManager owns Component status and the children's spec.
+	FieldManager = "knotless-component"
+	// Export serves Component and Application.
+	Export = "apps.knotless.dev"
+	// ChildExport serves the child kinds of this release.
+	ChildExport = "atproto.knotless.dev"
+	// OwnerIndex indexes Components by the name of their controller owner.
+	OwnerIndex = "apps.knotless.dev/controller-owner"
+)
+
+// failedReasons are child condition reasons that need a user's action.
+var failedReasons = map[string]bool{
+	atprotov1alpha1.ReasonInvalidSpec:          true,
+	atprotov1alpha1.ReasonAuthenticationFailed: true,
+	atprotov1alpha1.ReasonCredentialNotFound:   true,
+	atprotov1alpha1.ReasonCABundleNotFound:     true,
+}
+
+// Reconciler reconciles Components in every engaged workspace.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Scheme     *runtime.Scheme
+}
+
+// SetupWithManager registers the controller and the index of Components by
+// controller owner.
+func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &appsv1alpha1.Component{}, OwnerIndex, func(o client.Object) []string {
+		if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "Application" {
+			return []string{ref.Name}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
+		// The Application's suspend reaches its Components at once.
+		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{}), engage.ForExport(Export)).
+		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent(), engage.ForExport(ChildExport)).
+		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent(), engage.ForExport(ChildExport)).
+		Complete(r)
+}
+
+// applicationToComponents enqueues the Components an Application controls.
+func applicationToComponents() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
+			var list appsv1alpha1.ComponentList
+			if err := cl.GetCache().List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{OwnerIndex: o.GetName()}); err != nil {
+				return nil
+			}
+			reqs := make([]mcreconcile.Request, 0, len(list.Items))
+			for _, c := range list.Items {
+				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)}})
+			}
+			return reqs
+		})
+	}
+}
+
+// childToComponent maps a child, seen through the child export, to its
+// controlling Component in the same workspace, seen through the apps export.
+func childToComponent() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		_, lc, _ := engage.SplitClusterName(name)
+		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+			ref := metav1.GetControllerOf(o)
+			if ref == nil || ref.Kind != "Component" || ref.APIVersion != appsv1alpha1.GroupVersion.String() {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: engage.ClusterName(Export, lc), Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}}}}
+		})
+	}
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	c := cl.GetClient()
+	comp := &appsv1alpha1.Component{}
+	if err := c.Get(ctx, req.NamespacedName, comp); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !comp.DeletionTimestamp.IsZero() {
+		// kcp's garbage collector deletes the child through its owner
+		// reference; nothing to create or change.
+		return reconcile.Result{}, r.status(ctx, c, cl.GetEventRecorder(Name), comp, appsv1alpha1.ComponentDeleting, metav1.ConditionFalse, appsv1alpha1.ReasonDeleting, "the component is being deleted", suspend.State{}, comp.Status.Child)
+	}
+	s := &syncer{r: r, c: c, lc: lc, events: cl.GetEventRecorder(Name), comp: comp}
+	return s.sync(ctx)
+}
+
+type syncer struct {
+	r      *Reconciler
+	c      client.Client
+	lc     string
+	events events.EventRecorder
+	comp   *appsv1alpha1.Component
+}
+
+func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
+	comp := s.comp
+	fail := func(reason, msg string, child *appsv1alpha1.ChildRef) (reconcile.Result, error) {
+		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentFailed, metav1.ConditionFalse, reason, msg, suspend.State{}, child)
+	}
+	state, err := suspend.Effective(ctx, suspend.InWorkspace(s.r.GetCluster, s.lc), s.r.Scheme, comp)
+	var chain *suspend.ChainError
+	switch {
+	case errors.As(err, &chain):
+		reason := chain.Reason
+		if reason == suspend.ReasonOwnerNotFound {
+			reason = appsv1alpha1.ReasonApplicationNotFound
+		}
+		return fail(reason, chain.Message, nil)
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	if _, ok := state.Root.(*appsv1alpha1.Application); !ok {
+		return fail(appsv1alpha1.ReasonApplicationNotFound, "the component has no owning Application: components are made from an Application's spec.components", nil)
+	}
+
+	child, ref, err := childOf(comp)
+	if err != nil {
+		return fail(appsv1alpha1.ReasonInvalidSpec, err.Error(), nil)
+	}
+	ccl, err := s.r.GetCluster(ctx, engage.ClusterName(ChildExport, s.lc))
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("workspace %s is not engaged for %s: %w", s.lc, ChildExport, err)
+	}
+	cc := ccl.GetClient()
+	existing, ok := child.DeepCopyObject().(client.Object)
+	if !ok {
+		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", child)
+	}
+	found := true
+	if err := cc.Get(ctx, client.ObjectKeyFromObject(child), existing); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		found = false
+	}
+	if found && !metav1.IsControlledBy(existing, comp) {
+		return fail(appsv1alpha1.ReasonConflict, fmt.Sprintf("%s %s exists and is not controlled by this component; rename the component or delete the object", ref.Kind, ref.Name), nil)
+	}
+	if state.Suspended {
+		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentSuspended, metav1.ConditionFalse, appsv1alpha1.ReasonSuspended,
+			"suspended by "+state.By+": the "+ref.Kind+" is neither created nor changed", state, ref)
+	}
+	if !found || !sameSpec(existing, child) {
+		if err := ssa.Child(ctx, cc, child, comp, FieldManager); err != nil {
+			return reconcile.Result{}, err
+		}
+		if !found {
+			// The child's own controller reports on it; come back through the watch.
+			return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing, ref.Kind+" created", state, ref)
+		}
+	}
+	phase, status, reason, msg := mirror(existing, ref.Kind)
+	if !sameSpec(existing, child) {
+		phase, status, reason, msg = appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing, ref.Kind+" updated from the template"
+	}
+	return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, phase, status, reason, msg, state, ref)
+}
+
+// childOf builds the child object from the template.
+func childOf(comp *appsv1alpha1.Component) (client.Object, *appsv1alpha1.ChildRef, error) {
+	t := comp.Spec.Template
+	meta := metav1.ObjectMeta{Name: comp.Name, Namespace: comp.Namespace}
+	gv := atprotov1alpha1.GroupVersion.String()
+	switch {
+	case t.AtprotoRepo != nil && t.AtprotoRecord != nil:
+		return nil, nil, errors.New("spec.template sets both atprotoRepo and atprotoRecord; set exactly one")
+	case t.AtprotoRepo != nil:
+		return &atprotov1alpha1.AtprotoRepo{ObjectMeta: meta, Spec: *t.AtprotoRepo}, &appsv1alpha1.ChildRef{APIVersion: gv, Kind: "AtprotoRepo", Name: comp.Name}, nil
+	case t.AtprotoRecord != nil:
+		return &atprotov1alpha1.AtprotoRecord{ObjectMeta: meta, Spec: *t.AtprotoRecord}, &appsv1alpha1.ChildRef{APIVersion: gv, Kind: "AtprotoRecord", Name: comp.Name}, nil
+	default:
+		return nil, nil, errors.New("spec.template sets no child kind; set atprotoRepo or atprotoRecord")
+	}
+}
+
+// sameSpec reports whether the existing child's spec equals the template's.
+func sameSpec(existing, want client.Object) bool {
+	switch e := existing.(type) {
+	case *atprotov1alpha1.AtprotoRepo:
+		return apiequality.Semantic.DeepEqual(e.Spec, want.(*atprotov1alpha1.AtprotoRepo).Spec)
+	case *atprotov1alpha1.AtprotoRecord:
+		w := want.(*atprotov1alpha1.AtprotoRecord)
+		return e.Spec.RepoRef == w.Spec.RepoRef && e.Spec.Collection == w.Spec.Collection && e.Spec.RKey == w.Spec.RKey &&
+			pds.JSONEqual(e.Spec.Value.Raw, w.Spec.Value.Raw)
+	}
+	return false
+}
+
+// mirror turns the child's readiness condition into the component's phase.
+func mirror(child client.Object, kind string) (appsv1alpha1.ComponentPhase, metav1.ConditionStatus, string, string) {
+	var cond *metav1.Condition
+	var gen, observed int64 = child.GetGeneration(), 0
+	switch c := child.(type) {
+	case *atprotov1alpha1.AtprotoRepo:
+		cond, observed = meta.FindStatusCondition(c.Status.Conditions, atprotov1alpha1.ConditionReady), c.Status.ObservedGeneration
+	case *atprotov1alpha1.AtprotoRecord:
+		cond, observed = meta.FindStatusCondition(c.Status.Conditions, atprotov1alpha1.ConditionSynced), c.Status.ObservedGeneration
+	}
+	switch {
+	case cond == nil || observed != gen:
+		return appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing, "waiting for the " + kind + " to be reconciled"
+	case cond.Status == metav1.ConditionTrue:
+		return appsv1alpha1.ComponentReady, metav1.ConditionTrue, appsv1alpha1.ReasonReady, kind + " " + cond.Reason + ": " + cond.Message
+	case failedReasons[cond.Reason]:
+		return appsv1alpha1.ComponentFailed, metav1.ConditionFalse, cond.Reason, kind + ": " + cond.Message
+	default:
+		return appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, cond.Reason, kind + ": " + cond.Message
+	}
+}
+
+// status applies the Component's status when it changed and records an
+// Event when the phase changes.
+func (r *Reconciler) status(ctx context.Context, c client.Client, rec events.EventRecorder, comp *appsv1alpha1.Component, phase appsv1alpha1.ComponentPhase,
+	cond metav1.ConditionStatus, reason, msg string, state suspend.State, child *appsv1alpha1.ChildRef) error {
+	st := comp.Status.DeepCopy()
+	st.ObservedGeneration, st.Phase = comp.Generation, phase
+	if child != nil {
+		st.Child = child
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: appsv1alpha1.ConditionReady, Status: cond, Reason: reason, Message: msg, ObservedGeneration: comp.Generation})
+	suspend.SetCondition(&st.Conditions, state, comp.Generation)
+	if apiequality.Semantic.DeepEqual(comp.Status, *st) {
+		return nil
+	}
+	if err := ssa.Status(ctx, c, comp, st, FieldManager); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if before := comp.Status.Phase; before != phase {
+		typ, why := corev1.EventTypeNormal, string(phase)
+		switch {
+		case phase == appsv1alpha1.ComponentFailed:
+			typ = corev1.EventTypeWarning
+		case before == appsv1alpha1.ComponentSuspended:
+			why = "Resumed"
+		}
+		rec.Eventf(comp, nil, typ, why, "Reconcile", "%s", msg)
+	}
+	return nil
+}

@@ -1,0 +1,498 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+)
+
+// userManager is the field manager of everything the "user" writes.
+const userManager = "e2e-user"
+
+// shopApp returns an Application with a repo component and one record
+// component per rkey/text pair.
+func shopApp(handle string, records ...string) *appsv1alpha1.Application {
+	repo := secretRepo("repo", handle, "cred").Spec
+	app := &appsv1alpha1.Application{
+		ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "default"},
+		Spec: appsv1alpha1.ApplicationSpec{Components: []appsv1alpha1.ApplicationComponent{
+			{Name: "repo", Template: appsv1alpha1.ComponentTemplate{AtprotoRepo: &repo}},
+		}},
+	}
+	for i := 0; i+1 < len(records); i += 2 {
+		app.Spec.Components = append(app.Spec.Components, recordComponent(records[i], records[i+1]))
+	}
+	return app
+}
+
+func recordComponent(name, text string) appsv1alpha1.ApplicationComponent {
+	return appsv1alpha1.ApplicationComponent{Name: name, Template: appsv1alpha1.ComponentTemplate{AtprotoRecord: &atprotov1alpha1.AtprotoRecordSpec{
+		RepoRef: atprotov1alpha1.LocalObjectRef{Name: "repo"}, Collection: testCollection, RKey: name,
+		Value: apiextensionsv1.JSON{Raw: []byte(fmt.Sprintf(`{"text":%q}`, text))},
+	}}}
+}
+
+// patchApp merge-patches the Application's spec as the user.
+func patchApp(ctx context.Context, t *testing.T, c client.Client, spec map[string]any) {
+	t.Helper()
+	raw, _ := json.Marshal(map[string]any{"spec": spec})
+	app := &appsv1alpha1.Application{ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "default"}}
+	if err := c.Patch(ctx, app, client.RawPatch(types.MergePatchType, raw), client.FieldOwner(userManager)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitApp waits until the Application has the phase for its generation.
+func waitApp(ctx context.Context, t *testing.T, c client.Client, phase appsv1alpha1.ApplicationPhase, timeout time.Duration) *appsv1alpha1.Application {
+	t.Helper()
+	app := &appsv1alpha1.Application{}
+	if err := framework.EventuallyEvery(ctx, 100*time.Millisecond, timeout, "Application shop "+string(phase), func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "shop"}, app); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(app.Status.Conditions, appsv1alpha1.ConditionReady)
+		state := string(app.Status.Phase)
+		if cond != nil {
+			state += ": " + cond.Message
+		}
+		return app.Status.Phase == phase && app.Status.ObservedGeneration == app.Generation, state, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return app
+}
+
+// waitComponent waits until a Component has the phase (and reason, if given).
+func waitComponent(ctx context.Context, t *testing.T, c client.Client, name string, phase appsv1alpha1.ComponentPhase, reason string) *appsv1alpha1.Component {
+	t.Helper()
+	comp := &appsv1alpha1.Component{}
+	if err := framework.Eventually(ctx, 2*time.Minute, "Component "+name+" "+string(phase)+" "+reason, func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, comp); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(comp.Status.Conditions, appsv1alpha1.ConditionReady)
+		if cond == nil {
+			return false, string(comp.Status.Phase), nil
+		}
+		return comp.Status.Phase == phase && (reason == "" || cond.Reason == reason) && comp.Status.ObservedGeneration == comp.Generation,
+			string(comp.Status.Phase) + " " + cond.Reason + ": " + cond.Message, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return comp
+}
+
+// knotlessObjects lists every knotless kind in the workspace as
+// "Kind/name", sorted.
+func knotlessObjects(ctx context.Context, t *testing.T, c client.Client) []string {
+	t.Helper()
+	var out []string
+	for _, l := range []client.ObjectList{&appsv1alpha1.ApplicationList{}, &appsv1alpha1.ComponentList{}, &atprotov1alpha1.AtprotoRepoList{}, &atprotov1alpha1.AtprotoRecordList{}} {
+		if err := c.List(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		items, _ := meta.ExtractList(l)
+		for _, it := range items {
+			o := it.(client.Object)
+			out = append(out, fmt.Sprintf("%T/%s", o, o.GetName())[len("*v1alpha1."):])
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// pdsText returns the text of a record on the PDS, or "" when it is absent.
+func pdsText(ctx context.Context, t *testing.T, did, rkey string) string {
+	t.Helper()
+	got, err := getRecord(ctx, did, testCollection, rkey)
+	if isNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return field(got.Value, "text")
+}
+
+// TestApplicationLifecycle: an Application with a repo and records becomes
+// Ready; suspend makes it Suspended at once, nothing is created or changed
+// while it is (a template edit does not reach the PDS, a new component is
+// not created) but removing a component still deletes its record from the
+// PDS; resume converges; delete leaves nothing behind. Also measures the
+// time from suspend to phase Suspended (median of 20).
+func TestApplicationLifecycle(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, _ := appWorkspace(ctx, t, env.prefix+"-shop")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"shop.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(ctx, t, c, passwordSecret("cred", acct.AppPassword))
+	app := shopApp(acct.Handle, "profile", "v1", "note", "keep")
+	if err := c.Create(ctx, app, client.FieldOwner(userManager)); err != nil {
+		t.Fatal(err)
+	}
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, 3*time.Minute)
+	for _, name := range []string{"repo", "profile", "note"} {
+		comp := waitComponent(ctx, t, c, name, appsv1alpha1.ComponentReady, "")
+		if ref := metav1.GetControllerOf(comp); ref == nil || ref.Kind != "Application" || ref.Name != "shop" {
+			t.Fatalf("Component %s controller owner %v, want Application shop", name, ref)
+		}
+	}
+	rec := &atprotov1alpha1.AtprotoRecord{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "profile"}, rec); err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(rec); ref == nil || ref.Kind != "Component" || ref.Name != "profile" {
+		t.Fatalf("record controller owner %v, want Component profile", ref)
+	}
+	if got := pdsText(ctx, t, acct.DID, "profile"); got != "v1" {
+		t.Fatalf("PDS profile = %q, want v1", got)
+	}
+
+	// Suspend: phase Suspended at once, components Suspended.
+	var took []time.Duration
+	for i := range 20 {
+		start := time.Now()
+		patchApp(ctx, t, c, map[string]any{"suspend": true})
+		waitApp(ctx, t, c, appsv1alpha1.ApplicationSuspended, 30*time.Second)
+		took = append(took, time.Since(start))
+		if i < 19 {
+			patchApp(ctx, t, c, map[string]any{"suspend": false})
+			waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, time.Minute)
+		}
+	}
+	slices.Sort(took)
+	t.Logf("FIGURE suspend: true -> phase Suspended: median %s (min %s, max %s, n=20)", took[10].Round(time.Millisecond), took[0].Round(time.Millisecond), took[19].Round(time.Millisecond))
+	for _, name := range []string{"repo", "profile", "note"} {
+		waitComponent(ctx, t, c, name, appsv1alpha1.ComponentSuspended, appsv1alpha1.ReasonSuspended)
+	}
+
+	// While suspended: edit a template, add a component, remove one.
+	before := knotlessObjects(ctx, t, c)
+	cur := &appsv1alpha1.Application{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(app), cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Components = []appsv1alpha1.ApplicationComponent{cur.Spec.Components[0], recordComponent("profile", "v2"), recordComponent("extra", "new")}
+	if err := c.Update(ctx, cur, client.FieldOwner(userManager)); err != nil {
+		t.Fatal(err)
+	}
+	// The removed component's record goes from the PDS even while suspended.
+	if err := framework.Eventually(ctx, time.Minute, "note deleted from the PDS while suspended", func(ctx context.Context) (bool, string, error) {
+		return pdsText(ctx, t, acct.DID, "note") == "", "still there", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		now := knotlessObjects(ctx, t, c)
+		for _, o := range now {
+			if !slices.Contains(before, o) {
+				t.Fatalf("%s appeared while the application was suspended (before: %v)", o, before)
+			}
+		}
+		if got := pdsText(ctx, t, acct.DID, "profile"); got != "v1" {
+			t.Fatalf("PDS profile = %q while suspended, want v1 unchanged", got)
+		}
+	}
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationSuspended, 10*time.Second)
+
+	// Resume: converges to the edited spec.
+	patchApp(ctx, t, c, map[string]any{"suspend": false})
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, 2*time.Minute)
+	if got := pdsText(ctx, t, acct.DID, "profile"); got != "v2" {
+		t.Fatalf("PDS profile = %q after resume, want v2", got)
+	}
+	if got := pdsText(ctx, t, acct.DID, "extra"); got != "new" {
+		t.Fatalf("PDS extra = %q after resume, want new", got)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "profile"}, rec); err != nil {
+		t.Fatal(err)
+	}
+	if meta.FindStatusCondition(rec.Status.Conditions, "Suspended") != nil {
+		t.Errorf("record still has a Suspended condition after resume: %+v", rec.Status.Conditions)
+	}
+
+	// Delete: everything it owned goes, on kcp and on the PDS.
+	if err := c.Delete(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 3*time.Minute, "every knotless object gone", func(ctx context.Context) (bool, string, error) {
+		left := knotlessObjects(ctx, t, c)
+		return len(left) == 0, strings.Join(left, ", "), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, rkey := range []string{"profile", "extra", "note"} {
+		if got := pdsText(ctx, t, acct.DID, rkey); got != "" {
+			t.Errorf("record %s still on the PDS after the application was deleted", rkey)
+		}
+	}
+}
+
+// TestApplicationSurvivesProviderKill: kill -9 of the provider while an
+// application is progressing and while it is suspended changes no field the
+// user wrote, and the phases converge after the restart.
+func TestApplicationSurvivesProviderKill(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, _ := appWorkspace(ctx, t, env.prefix+"-kill-app")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"killapp.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(ctx, t, c, passwordSecret("cred", acct.AppPassword))
+	userView := func() string {
+		app := &appsv1alpha1.Application{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "shop"}, app); err != nil {
+			t.Fatal(err)
+		}
+		var mine []metav1.ManagedFieldsEntry
+		for _, mf := range app.ManagedFields {
+			if mf.Manager == userManager {
+				mf.Time = nil
+				mine = append(mine, mf)
+			}
+		}
+		raw, _ := json.Marshal(map[string]any{"spec": app.Spec, "generation": app.Generation, "managedFields": mine})
+		return string(raw)
+	}
+	restart := func() {
+		env.provider.Kill9()
+		if err := env.provider.Restart(ctx, env.group); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Progressing.
+	if err := c.Create(ctx, shopApp(acct.Handle, "a", "1", "b", "2", "c", "3"), client.FieldOwner(userManager)); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, time.Minute, "Component repo created", func(ctx context.Context) (bool, string, error) {
+		err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "repo"}, &appsv1alpha1.Component{})
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := userView()
+	restart()
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, 3*time.Minute)
+	if got := userView(); got != want {
+		t.Fatalf("user fields changed across a provider kill while progressing:\nbefore %s\nafter  %s", want, got)
+	}
+
+	// Suspended.
+	patchApp(ctx, t, c, map[string]any{"suspend": true})
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationSuspended, 30*time.Second)
+	want = userView()
+	restart()
+	time.Sleep(5 * time.Second)
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationSuspended, 2*time.Minute)
+	for _, name := range []string{"repo", "a", "b", "c"} {
+		waitComponent(ctx, t, c, name, appsv1alpha1.ComponentSuspended, appsv1alpha1.ReasonSuspended)
+	}
+	if got := userView(); got != want {
+		t.Fatalf("user fields changed across a provider kill while suspended:\nbefore %s\nafter  %s", want, got)
+	}
+	patchApp(ctx, t, c, map[string]any{"suspend": false})
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, 2*time.Minute)
+}
+
+// statusManagers returns, per manager, the top-level status fields it
+// owns (from managedFields of the status subresource).
+func statusManagers(t *testing.T, mfs []metav1.ManagedFieldsEntry) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, mf := range mfs {
+		if mf.Subresource != "status" || mf.FieldsV1 == nil {
+			continue
+		}
+		var fields map[string]map[string]any
+		if err := json.Unmarshal(mf.FieldsV1.Raw, &fields); err != nil {
+			t.Fatal(err)
+		}
+		for f := range fields["f:status"] {
+			if strings.HasPrefix(f, "f:") {
+				out[mf.Manager] = append(out[mf.Manager], strings.TrimPrefix(f, "f:"))
+			}
+		}
+	}
+	return out
+}
+
+// TestApplicationStatusWriters: after a full reconcile cycle every status
+// field of Application and Component has exactly one manager; the market
+// sub-status has its own manager, which the application controller leaves
+// alone, and a second writer is refused by a server-side apply conflict.
+func TestApplicationStatusWriters(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, _ := appWorkspace(ctx, t, env.prefix+"-writers")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"writers.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(ctx, t, c, passwordSecret("cred", acct.AppPassword))
+	if err := c.Create(ctx, shopApp(acct.Handle, "profile", "v1"), client.FieldOwner(userManager)); err != nil {
+		t.Fatal(err)
+	}
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, 3*time.Minute)
+
+	// The market controller (simulated here: it comes with a later issue)
+	// applies status.market as its own manager.
+	market := func(manager, phase string, force bool) error {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(appsv1alpha1.GroupVersion.WithKind("Application"))
+		u.SetNamespace("default")
+		u.SetName("shop")
+		u.Object["status"] = map[string]any{"market": map[string]any{"phase": phase}}
+		opts := []client.SubResourcePatchOption{client.FieldOwner(manager)}
+		if force {
+			opts = append(opts, client.ForceOwnership)
+		}
+		//nolint:staticcheck // client.Apply with unstructured.
+		return c.Status().Patch(ctx, u, client.Apply, opts...)
+	}
+	if err := market("knotless-market", "Searching", true); err != nil {
+		t.Fatal(err)
+	}
+	// A spec edit makes the application controller write status again.
+	patchApp(ctx, t, c, map[string]any{"description": "the shop"})
+	app := waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, time.Minute)
+	if app.Status.Market == nil || app.Status.Market.Phase != "Searching" {
+		t.Fatalf("status.market = %+v after an application reconcile, want the market controller's", app.Status.Market)
+	}
+	err = market("someone-else", "Bought", false)
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("a second writer of status.market: %v, want an apply conflict", err)
+	}
+
+	check := func(what string, mfs []metav1.ManagedFieldsEntry, owner string, exclusive map[string]string) {
+		seen := map[string]string{}
+		for manager, fields := range statusManagers(t, mfs) {
+			for _, f := range fields {
+				if prev, ok := seen[f]; ok {
+					t.Errorf("%s status.%s has two managers: %s and %s", what, f, prev, manager)
+				}
+				seen[f] = manager
+				want := owner
+				if m, ok := exclusive[f]; ok {
+					want = m
+				}
+				if manager != want {
+					t.Errorf("%s status.%s is written by %s, want %s", what, f, manager, want)
+				}
+			}
+		}
+		if len(seen) == 0 {
+			t.Errorf("%s: no status managers found", what)
+		}
+	}
+	check("Application", app.ManagedFields, "knotless-application", map[string]string{"market": "knotless-market"})
+	for _, name := range []string{"repo", "profile"} {
+		comp := waitComponent(ctx, t, c, name, appsv1alpha1.ComponentReady, "")
+		check("Component "+name, comp.ManagedFields, "knotless-component", nil)
+		for _, mf := range comp.ManagedFields {
+			if mf.Subresource == "" && mf.Manager == "knotless-component" {
+				t.Errorf("the component controller writes Component %s's metadata or spec", name)
+			}
+		}
+	}
+}
+
+// TestComponentBadInput: a Component without an Application, one whose
+// owner does not exist, owner references in a cycle and an Application
+// with an invalid spec each get a condition with a reason and no child.
+func TestComponentBadInput(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, _ := appWorkspace(ctx, t, env.prefix+"-badcomp")
+	tmpl := recordComponent("x", "never").Template
+
+	orphan := &appsv1alpha1.Component{ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: "default"}, Spec: appsv1alpha1.ComponentSpec{Template: tmpl}}
+	create(ctx, t, c, orphan)
+	waitComponent(ctx, t, c, "orphan", appsv1alpha1.ComponentFailed, appsv1alpha1.ReasonApplicationNotFound)
+
+	// Owner references in a cycle: a -> b -> a.
+	a := &appsv1alpha1.Component{ObjectMeta: metav1.ObjectMeta{Name: "cycle-a", Namespace: "default"}, Spec: appsv1alpha1.ComponentSpec{Template: tmpl}}
+	create(ctx, t, c, a)
+	b := &appsv1alpha1.Component{ObjectMeta: metav1.ObjectMeta{Name: "cycle-b", Namespace: "default", OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Component", Name: a.Name, UID: a.UID, Controller: ptr.To(true)}}},
+		Spec: appsv1alpha1.ComponentSpec{Template: tmpl}}
+	create(ctx, t, c, b)
+	a.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Component", Name: b.Name, UID: b.UID, Controller: ptr.To(true)}}
+	if err := c.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	waitComponent(ctx, t, c, "cycle-a", appsv1alpha1.ComponentFailed, appsv1alpha1.ReasonOwnerCycle)
+	waitComponent(ctx, t, c, "cycle-b", appsv1alpha1.ComponentFailed, appsv1alpha1.ReasonOwnerCycle)
+
+	// An owner that does not exist: a condition, or kcp's garbage
+	// collector removes the Component first; never a child.
+	ghost := &appsv1alpha1.Component{ObjectMeta: metav1.ObjectMeta{Name: "ghost", Namespace: "default", OwnerReferences: []metav1.OwnerReference{{
+		APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Application", Name: "gone", UID: "00000000-0000-0000-0000-000000000001", Controller: ptr.To(true)}}},
+		Spec: appsv1alpha1.ComponentSpec{Template: tmpl}}
+	create(ctx, t, c, ghost)
+	if err := framework.Eventually(ctx, time.Minute, "ghost component reports ApplicationNotFound or is collected", func(ctx context.Context) (bool, string, error) {
+		comp := &appsv1alpha1.Component{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ghost), comp); apierrors.IsNotFound(err) {
+			return true, "", nil
+		} else if err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(comp.Status.Conditions, appsv1alpha1.ConditionReady)
+		return cond != nil && cond.Reason == appsv1alpha1.ReasonApplicationNotFound, fmt.Sprint(cond), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// An Application whose component sets two child kinds.
+	bad := shopApp("nobody.test", "profile", "v1")
+	bad.Spec.Components[1].Template.AtprotoRepo = bad.Spec.Components[0].Template.AtprotoRepo
+	create(ctx, t, c, bad)
+	app := waitApp(ctx, t, c, appsv1alpha1.ApplicationFailed, time.Minute)
+	if cond := meta.FindStatusCondition(app.Status.Conditions, appsv1alpha1.ConditionReady); cond.Reason != appsv1alpha1.ReasonInvalidSpec || !strings.Contains(cond.Message, "spec.components[1].template") {
+		t.Fatalf("condition %+v, want InvalidSpec naming spec.components[1].template", cond)
+	}
+
+	time.Sleep(3 * time.Second)
+	var repos atprotov1alpha1.AtprotoRepoList
+	var recs atprotov1alpha1.AtprotoRecordList
+	if err := c.List(ctx, &repos); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.List(ctx, &recs); err != nil {
+		t.Fatal(err)
+	}
+	if len(repos.Items)+len(recs.Items) != 0 {
+		t.Fatalf("bad input created children: %d repos, %d records", len(repos.Items), len(recs.Items))
+	}
+	var comps appsv1alpha1.ComponentList
+	if err := c.List(ctx, &comps); err != nil {
+		t.Fatal(err)
+	}
+	for _, comp := range comps.Items {
+		if metav1.IsControlledBy(&comp, app) {
+			t.Fatalf("the invalid Application created Component %s", comp.Name)
+		}
+	}
+}

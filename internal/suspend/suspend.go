@@ -1,0 +1,163 @@
+// Package suspend answers, for any knotless object, "is it suspended?":
+// an object is suspended when it or any object up its chain of controller
+// owner references (Component, then Application, the root) asks to be
+// (R04: effective suspend = root suspend OR own suspend). An own suspend
+// can only add to the root's: nothing under a suspended root runs, whatever
+// its own field says.
+//
+// Suspend stops creating and changing things. It never blocks release or
+// clean-up: callers check it only on the paths that create or change, not
+// in finalizers or deletions.
+package suspend
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+
+	"github.com/knotless-dev/knotless/internal/engage"
+)
+
+// ConditionType is the condition every kind under an Application sets
+// while it is suspended (and removes when it is not).
+const ConditionType = "Suspended"
+
+// Condition reasons.
+const (
+	// ReasonSuspended: the object or an owner has spec.suspend set.
+	ReasonSuspended = "Suspended"
+	// ReasonOwnerNotFound: a controller owner reference names an object
+	// that does not exist (or has another UID).
+	ReasonOwnerNotFound = "OwnerNotFound"
+	// ReasonOwnerCycle: the controller owner references form a cycle.
+	ReasonOwnerCycle = "OwnerCycle"
+)
+
+// maxDepth bounds the owner chain (Application → Component → child is 3).
+const maxDepth = 8
+
+// Requester is implemented by kinds that have their own spec.suspend.
+type Requester interface {
+	client.Object
+	SuspendRequested() bool
+}
+
+// Reader returns a reader for objects of an API group in the workspace of
+// the object being checked.
+type Reader func(ctx context.Context, group string) (client.Reader, error)
+
+// InWorkspace returns the Reader of a logical cluster in a provider whose
+// APIExports are named after the group they serve (knotless's convention):
+// group G is read through the engaged cluster "G#<logical cluster>".
+func InWorkspace(get func(context.Context, multicluster.ClusterName) (cluster.Cluster, error), logicalCluster string) Reader {
+	return func(ctx context.Context, group string) (client.Reader, error) {
+		cl, err := get(ctx, engage.ClusterName(group, logicalCluster))
+		if err != nil {
+			return nil, fmt.Errorf("workspace %s is not engaged for %s: %w", logicalCluster, group, err)
+		}
+		return cl.GetClient(), nil
+	}
+}
+
+// State is the effective suspend of an object.
+type State struct {
+	// Suspended is true when the object or an owner asks to be suspended.
+	Suspended bool
+	// By names the object that asks, as "Kind/name" (the topmost one when
+	// several do); empty when not suspended.
+	By string
+	// Root is the top of the controller owner chain (the object itself
+	// when it has no controller owner).
+	Root client.Object
+}
+
+// ChainError is a broken owner chain; Reason is a condition reason.
+type ChainError struct {
+	Reason  string
+	Message string
+}
+
+func (e *ChainError) Error() string { return e.Message }
+
+// Effective walks obj's controller owner references up to the root and
+// reports whether obj is suspended. Owners of kinds that scheme does not
+// know end the walk (they cannot ask knotless to suspend). A missing owner
+// or a cycle is a *ChainError; reading errors are returned as they are.
+func Effective(ctx context.Context, read Reader, scheme *runtime.Scheme, obj client.Object) (State, error) {
+	var st State
+	cur := obj
+	seen := map[string]bool{}
+	for depth := 0; ; depth++ {
+		if r, ok := cur.(Requester); ok && r.SuspendRequested() {
+			st.Suspended = true
+			st.By = kindOf(scheme, cur) + "/" + cur.GetName()
+		}
+		seen[string(cur.GetUID())] = true
+		ref := metav1.GetControllerOf(cur)
+		if ref == nil {
+			st.Root = cur
+			return st, nil
+		}
+		if depth == maxDepth {
+			return st, &ChainError{Reason: ReasonOwnerCycle, Message: fmt.Sprintf("the owner chain of %s is longer than %d", obj.GetName(), maxDepth)}
+		}
+		if seen[string(ref.UID)] {
+			return st, &ChainError{Reason: ReasonOwnerCycle, Message: fmt.Sprintf("the controller owner references of %s form a cycle through %s/%s", obj.GetName(), ref.Kind, ref.Name)}
+		}
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		if err != nil {
+			return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s/%s has an invalid apiVersion %q", ref.Kind, ref.Name, ref.APIVersion)}
+		}
+		o, err := scheme.New(gv.WithKind(ref.Kind))
+		if err != nil {
+			st.Root = cur // not a kind knotless serves: the chain ends here
+			return st, nil
+		}
+		owner, ok := o.(client.Object)
+		if !ok {
+			st.Root = cur
+			return st, nil
+		}
+		r, err := read(ctx, gv.Group)
+		if err != nil {
+			return st, err
+		}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: cur.GetNamespace(), Name: ref.Name}, owner); err != nil {
+			if apierrors.IsNotFound(err) {
+				return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s %s of %s does not exist", ref.Kind, ref.Name, cur.GetName())}
+			}
+			return st, err
+		}
+		if owner.GetUID() != ref.UID {
+			return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s %s of %s was replaced by another object of that name", ref.Kind, ref.Name, cur.GetName())}
+		}
+		cur = owner
+	}
+}
+
+func kindOf(scheme *runtime.Scheme, o client.Object) string {
+	if gvks, _, err := scheme.ObjectKinds(o); err == nil && len(gvks) > 0 {
+		return gvks[0].Kind
+	}
+	return o.GetObjectKind().GroupVersionKind().Kind
+}
+
+// SetCondition sets or removes the Suspended condition in conds so that it
+// reflects st. It reports whether conds changed.
+func SetCondition(conds *[]metav1.Condition, st State, generation int64) bool {
+	if !st.Suspended {
+		return meta.RemoveStatusCondition(conds, ConditionType)
+	}
+	return meta.SetStatusCondition(conds, metav1.Condition{
+		Type: ConditionType, Status: metav1.ConditionTrue, Reason: ReasonSuspended, ObservedGeneration: generation,
+		Message: fmt.Sprintf("suspended by %s: nothing is created or changed until it resumes; deletions still complete", st.By),
+	})
+}
