@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -188,8 +189,8 @@ func TestAtprotoRecordLifecycle(t *testing.T) {
 	if got.CID != rec.Status.CID || got.URI != rec.Status.URI || field(got.Value, "text") != "hello" {
 		t.Fatalf("PDS has %s %s %s; status says %s %s", got.URI, got.CID, got.Value, rec.Status.URI, rec.Status.CID)
 	}
-	if len(rec.OwnerReferences) != 1 || rec.OwnerReferences[0].UID != repo.UID {
-		t.Errorf("record owner references %v, want the repo", rec.OwnerReferences)
+	if len(rec.OwnerReferences) != 0 || !slices.Contains(rec.Finalizers, "atproto.knotless.dev/record") {
+		t.Errorf("record owner references %v, finalizers %v: want no owner (the repo's finalizer deletes its records) and the record finalizer", rec.OwnerReferences, rec.Finalizers)
 	}
 
 	// Update: compare-and-swap on the last observed CID.

@@ -102,4 +102,3 @@ func TestApplicationThroughput(t *testing.T) {
 	t.Logf("FIGURE %d workspaces x %d components: all Ready in %.1fs; application+component reconciles %d (%.1f/s, %.1f per component); provider CPU %.2f cores, RSS %.1f MiB",
 		w, comps, el, n, float64(n)/el, float64(n)/float64(w*comps), (cpuSeconds(env.provider.Process)-cpu0)/el, float64(rss)/(1<<20))
 }
-

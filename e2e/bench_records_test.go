@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/knotless-dev/knotless/e2e/framework"
@@ -111,7 +112,7 @@ func TestRecordThroughput(t *testing.T) {
 		for i := range count {
 			g.Go(func() error {
 				name := fmt.Sprintf("%s%05d", prefix, i)
-				return c.Create(gctx, record(name, "repo", name, fmt.Sprintf(`{"text":"%d"}`, i)))
+				return createRetrying(gctx, c, record(name, "repo", name, fmt.Sprintf(`{"text":"%d"}`, i)))
 			})
 		}
 		return g.Wait()
@@ -226,4 +227,24 @@ func kcpRequests(t *testing.T) int {
 		}
 	}
 	return total
+}
+
+// createRetrying creates obj, retrying for a minute while kcp answers with
+// a server-side error (a saturated kcp times out quota evaluation), as any
+// client would; an object that already exists counts as created.
+func createRetrying(ctx context.Context, c client.Client, obj client.Object) error {
+	var err error
+	for delay := 100 * time.Millisecond; delay < time.Minute; delay *= 2 {
+		err = c.Create(ctx, obj)
+		switch {
+		case err == nil || apierrors.IsAlreadyExists(err):
+			return nil
+		case apierrors.IsInternalError(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err), apierrors.IsTooManyRequests(err):
+			obj.SetResourceVersion("")
+			time.Sleep(delay)
+		default:
+			return err
+		}
+	}
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -24,8 +25,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -62,6 +65,10 @@ func SetupWithManager(mgr mcmanager.Manager) error {
 		Named(Name).
 		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
 		Owns(&appsv1alpha1.Component{}, engage.ForExport(Export)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			MaxConcurrentReconciles: 8,
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+		}).
 		Complete(r)
 }
 
@@ -100,7 +107,9 @@ func Reconcile(ctx context.Context, c client.Client, rec events.EventRecorder, k
 		}
 		for name, comp := range byName {
 			if metav1.IsControlledBy(comp, app) && !want[name] {
-				if err := c.Delete(ctx, comp); client.IgnoreNotFound(err) != nil {
+				// Background propagation: kcp's default for bound resources
+				// would orphan the child instead of deleting it.
+				if err := c.Delete(ctx, comp, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 					return reconcile.Result{}, err
 				}
 				delete(byName, name)

@@ -1,8 +1,8 @@
 // Package atprotorecord keeps each AtprotoRecord equal to its spec on the
 // PDS of its AtprotoRepo. Status comes from reading the record back from
 // the PDS, never from what the controller intended (R01). It is the only
-// writer of AtprotoRecord status and of the record's finalizer and owner
-// reference (field manager FieldManager); it never writes spec.
+// writer of AtprotoRecord status and of the record's finalizer (field
+// manager FieldManager); it never writes spec.
 package atprotorecord
 
 import (
@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -163,7 +164,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 		return reconcile.Result{}, err
 	}
-	if err := s.ensureMetadata(ctx, repo); err != nil {
+	if err := s.ensureMetadata(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
 	// Suspended (by the record's Component or Application): write nothing.
@@ -176,7 +177,9 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, err
 	}
 	if s.suspended = state; state.Suspended {
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
+		// Resume reaches the record through its Component; the resync is
+		// a backstop should that event be missed.
+		return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
 	}
 	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
 		msg := fmt.Sprintf("AtprotoRepo %s is not Ready", repo.Name)
@@ -213,12 +216,13 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if res.After == nil {
 		return reconcile.Result{Requeue: true}, nil
 	}
-	resync := s.r.Resync
-	if resync == 0 {
-		resync = 2 * time.Minute
-	}
-	return reconcile.Result{RequeueAfter: resync}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
+	return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
 		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev})
+}
+
+// resync is the Reconciler's Resync or its default.
+func (s *syncer) resync() time.Duration {
+	return cmp.Or(s.r.Resync, 2*time.Minute)
 }
 
 // failed reports a PDS or connection error and backs off.
@@ -238,17 +242,19 @@ func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error
 	return reconcile.Result{}, err
 }
 
-// ensureMetadata sets the finalizer and the owner reference to the repo.
-func (s *syncer) ensureMetadata(ctx context.Context, repo *atprotov1alpha1.AtprotoRepo) error {
-	owner := metav1.OwnerReference{
-		APIVersion: atprotov1alpha1.GroupVersion.String(), Kind: "AtprotoRepo", Name: repo.Name, UID: repo.UID,
+// ensureMetadata sets the finalizer. The record gets no owner reference to
+// its repo: the repo's finalizer deletes its records, and a second owner
+// would keep kcp's garbage collector from deleting a record whose
+// Component goes (it deletes a dependent only when all owners are gone).
+// An owner reference that an older knotless applied is removed.
+func (s *syncer) ensureMetadata(ctx context.Context) error {
+	oldOwner := slices.ContainsFunc(s.rec.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.Kind == "AtprotoRepo" && o.APIVersion == atprotov1alpha1.GroupVersion.String()
+	})
+	if controllerutil.ContainsFinalizer(s.rec, Finalizer) && !oldOwner {
+		return nil
 	}
-	for _, o := range s.rec.OwnerReferences {
-		if o.UID == repo.UID && controllerutil.ContainsFinalizer(s.rec, Finalizer) {
-			return nil
-		}
-	}
-	return ssa.Metadata(ctx, s.c, s.rec, []string{Finalizer}, []metav1.OwnerReference{owner}, FieldManager)
+	return ssa.Metadata(ctx, s.c, s.rec, []string{Finalizer}, nil, FieldManager)
 }
 
 // finalize deletes the record from the PDS, then drops the finalizer.
@@ -294,19 +300,13 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 // fields. Status is patched only when it changed.
 func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason, msg string, readBack *atprotov1alpha1.AtprotoRecordStatus) error {
 	st := s.rec.Status.DeepCopy()
-	st.ObservedGeneration = s.rec.Generation
 	if readBack != nil {
 		st.URI, st.CID, st.Rev = readBack.URI, readBack.CID, readBack.Rev
 	}
-	if reason == suspend.ReasonSuspended {
-		// Synced keeps describing the PDS as last read; Suspended says why
-		// nothing is written.
-		cond, reason, msg = metav1.ConditionUnknown, "", ""
-		if c := meta.FindStatusCondition(st.Conditions, atprotov1alpha1.ConditionSynced); c != nil {
-			cond, reason, msg = c.Status, c.Reason, c.Message
-		}
-	}
-	if reason != "" {
+	// While suspended, observedGeneration and Synced keep describing what
+	// was last written; the Suspended condition says why nothing is.
+	if reason != suspend.ReasonSuspended {
+		st.ObservedGeneration = s.rec.Generation
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
 	}
 	suspend.SetCondition(&st.Conditions, s.suspended, s.rec.Generation)
@@ -324,6 +324,8 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 	// new record: that one is the normal case and would double the writes
 	// to kcp per record (the condition says it).
 	switch {
+	case reason == suspend.ReasonSuspended:
+		s.events.Eventf(s.rec, nil, corev1.EventTypeNormal, reason, "Sync", "%s", msg)
 	case cond != metav1.ConditionTrue && (before == nil || before.Reason != reason):
 		s.events.Eventf(s.rec, nil, corev1.EventTypeWarning, reason, "Sync", "%s", msg)
 	case cond == metav1.ConditionTrue && before != nil && before.Reason != reason:

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -22,8 +23,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -81,11 +84,15 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
+		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged())), engage.ForExport(Export)).
 		// The Application's suspend reaches its Components at once.
 		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{}), engage.ForExport(Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent(), engage.ForExport(ChildExport)).
 		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent(), engage.ForExport(ChildExport)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			MaxConcurrentReconciles: 8,
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+		}).
 		Complete(r)
 }
 

@@ -4,6 +4,7 @@ package predicates
 import (
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 )
@@ -23,6 +24,17 @@ func SpecOrLifecycleChanged() predicate.Predicate {
 			return o.GetGeneration() != n.GetGeneration() ||
 				!o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp()) ||
 				slices.ContainsFunc(o.GetFinalizers(), func(f string) bool { return !slices.Contains(n.GetFinalizers(), f) })
+		},
+	}
+}
+
+// OwnersChanged passes an update when the object's owner references
+// changed (for kinds whose reconcile depends on their owner chain).
+func OwnersChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld != nil && e.ObjectNew != nil &&
+				!equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences())
 		},
 	}
 }

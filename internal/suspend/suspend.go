@@ -27,13 +27,15 @@ import (
 )
 
 // ConditionType is the condition every kind under an Application sets
-// while it is suspended (and removes when it is not).
+// to True while it is suspended (and to False when it resumes).
 const ConditionType = "Suspended"
 
 // Condition reasons.
 const (
 	// ReasonSuspended: the object or an owner has spec.suspend set.
 	ReasonSuspended = "Suspended"
+	// ReasonResumed: the object was suspended and no longer is.
+	ReasonResumed = "Resumed"
 	// ReasonOwnerNotFound: a controller owner reference names an object
 	// that does not exist (or has another UID).
 	ReasonOwnerNotFound = "OwnerNotFound"
@@ -150,11 +152,19 @@ func kindOf(scheme *runtime.Scheme, o client.Object) string {
 	return o.GetObjectKind().GroupVersionKind().Kind
 }
 
-// SetCondition sets or removes the Suspended condition in conds so that it
-// reflects st. It reports whether conds changed.
+// SetCondition makes the Suspended condition in conds reflect st: True
+// (reason Suspended, naming what suspended it) while suspended; False
+// (reason Resumed) once resumed; absent on objects never suspended. It
+// reports whether conds changed.
 func SetCondition(conds *[]metav1.Condition, st State, generation int64) bool {
 	if !st.Suspended {
-		return meta.RemoveStatusCondition(conds, ConditionType)
+		if c := meta.FindStatusCondition(*conds, ConditionType); c == nil || c.Status == metav1.ConditionFalse {
+			return false
+		}
+		return meta.SetStatusCondition(conds, metav1.Condition{
+			Type: ConditionType, Status: metav1.ConditionFalse, Reason: ReasonResumed, ObservedGeneration: generation,
+			Message: "not suspended",
+		})
 	}
 	return meta.SetStatusCondition(conds, metav1.Condition{
 		Type: ConditionType, Status: metav1.ConditionTrue, Reason: ReasonSuspended, ObservedGeneration: generation,

@@ -83,13 +83,19 @@ func TestEffective(t *testing.T) {
 
 func TestSetCondition(t *testing.T) {
 	var conds []metav1.Condition
-	if !suspend.SetCondition(&conds, suspend.State{Suspended: true, By: "Application/shop"}, 3) || len(conds) != 1 || conds[0].ObservedGeneration != 3 {
+	if suspend.SetCondition(&conds, suspend.State{}, 1) || len(conds) != 0 {
+		t.Fatalf("never suspended: %+v", conds)
+	}
+	if !suspend.SetCondition(&conds, suspend.State{Suspended: true, By: "Application/shop"}, 3) || len(conds) != 1 || conds[0].ObservedGeneration != 3 || conds[0].Status != metav1.ConditionTrue {
 		t.Fatalf("set: %+v", conds)
 	}
 	if suspend.SetCondition(&conds, suspend.State{Suspended: true, By: "Application/shop"}, 3) {
 		t.Fatal("setting the same condition again reported a change")
 	}
-	if !suspend.SetCondition(&conds, suspend.State{}, 3) || len(conds) != 0 {
-		t.Fatalf("remove: %+v", conds)
+	if !suspend.SetCondition(&conds, suspend.State{}, 3) || len(conds) != 1 || conds[0].Status != metav1.ConditionFalse || conds[0].Reason != suspend.ReasonResumed {
+		t.Fatalf("resume: %+v", conds)
+	}
+	if suspend.SetCondition(&conds, suspend.State{}, 3) {
+		t.Fatal("resuming again reported a change")
 	}
 }
