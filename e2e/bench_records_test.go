@@ -119,6 +119,7 @@ func TestRecordThroughput(t *testing.T) {
 	}
 	var lines []string
 	line := func(what string, u usage, rss int64) {
+		defer func() { t.Logf("FIGURE %s", lines[len(lines)-1]) }() // now, in case a later phase fails
 		lines = append(lines, fmt.Sprintf("%-34s %7.1f/s (%.2fx ceiling); CPU cores: provider %.2f, kcp %.2f, PDS %.2f; provider RSS %.1f MiB",
 			what, u.rate, u.rate/ceiling, u.provider, u.kcp, u.pds, float64(rss)/(1<<20)))
 	}

@@ -68,6 +68,9 @@ func SetupWithManager(mgr mcmanager.Manager) error {
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			// A reconcile never waits forever: a read from a workspace whose cache
+			// is not started yet (engagement still running) ends and is retried.
+			ReconciliationTimeout: 30 * time.Second,
 		}).
 		Complete(r)
 }

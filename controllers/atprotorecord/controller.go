@@ -83,6 +83,9 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			// A reconcile never waits forever: a read from a workspace whose cache
+			// is not started yet (engagement still running) ends and is retried.
+			ReconciliationTimeout: time.Minute,
 		}).
 		Complete(r)
 }

@@ -80,6 +80,9 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap"), engage.ForExport(Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			// A reconcile never waits forever: a read from a workspace whose cache
+			// is not started yet (engagement still running) ends and is retried.
+			ReconciliationTimeout: time.Minute,
 		}).
 		Complete(r)
 }
