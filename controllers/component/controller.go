@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -38,6 +39,7 @@ import (
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -100,20 +102,9 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 }
 
 // applicationToComponents enqueues the Components an Application controls.
-func applicationToComponents() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
-			var list appsv1alpha1.ComponentList
-			if err := cl.GetCache().List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{OwnerIndex: o.GetName()}); err != nil {
-				return nil
-			}
-			reqs := make([]mcreconcile.Request, 0, len(list.Items))
-			for _, c := range list.Items {
-				reqs = append(reqs, mcreconcile.Request{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)}})
-			}
-			return reqs
-		})
-	}
+func applicationToComponents() mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return mapping.ByIndex(func() client.ObjectList { return &appsv1alpha1.ComponentList{} }, OwnerIndex,
+		func(o client.Object) string { return o.GetName() })
 }
 
 // childToComponent maps a child, seen through the child export, to its
