@@ -30,6 +30,8 @@ import (
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
 )
 
 // resourceVersions returns name -> resourceVersion of everything the
@@ -169,7 +171,7 @@ func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
 	}
 	scheme := framework.Scheme()
 	p, err := engage.New(wsCfg, []string{"apps.knotless.dev"}, engage.Options{
-		Scheme: scheme, Probe: flaky, Backoff: engage.Backoff{Initial: 100 * time.Millisecond},
+		Scheme: scheme, Probe: flaky, Backoff: backoff.Backoff{Initial: 100 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

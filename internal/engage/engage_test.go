@@ -2,27 +2,9 @@ package engage
 
 import (
 	"testing"
-	"time"
 
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 )
-
-func TestBackoffDoublesUpToMaxWithJitter(t *testing.T) {
-	b := Backoff{Initial: time.Second, Max: 8 * time.Second}.withDefaults()
-	want := []time.Duration{1, 2, 4, 8, 8, 8}
-	for attempt, w := range want {
-		w *= time.Second
-		for range 50 {
-			d := b.Delay(attempt)
-			if d > w || d < w-w/5 {
-				t.Fatalf("attempt %d: delay %s outside [%s, %s]", attempt, d, w-w/5, w)
-			}
-		}
-	}
-	if got := (Backoff{}).withDefaults(); got.Initial != time.Second || got.Max != 30*time.Second || got.Healthy != time.Minute {
-		t.Fatalf("defaults: %+v", got)
-	}
-}
 
 func TestClusterNamesCarryTheExport(t *testing.T) {
 	n := ClusterName("apps.knotless.dev", "2brd12f600howkdv")

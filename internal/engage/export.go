@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,6 +20,8 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 
 	mcpprovider "github.com/kcp-dev/multicluster-provider/pkg/provider"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
 )
 
 // ProbeFunc reports whether the virtual workspace at url serves the
@@ -51,40 +52,6 @@ func ProbeVirtualWorkspace(ctx context.Context, cfg *rest.Config, url string) er
 		return fmt.Errorf("virtual workspace %s answered HTTP %d", url, resp.StatusCode)
 	}
 	return nil
-}
-
-// Backoff bounds how fast an export's provider is restarted. Zero fields
-// take the defaults (1s initial, 30s max, 1m healthy).
-type Backoff struct {
-	Initial time.Duration
-	Max     time.Duration
-	// Healthy is how long a provider must run before the backoff resets.
-	Healthy time.Duration
-}
-
-// withDefaults fills zero fields: 1s initial, 30s max, 1m healthy.
-func (b Backoff) withDefaults() Backoff {
-	if b.Initial <= 0 {
-		b.Initial = time.Second
-	}
-	if b.Max <= 0 {
-		b.Max = 30 * time.Second
-	}
-	if b.Healthy <= 0 {
-		b.Healthy = time.Minute
-	}
-	return b
-}
-
-// Delay returns the wait before restart number attempt (0-based): doubling
-// from Initial, capped at Max, with up to 20% jitter taken off.
-func (b Backoff) Delay(attempt int) time.Duration {
-	d := b.Initial
-	for i := 0; i < attempt && d < b.Max; i++ {
-		d *= 2
-	}
-	d = min(d, b.Max)
-	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
 type index struct {
@@ -161,7 +128,7 @@ var errRestart = errors.New("an endpoint did not serve")
 // Start runs the inner provider and replaces it, after a backoff, whenever
 // it was handed an endpoint URL that did not serve.
 func (e *exportProvider) Start(ctx context.Context, aware multicluster.Aware) error {
-	attempt := 0
+	schedule := backoff.NewSchedule(e.opts.Backoff)
 	for {
 		started := time.Now()
 		err := e.runOnce(ctx, aware)
@@ -171,19 +138,13 @@ func (e *exportProvider) Start(ctx context.Context, aware multicluster.Aware) er
 		if !errors.Is(err, errRestart) {
 			return fmt.Errorf("export %s: %w", e.name, err)
 		}
-		if time.Since(started) > e.opts.Backoff.Healthy {
-			attempt = 0
-		}
-		delay := e.opts.Backoff.Delay(attempt)
-		attempt++
+		delay := schedule.Next(time.Since(started))
 		e.mu.Lock()
 		e.restarts++
 		e.mu.Unlock()
-		e.log.Info("restarting the export's provider after an endpoint that did not serve", "in", delay, "attempt", attempt)
-		select {
-		case <-ctx.Done():
+		e.log.Info("restarting the export's provider after an endpoint that did not serve", "in", delay, "attempt", schedule.Attempt())
+		if !backoff.Sleep(ctx, delay) {
 			return nil
-		case <-time.After(delay):
 		}
 	}
 }

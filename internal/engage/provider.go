@@ -33,6 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
 )
 
 // Separator joins an export name and a logical cluster name.
@@ -46,7 +48,7 @@ type Options struct {
 	// ProbeVirtualWorkspace.
 	Probe ProbeFunc
 	// Backoff bounds the restarts of an export's provider.
-	Backoff Backoff
+	Backoff backoff.Backoff
 }
 
 // Provider engages the workspaces bound to any of a set of APIExports.
@@ -70,7 +72,6 @@ func New(cfg *rest.Config, exports []string, opts Options) (*Provider, error) {
 	if opts.Probe == nil {
 		opts.Probe = ProbeVirtualWorkspace
 	}
-	opts.Backoff = opts.Backoff.withDefaults()
 	p := &Provider{exports: map[string]*exportProvider{}, scheme: opts.Scheme}
 	for _, name := range exports {
 		if name == "" || strings.Contains(name, Separator) {
