@@ -132,7 +132,7 @@ func run(m *testing.M) (code int) {
 	s.providerWS = logicalcluster.NewPath("root:" + s.prefix + "-org:knotless")
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
-	args := append([]string{"--atproto-resync", "3s"}, vaultArgs...)
+	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s"}, vaultArgs...)
 	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String(), args...); err != nil {
 		return fail(err)
 	}

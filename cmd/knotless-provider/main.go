@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
@@ -33,11 +34,13 @@ import (
 	"github.com/knotless-dev/knotless/apis"
 	"github.com/knotless-dev/knotless/controllers/application"
 	"github.com/knotless-dev/knotless/controllers/atprotorecord"
+	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/controllers/component"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/vault"
@@ -56,6 +59,8 @@ type options struct {
 	atprotoResync   time.Duration
 	atprotoWorkers  int
 	atprotoMaxBatch int
+	plcURL          string
+	watchFlush      time.Duration
 	vault           vault.Config
 }
 
@@ -73,6 +78,8 @@ func main() {
 	fs.IntVar(&o.atprotoWorkers, "atproto-workers", 64, "concurrent AtprotoRecord reconciles; records of one repo that are reconciled at the same time share one applyWrites batch")
 	fs.IntVar(&o.atprotoMaxBatch, "atproto-max-batch", pds.MaxWritesPerBatch, "most record writes per applyWrites batch (1 disables batching)")
 	fs.DurationVar(&o.atprotoResync, "atproto-resync", 2*time.Minute, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
+	fs.StringVar(&o.plcURL, "plc-url", "https://plc.directory", "PLC directory that resolves did:plc identities (signing keys and PDS endpoints) for firehose verification")
+	fs.DurationVar(&o.watchFlush, "watch-flush-interval", 2*time.Second, "how often an AtprotoRecordWatch's changed records and cursor are written to its status")
 	vault.BindFlags(fs, &o.vault)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
@@ -97,6 +104,12 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.atprotoWorkers < 1 || o.atprotoMaxBatch < 1 || o.atprotoMaxBatch > pds.MaxWritesPerBatch || o.atprotoResync <= 0 {
 		return fmt.Errorf("--atproto-workers must be at least 1, --atproto-max-batch between 1 and %d, --atproto-resync positive", pds.MaxWritesPerBatch)
+	}
+	if o.watchFlush <= 0 {
+		return fmt.Errorf("--watch-flush-interval must be positive")
+	}
+	if _, err := firehose.NormalizeSource(o.plcURL); err != nil {
+		return fmt.Errorf("--plc-url: %w", err)
 	}
 	cfg, err := loadConfig(o.kubeconfig, o.kubecontext)
 	if err != nil {
@@ -163,6 +176,16 @@ func run(ctx context.Context, o options) error {
 	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
+	hub, err := newHub(o.plcURL, logger)
+	if err != nil {
+		return err
+	}
+	if err := mgr.GetLocalManager().Add(hub); err != nil {
+		return err
+	}
+	if err := atprotorecordwatch.SetupWithManager(mgr, &atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.watchFlush}); err != nil {
+		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
+	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
 		return err
 	}
@@ -180,6 +203,24 @@ func run(ctx context.Context, o options) error {
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// newHub returns the firehose hub shared by every AtprotoRecordWatch. DIDs
+// resolve through plcURL, cached (1 h for found identities, 1 min for
+// failures).
+func newHub(plcURL string, logger logr.Logger) (*firehose.Hub, error) {
+	base := &identity.BaseDirectory{
+		PLCURL:                 plcURL,
+		SkipHandleVerification: true,
+		HTTPClient:             http.Client{Timeout: 10 * time.Second},
+		UserAgent:              "knotless-provider",
+	}
+	dir := identity.NewCacheDirectory(base, 100_000, time.Hour, time.Minute, time.Minute)
+	m, err := firehose.NewMetrics(metrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return firehose.NewHub(firehose.Options{Directory: dir, Metrics: m, Log: logger.WithName("firehose")})
 }
 
 // newVault connects to Vault when --vault-address is set.

@@ -8,11 +8,13 @@ package ssa
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -48,6 +50,23 @@ func Status(ctx context.Context, c client.Client, obj client.Object, status any,
 	//nolint:staticcheck // client.Apply with unstructured: no generated apply configurations.
 	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying status of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
+	}
+	return nil
+}
+
+// ReplaceStatus writes status as manager with a JSON merge patch of the
+// status subresource: lists in status are replaced whole. Use it for a
+// status whose list entries must disappear when the controller drops them
+// (records of a watch): through kcp's APIExport virtual workspace an apply
+// is recorded as an Update and keeps list-map entries the manager left out.
+// Fields left out of status (omitempty) keep their stored value.
+func ReplaceStatus(ctx context.Context, c client.Client, obj client.Object, status any, manager string) error {
+	body, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	if err := c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, body), client.FieldOwner(manager)); err != nil {
+		return fmt.Errorf("writing status of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&AtprotoRepo{}, &AtprotoRepoList{},
 		&AtprotoRecord{}, &AtprotoRecordList{},
+		&AtprotoRecordWatch{}, &AtprotoRecordWatchList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -1,0 +1,362 @@
+package firehose
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/events"
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
+)
+
+// StreamError is an error frame sent by the source, for example
+// FutureCursor.
+type StreamError struct {
+	Name    string
+	Message string
+}
+
+func (e *StreamError) Error() string {
+	return fmt.Sprintf("the source sent error %s: %s", e.Name, e.Message)
+}
+
+var errRewind = errors.New("a subscription needs events the connection has passed")
+
+// stream is one source's connection and its subscriptions.
+type stream struct {
+	hub    *Hub
+	source string
+	log    logr.Logger
+	stop   context.CancelFunc
+
+	mu   sync.Mutex
+	subs map[*Subscription]struct{}
+	// gen counts connections; connected is true while one is open.
+	gen        uint64
+	connected  bool
+	connCursor int64
+	lastSeq    int64
+	lastErr    error
+	tracker    *cursorTracker
+	rewind     context.CancelFunc
+
+	resync resyncQueue
+}
+
+func newStream(h *Hub, source string) *stream {
+	return &stream{
+		hub: h, source: source, subs: map[*Subscription]struct{}{},
+		log:     h.opts.Log.WithValues("source", source),
+		tracker: newCursorTracker(0),
+		resync:  resyncQueue{wake: make(chan struct{}, 1)},
+	}
+}
+
+// add registers sub. If a connection is open and the subscription needs
+// events it has already passed, the connection starts again from the
+// subscription's cursor.
+func (s *stream) add(sub *Subscription) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs[sub] = struct{}{}
+	s.hub.opts.Metrics.subscriptions(s.source, len(s.subs))
+	if !s.connected {
+		return
+	}
+	c, full := sub.cursor()
+	switch {
+	case full:
+		sub.join(s.gen)
+		s.requestResync(sub, "", ResyncInitial, 0)
+	case s.connCursor > 0 && c >= s.lastSeq:
+		sub.join(s.gen)
+	default:
+		if s.rewind != nil {
+			s.rewind()
+		}
+	}
+}
+
+func (s *stream) remove(sub *Subscription) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.subs, sub)
+	s.resync.drop(sub)
+	s.hub.opts.Metrics.subscriptions(s.source, len(s.subs))
+	return len(s.subs)
+}
+
+// position returns the safe cursor and generation of the current
+// connection and the stream's health.
+func (s *stream) position() (int64, uint64, Health) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tracker.Safe(), s.gen, Health{Connected: s.connected, Err: s.lastErr}
+}
+
+func (s *stream) run(ctx context.Context) {
+	if !backoff.Sleep(ctx, s.hub.opts.Gather) {
+		return
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { s.resyncLoop(ctx); return nil })
+	g.Go(func() error { s.connectLoop(ctx); return nil })
+	_ = g.Wait()
+}
+
+func (s *stream) connectLoop(ctx context.Context) {
+	schedule := backoff.NewSchedule(s.hub.opts.Backoff)
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := s.connect(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		cause := "error"
+		var se *StreamError
+		switch {
+		case errors.Is(err, errRewind):
+			s.hub.opts.Metrics.reconnect(s.source, "rewind")
+			continue
+		case errors.As(err, &se) && se.Name == "FutureCursor":
+			// The source does not have our cursor yet (it lost data or is
+			// another instance): list everything and follow live.
+			cause = se.Name
+			s.eachSub(func(sub *Subscription) {
+				sub.reset()
+				s.requestResync(sub, "", ResyncFutureCursor, 0)
+			})
+		}
+		delay := schedule.Next(time.Since(started))
+		s.hub.opts.Metrics.reconnect(s.source, cause)
+		s.log.Info("firehose connection ended; reconnecting", "in", delay, "attempt", schedule.Attempt(), "err", err)
+		if !backoff.Sleep(ctx, delay) {
+			return
+		}
+	}
+}
+
+func (s *stream) eachSub(f func(*Subscription)) {
+	s.mu.Lock()
+	subs := s.subscribers()
+	s.mu.Unlock()
+	for _, sub := range subs {
+		f(sub)
+	}
+}
+
+// subscribers returns the subscriptions; s.mu is held.
+func (s *stream) subscribers() []*Subscription {
+	out := make([]*Subscription, 0, len(s.subs))
+	for sub := range s.subs {
+		out = append(out, sub)
+	}
+	return out
+}
+
+// connectCursor is the lowest cursor of the subscriptions that have one
+// (0: none has; connect live).
+func (s *stream) connectCursor() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var min int64
+	for sub := range s.subs {
+		c, full := sub.cursor()
+		if full || c == 0 {
+			continue
+		}
+		if min == 0 || c < min {
+			min = c
+		}
+	}
+	return min
+}
+
+func (s *stream) wsURL(cursor int64) string {
+	u := "ws" + strings.TrimPrefix(s.source, "http") + "/xrpc/com.atproto.sync.subscribeRepos"
+	if cursor > 0 {
+		u += "?cursor=" + strconv.FormatInt(cursor, 10)
+	}
+	return u
+}
+
+// connect runs one connection until it fails or ctx ends.
+func (s *stream) connect(ctx context.Context) error {
+	cursor := s.connectCursor()
+	con, resp, err := s.hub.opts.Dialer.DialContext(ctx, s.wsURL(cursor), nil)
+	if resp != nil && resp.Body != nil {
+		_ = resp.Body.Close()
+	}
+	if err != nil {
+		err = fmt.Errorf("connecting to %s: %w", s.source, err)
+		s.mu.Lock()
+		s.lastErr = err
+		s.mu.Unlock()
+		return err
+	}
+	connCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	s.mu.Lock()
+	s.gen++
+	gen := s.gen
+	s.connected, s.lastErr = true, nil
+	s.connCursor, s.lastSeq = cursor, cursor
+	s.tracker = newCursorTracker(cursor)
+	s.rewind = func() { cancel(errRewind) }
+	for sub := range s.subs {
+		sub.join(gen)
+		c, full := sub.cursor()
+		if full || c == 0 {
+			// Without a cursor the connection starts live: what happened
+			// before it is only known by listing.
+			s.requestResync(sub, "", ResyncInitial, 0)
+		}
+	}
+	tracker := s.tracker
+	s.mu.Unlock()
+	s.hub.opts.Metrics.connected(s.source, true)
+	defer s.hub.opts.Metrics.connected(s.source, false)
+	s.log.V(1).Info("firehose connected", "cursor", cursor, "generation", gen)
+
+	idle := s.hub.opts.IdleTimeout
+	_ = con.SetReadDeadline(time.Now().Add(idle))
+	sched := newScheduler(s, gen, tracker, idle, con)
+	err = events.HandleRepoStream(connCtx, con, sched, slog.New(logr.ToSlogHandler(s.log.V(1))))
+	if c := context.Cause(connCtx); errors.Is(c, errRewind) {
+		err = errRewind
+	}
+
+	s.mu.Lock()
+	s.connected = false
+	s.rewind = nil
+	if !errors.Is(err, errRewind) {
+		s.lastErr = err
+	}
+	safe := tracker.Safe()
+	subs := s.subscribers()
+	s.mu.Unlock()
+	for _, sub := range subs {
+		sub.settle(safe, gen)
+	}
+	return err
+}
+
+// dispatch is called by the read loop for every event, in stream order.
+// It returns the subscriptions joined to connection gen.
+func (s *stream) dispatch(gen uint64, seq int64) []*Subscription {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq > s.lastSeq {
+		s.lastSeq = seq
+	}
+	out := make([]*Subscription, 0, len(s.subs))
+	for sub := range s.subs {
+		if sub.joined(gen) {
+			out = append(out, sub)
+		}
+	}
+	return out
+}
+
+// scheduler hands events to workers: one worker per DID hash, so a DID's
+// events are handled in order while different DIDs run in parallel.
+type scheduler struct {
+	s       *stream
+	gen     uint64
+	tracker *cursorTracker
+	idle    time.Duration
+	con     interface{ SetReadDeadline(time.Time) error }
+	queues  []chan job
+	wg      sync.WaitGroup
+}
+
+type job struct {
+	ev   *events.XRPCStreamEvent
+	seq  int64
+	subs []*Subscription
+}
+
+func newScheduler(s *stream, gen uint64, tracker *cursorTracker, idle time.Duration, con interface{ SetReadDeadline(time.Time) error }) *scheduler {
+	sc := &scheduler{s: s, gen: gen, tracker: tracker, idle: idle, con: con}
+	for range s.hub.opts.Workers {
+		q := make(chan job, 64)
+		sc.queues = append(sc.queues, q)
+		sc.wg.Add(1)
+		go func() {
+			defer sc.wg.Done()
+			for j := range q {
+				s.handle(j)
+				tracker.Done(j.seq)
+			}
+		}()
+	}
+	return sc
+}
+
+// AddWork implements events.Scheduler.
+func (sc *scheduler) AddWork(ctx context.Context, repo string, ev *events.XRPCStreamEvent) error {
+	// Every frame proves the connection alive: push the idle deadline.
+	_ = sc.con.SetReadDeadline(time.Now().Add(sc.idle))
+	switch {
+	case ev.Error != nil:
+		return &StreamError{Name: ev.Error.Error, Message: ev.Error.Message}
+	case ev.RepoInfo != nil:
+		if ev.RepoInfo.Name == "OutdatedCursor" {
+			// The source starts from its oldest event: what came before
+			// our cursor and after that is lost, so list again.
+			for _, sub := range sc.s.dispatch(sc.gen, 0) {
+				sc.s.requestResync(sub, "", ResyncOutdatedCursor, 0)
+			}
+		}
+		return nil
+	}
+	seq, ok := ev.GetSequence()
+	if !ok || !sc.tracker.Start(seq) {
+		return nil
+	}
+	sc.s.hub.opts.Metrics.event(sc.s.source, eventTime(ev))
+	j := job{ev: ev, seq: seq, subs: sc.s.dispatch(sc.gen, seq)}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(repo))
+	select {
+	case sc.queues[int(h.Sum32())%len(sc.queues)] <- j:
+		return nil
+	case <-ctx.Done():
+		// Never handled: the cursor stays before it.
+		return ctx.Err()
+	}
+}
+
+// Shutdown implements events.Scheduler: it waits for the workers.
+func (sc *scheduler) Shutdown() {
+	for _, q := range sc.queues {
+		close(q)
+	}
+	sc.wg.Wait()
+}
+
+func eventTime(ev *events.XRPCStreamEvent) time.Time {
+	var ts string
+	switch {
+	case ev.RepoCommit != nil:
+		ts = ev.RepoCommit.Time
+	case ev.RepoSync != nil:
+		ts = ev.RepoSync.Time
+	case ev.RepoIdentity != nil:
+		ts = ev.RepoIdentity.Time
+	case ev.RepoAccount != nil:
+		ts = ev.RepoAccount.Time
+	}
+	t, _ := time.Parse(time.RFC3339Nano, ts)
+	return t
+}

@@ -1,0 +1,393 @@
+package firehose
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Filter selects what a subscription keeps.
+type Filter struct {
+	// Collections are the NSIDs kept (at least one).
+	Collections []string
+	// DIDs, if not empty, are the only repos followed.
+	DIDs []string
+}
+
+func (f Filter) wantsDID(did string) bool {
+	return len(f.DIDs) == 0 || slices.Contains(f.DIDs, did)
+}
+
+func (f Filter) wantsCollection(c string) bool { return slices.Contains(f.Collections, c) }
+
+// Record is one matching record.
+type Record struct {
+	URI string
+	CID string
+	// Rev of the commit that wrote it; empty when a resync listed it.
+	Rev   string
+	Value json.RawMessage
+	// order is when the record last changed (larger is newer).
+	order int64
+}
+
+// DID returns the repo of the record.
+func (r Record) DID() string {
+	did, _, _ := strings.Cut(strings.TrimPrefix(r.URI, "at://"), "/")
+	return did
+}
+
+// Repo is how far a subscription has applied one repo.
+type Repo struct {
+	Rev  string
+	Data string
+}
+
+// Resync describes the last listing of records.
+type Resync struct {
+	Reason string
+	Time   time.Time
+	DID    string
+}
+
+// Resync reasons.
+const (
+	ResyncInitial          = "Initial"
+	ResyncOutdatedCursor   = "OutdatedCursor"
+	ResyncFutureCursor     = "FutureCursor"
+	ResyncPrevDataMismatch = "PrevDataMismatch"
+	ResyncSync             = "Sync"
+	ResyncUnverified       = "Unverified"
+	ResyncReconnect        = "Reconnect"
+)
+
+// State is what a subscription has applied. Records and Repos are
+// consistent with Cursor: every event up to Cursor is reflected, and
+// events after it may be too (replaying them changes nothing, because
+// commits at or below a repo's Rev are skipped).
+type State struct {
+	Cursor        int64
+	LastEventTime time.Time
+	Seen          int64
+	Matched       int64
+	Errors        int64
+	Evicted       int64
+	Records       map[string]Record
+	Repos         map[string]Repo
+	LastResync    *Resync
+}
+
+// RecordsNewestFirst returns the records, most recently changed first.
+func (s *State) RecordsNewestFirst() []Record {
+	out := slices.Collect(maps.Values(s.Records))
+	slices.SortFunc(out, func(a, b Record) int {
+		if a.order != b.order {
+			if a.order > b.order {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.URI, b.URI)
+	})
+	return out
+}
+
+// Health is the stream's connection state as a subscription sees it.
+type Health struct {
+	Connected bool
+	// Err is the last connection error while not connected.
+	Err error
+	// Resyncing is true while the subscription's records are being listed.
+	Resyncing bool
+}
+
+// Subscription is one consumer of a stream (an AtprotoRecordWatch).
+type Subscription struct {
+	stream *stream
+	filter Filter
+	max    int
+
+	mu    sync.Mutex
+	state State
+	// version increases with every change of state.
+	version uint64
+	// gen is the connection generation the subscription has seen every
+	// event of (0: none yet).
+	gen uint64
+	// full is set while a full resync is owed or running.
+	full bool
+	// hold caps the cursor while a repo resync is owed (holding): the
+	// event that asked for it must be replayed if the provider stops first.
+	hold    int64
+	holding bool
+	pending map[string]bool
+	order   int64
+}
+
+func newSubscription(filter Filter, max int, initial State) *Subscription {
+	if initial.Records == nil {
+		initial.Records = map[string]Record{}
+	}
+	if initial.Repos == nil {
+		initial.Repos = map[string]Repo{}
+	}
+	s := &Subscription{filter: filter, max: max, state: initial, pending: map[string]bool{}}
+	// Loaded records keep their relative order (callers pass newest
+	// first through LoadRecords).
+	for _, r := range initial.Records {
+		s.order = max64(s.order, r.order)
+	}
+	s.full = initial.Cursor == 0
+	return s
+}
+
+// LoadRecords builds a record map from records listed newest first, as a
+// status carries them.
+func LoadRecords(newestFirst []Record) map[string]Record {
+	out := make(map[string]Record, len(newestFirst))
+	for i, r := range newestFirst {
+		r.order = int64(len(newestFirst) - i)
+		out[r.URI] = r
+	}
+	return out
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// Snapshot returns a copy of the state, with the cursor every applied
+// event is complete up to, the stream's health and the state's version.
+func (s *Subscription) Snapshot() (State, Health, uint64) {
+	safe, gen, health := s.stream.position()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state
+	st.Records = maps.Clone(s.state.Records)
+	st.Repos = maps.Clone(s.state.Repos)
+	if s.state.LastResync != nil {
+		r := *s.state.LastResync
+		st.LastResync = &r
+	}
+	if !s.full && s.gen != 0 && s.gen == gen && safe > st.Cursor {
+		st.Cursor = safe
+	}
+	if s.holding && st.Cursor > s.hold {
+		st.Cursor = max64(s.state.Cursor, s.hold)
+	}
+	health.Resyncing = s.full || len(s.pending) > 0
+	return st, health, s.version
+}
+
+// settle folds the stream's safe cursor into the state when a connection
+// ends, so the next connection's skip rule sees it.
+func (s *Subscription) settle(safe int64, gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.full || s.gen != gen {
+		return
+	}
+	c := safe
+	if s.holding && c > s.hold {
+		c = s.hold
+	}
+	if c > s.state.Cursor {
+		s.state.Cursor = c
+		s.version++
+	}
+}
+
+func (s *Subscription) cursor() (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.Cursor, s.full
+}
+
+// commitUpdate is a verified commit, reduced to what subscriptions need.
+type commitUpdate struct {
+	seq      int64
+	did      string
+	rev      string
+	data     string
+	prevData string
+	time     time.Time
+	ops      []opUpdate
+}
+
+type opUpdate struct {
+	action     string // create, update, delete
+	collection string
+	rkey       string
+	cid        string
+	value      json.RawMessage
+}
+
+// apply applies a verified commit. It returns whether the repo must be
+// resynced (its prevData does not follow what was applied).
+func (s *Subscription) apply(u *commitUpdate) (resync bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if u.seq <= s.state.Cursor {
+		return false
+	}
+	rs := s.state.Repos[u.did]
+	if rs.Rev != "" && u.rev <= rs.Rev {
+		return false
+	}
+	resync = rs.Data != "" && u.prevData != "" && u.prevData != rs.Data
+	for _, op := range u.ops {
+		if !s.filter.wantsCollection(op.collection) {
+			continue
+		}
+		s.state.Matched++
+		uri := "at://" + u.did + "/" + op.collection + "/" + op.rkey
+		if op.action == "delete" {
+			delete(s.state.Records, uri)
+			continue
+		}
+		s.order++
+		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, order: s.order}
+	}
+	s.evict()
+	s.state.Seen++
+	s.state.Repos[u.did] = Repo{Rev: u.rev, Data: u.data}
+	if !u.time.IsZero() {
+		s.state.LastEventTime = u.time
+	}
+	s.version++
+	return resync
+}
+
+func (s *Subscription) evict() {
+	for len(s.state.Records) > s.max {
+		var oldest Record
+		first := true
+		for _, r := range s.state.Records {
+			if first || r.order < oldest.order {
+				oldest, first = r, false
+			}
+		}
+		delete(s.state.Records, oldest.URI)
+		s.state.Evicted++
+	}
+}
+
+// rejected counts an event that failed verification.
+func (s *Subscription) rejected() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state.Errors++
+	s.version++
+}
+
+func (s *Subscription) join(gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen = gen
+}
+
+func (s *Subscription) joined(gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen == gen
+}
+
+// reset forgets the cursor (the source does not know it): everything is
+// listed again.
+func (s *Subscription) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state.Cursor = 0
+	s.full = true
+	s.version++
+}
+
+// owe records that a repo (did) or everything (did == "") must be listed
+// again because of the event seq (0: no event).
+func (s *Subscription) owe(did string, seq int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.version++
+	if did == "" {
+		s.full = true
+		return
+	}
+	if seq > 0 && (!s.holding || seq-1 < s.hold) {
+		s.hold, s.holding = seq-1, true
+	}
+	s.pending[did] = true
+}
+
+// replaceRepo replaces the records of did by a listing. It refuses (false)
+// when commits newer than the listing were applied meanwhile: the listing
+// may miss them, so the repo must be listed again.
+func (s *Subscription) replaceRepo(did string, l *listing) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs, known := s.state.Repos[did]
+	if known && l.rev != "" && rs.Rev > l.rev {
+		return false
+	}
+	for uri, r := range s.state.Records {
+		if r.DID() == did {
+			delete(s.state.Records, uri)
+		}
+	}
+	for _, r := range l.records {
+		s.order++
+		r.order = s.order
+		s.state.Records[r.URI] = r
+	}
+	s.evict()
+	if l.rev == "" {
+		delete(s.state.Repos, did)
+	} else {
+		s.state.Repos[did] = Repo{Rev: l.rev}
+	}
+	s.version++
+	return true
+}
+
+// dropReposExcept forgets the records and repos of DIDs not in dids (the
+// source no longer carries them).
+func (s *Subscription) dropReposExcept(dids []string) {
+	keep := make(map[string]bool, len(dids))
+	for _, d := range dids {
+		keep[d] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uri, r := range s.state.Records {
+		if !keep[r.DID()] {
+			delete(s.state.Records, uri)
+		}
+	}
+	for did := range s.state.Repos {
+		if !keep[did] {
+			delete(s.state.Repos, did)
+		}
+	}
+	s.version++
+}
+
+// resynced records a finished listing.
+func (s *Subscription) resynced(did, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if did == "" {
+		s.full = false
+	} else {
+		delete(s.pending, did)
+		if len(s.pending) == 0 {
+			s.holding = false
+		}
+	}
+	s.state.LastResync = &Resync{Reason: reason, Time: time.Now(), DID: did}
+	s.version++
+}
