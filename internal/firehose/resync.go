@@ -72,7 +72,7 @@ func (q *resyncQueue) next() (resyncReq, bool) {
 // requestResync owes sub a listing of did ("" = everything) because of
 // the event seq (0: none) and queues it.
 func (s *stream) requestResync(sub *Subscription, did, reason string, seq int64) {
-	sub.owe(did, seq)
+	sub.owe(did, reason, seq)
 	s.resync.add(sub, did, reason)
 }
 

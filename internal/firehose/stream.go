@@ -72,11 +72,11 @@ func (s *stream) add(sub *Subscription) {
 	if !s.connected {
 		return
 	}
-	c, full := sub.cursor()
-	switch {
-	case full:
+	c, _ := sub.cursor()
+	switch reason := sub.owedFull(); {
+	case reason != "":
 		sub.join(s.gen)
-		s.requestResync(sub, "", ResyncInitial, 0)
+		s.requestResync(sub, "", reason, 0)
 	case s.connCursor > 0 && c >= s.lastSeq:
 		sub.join(s.gen)
 	default:
@@ -215,11 +215,10 @@ func (s *stream) connect(ctx context.Context) error {
 	s.rewind = func() { cancel(errRewind) }
 	for sub := range s.subs {
 		sub.join(gen)
-		c, full := sub.cursor()
-		if full || c == 0 {
+		if reason := sub.owedFull(); reason != "" {
 			// Without a cursor the connection starts live: what happened
 			// before it is only known by listing.
-			s.requestResync(sub, "", ResyncInitial, 0)
+			s.requestResync(sub, "", reason, 0)
 		}
 	}
 	tracker := s.tracker

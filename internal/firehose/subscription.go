@@ -1,6 +1,7 @@
 package firehose
 
 import (
+	"cmp"
 	"encoding/json"
 	"maps"
 	"slices"
@@ -117,8 +118,9 @@ type Subscription struct {
 	// gen is the connection generation the subscription has seen every
 	// event of (0: none yet).
 	gen uint64
-	// full is set while a full resync is owed or running.
-	full bool
+	// full is set while a full resync is owed or running, for fullReason.
+	full       bool
+	fullReason string
 	// hold caps the cursor while a repo resync is owed (holding): the
 	// event that asked for it must be replayed if the provider stops first.
 	hold    int64
@@ -201,6 +203,16 @@ func (s *Subscription) settle(safe int64, gen uint64) {
 		s.state.Cursor = c
 		s.version++
 	}
+}
+
+// owedFull returns the reason of an owed full resync ("" if none).
+func (s *Subscription) owedFull() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.full && s.state.Cursor != 0 {
+		return ""
+	}
+	return cmp.Or(s.fullReason, ResyncInitial)
 }
 
 func (s *Subscription) cursor() (int64, bool) {
@@ -310,11 +322,14 @@ func (s *Subscription) reset() {
 
 // owe records that a repo (did) or everything (did == "") must be listed
 // again because of the event seq (0: no event).
-func (s *Subscription) owe(did string, seq int64) {
+func (s *Subscription) owe(did, reason string, seq int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.version++
 	if did == "" {
+		if !s.full || s.fullReason == "" {
+			s.fullReason = reason
+		}
 		s.full = true
 		return
 	}
@@ -381,7 +396,7 @@ func (s *Subscription) resynced(did, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if did == "" {
-		s.full = false
+		s.full, s.fullReason = false, ""
 	} else {
 		delete(s.pending, did)
 		if len(s.pending) == 0 {
