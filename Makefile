@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: bench-apps all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
+.PHONY: bench-apps bench-watch all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -63,6 +63,10 @@ clean:
 ## bench-apps: reconciles/s of the application and component controllers (W workspaces x C components)
 bench-apps: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_APPS_BENCH=$${W:-200},$${C:-10} go test -count=1 -timeout 120m -v -run TestApplicationThroughput ./e2e/
+
+## bench-watch: events/s of the firehose library vs indigo's consumer (N events) and lag at R writes/s
+bench-watch: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_WATCH_BENCH=$${N:-2000},$${R:-20} go test -count=1 -timeout 60m -v -run TestWatchThroughput ./e2e/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps

@@ -126,6 +126,8 @@ current-context: c
 		{"invalid workspace path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--workspace", "root:Not_Valid"}, "not a valid workspace path"},
 		{"no record workers", []string{"--kubeconfig", env.kcp.Kubeconfig, "--atproto-workers", "0"}, "--atproto-workers must be at least 1"},
 		{"batch above the PDS limit", []string{"--kubeconfig", env.kcp.Kubeconfig, "--atproto-max-batch", "201"}, "--atproto-max-batch between 1 and 200"},
+		{"PLC URL with a path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--plc-url", "https://plc.example/x"}, "--plc-url"},
+		{"no watch flush interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--watch-flush-interval", "0s"}, "--watch-flush-interval must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

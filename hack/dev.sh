@@ -137,6 +137,7 @@ bin/knotless-provider --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPA
   --metrics-bind-address "127.0.0.1:$metrics_port" --health-probe-bind-address "127.0.0.1:$probe_port" \
   --vault-address "$vault_addr" --vault-approle-role-id "$role_id" \
   --vault-approle-secret-id-file "$dev/vault-secret-id" --vault-prefix knotless \
+  --plc-url "http://127.0.0.1:$plc_port" \
   >>"$dev/provider.log" 2>&1 &
 started knotless-provider "$dev/provider.log"
 wait_until knotless-provider 120 port_busy "$probe_port"
@@ -148,10 +149,12 @@ if [ "$pds_url" = http://127.0.0.1:2583 ]; then
   apply_repo="kubectl apply -f $examples/atprotorepo.yaml"
   apply_app="kubectl apply -f $examples/application.yaml"
   apply_vault_repo="sed \"s/LOGICAL_CLUSTER/\$lc/\" $examples/atprotorepo-vault.yaml | kubectl apply -f -"
+  apply_watch="kubectl apply -f $examples/atprotorecordwatch.yaml"
 else
   apply_repo="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo.yaml | kubectl apply -f -"
   apply_app="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/application.yaml | kubectl apply -f -"
   apply_vault_repo="sed -e \"s/LOGICAL_CLUSTER/\$lc/\" -e 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo-vault.yaml | kubectl apply -f -"
+  apply_watch="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorecordwatch.yaml | kubectl apply -f -"
 fi
 cat <<TRY
 
@@ -191,6 +194,16 @@ A repo and a record declared directly:
   did=\$(kubectl get atprotorepo alice -o jsonpath='{.status.did}')
   curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=\$did&collection=app.bsky.actor.profile&rkey=self"; echo
   kubectl get atprotorecord alice-profile -o jsonpath='{.status.cid}{"\\n"}'   # the CID read back
+
+A watch on the PDS's firehose (docs/atproto-watch.md): it lists what exists,
+then follows every create, update and delete of the two collections:
+
+  $apply_watch
+  kubectl wait --for=condition=Ready atprotorecordwatch/notes --timeout=60s
+  curl -sS -H "Authorization: Bearer \$jwt" -H 'Content-Type: application/json' \\
+    -d "{\"repo\":\"alice.test\",\"collection\":\"dev.knotless.example.note\",\"record\":{\"\\\$type\":\"dev.knotless.example.note\",\"text\":\"hello\"}}" \\
+    \$pds/xrpc/com.atproto.repo.createRecord; echo
+  sleep 3; kubectl get atprotorecordwatch notes -o yaml   # status.records, cursor, counts
 
 The same app password in Vault, below the workspace's prefix
 secret/knotless/<logical cluster>/, and a repo that references it:
