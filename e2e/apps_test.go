@@ -78,9 +78,31 @@ func waitApp(ctx context.Context, t *testing.T, c client.Client, phase appsv1alp
 		return app.Status.Phase == phase && app.Status.ObservedGeneration == app.Generation, state, nil
 	}); err != nil {
 		dumpKnotless(ctx, t, c)
+		diagnoseHang(ctx, t)
 		t.Fatal(err)
 	}
 	return app
+}
+
+// diagnoseHang logs the provider's workqueue and worker metrics, makes it
+// write every goroutine's stack to its log (SIGQUIT) and starts it again
+// for the tests that follow.
+func diagnoseHang(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if text, err := env.provider.Metrics(); err == nil {
+		for _, line := range strings.Split(text, "\n") {
+			if (strings.HasPrefix(line, "workqueue_depth") || strings.HasPrefix(line, "controller_runtime_active_workers") ||
+				strings.HasPrefix(line, "workqueue_unfinished_work_seconds") || strings.HasPrefix(line, "controller_runtime_reconcile_total")) &&
+				(strings.Contains(line, "component") || strings.Contains(line, "application")) {
+				t.Log(line)
+			}
+		}
+	}
+	env.provider.DumpGoroutines()
+	t.Logf("goroutine dump of the provider: %s", env.provider.LogPath)
+	if err := env.provider.Restart(context.WithoutCancel(ctx), env.group); err != nil {
+		t.Errorf("restarting the provider: %v", err)
+	}
 }
 
 // dumpKnotless logs every knotless object of the workspace with its
@@ -282,11 +304,14 @@ func TestApplicationLifecycle(t *testing.T) {
 // TestApplicationSurvivesProviderKill: kill -9 of the provider while an
 // application is progressing and while it is suspended changes no field the
 // user wrote, and the phases converge after the restart.
+var killRuns int
+
 func TestApplicationSurvivesProviderKill(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	c, _ := appWorkspace(ctx, t, env.prefix+"-kill-app")
-	acct, err := env.pds.CreateAccount(ctx, env.prefix+"killapp.test")
+	killRuns++ // unique names when run with -count
+	c, _ := appWorkspace(ctx, t, fmt.Sprintf("%s-kill-app%d", env.prefix, killRuns))
+	acct, err := env.pds.CreateAccount(ctx, fmt.Sprintf("%skillapp%d.test", env.prefix, killRuns))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -251,7 +251,7 @@ func buildStatus(obj *atprotov1alpha1.AtprotoRecordWatch, prev *atprotov1alpha1.
 		out.LastEventTime = &t
 	}
 	for _, rec := range st.RecordsNewestFirst() {
-		wr := atprotov1alpha1.WatchedRecord{URI: rec.URI, CID: rec.CID, Rev: rec.Rev, ValueBytes: int32(len(rec.Value))}
+		wr := atprotov1alpha1.WatchedRecord{URI: rec.URI, CID: rec.CID, Rev: rec.Rev, ValueBytes: int32(max(len(rec.Value), rec.Size))}
 		if len(rec.Value) > 0 && len(rec.Value) <= ValueLimit {
 			wr.Value = &apiextensionsv1.JSON{Raw: rec.Value}
 		}
@@ -291,7 +291,7 @@ func stateFromStatus(s *atprotov1alpha1.AtprotoRecordWatchStatus) firehose.State
 	}
 	recs := make([]firehose.Record, 0, len(s.Records))
 	for _, r := range s.Records {
-		rec := firehose.Record{URI: r.URI, CID: r.CID, Rev: r.Rev}
+		rec := firehose.Record{URI: r.URI, CID: r.CID, Rev: r.Rev, Size: int(r.ValueBytes)}
 		if r.Value != nil {
 			rec.Value = r.Value.Raw
 		}

@@ -75,6 +75,20 @@ func (p *Process) Kill9() {
 	<-p.done
 }
 
+// DumpGoroutines sends SIGQUIT to a Go process: it writes every
+// goroutine's stack to its log and exits. For diagnosing a hang.
+func (p *Process) DumpGoroutines() {
+	if p.Exited() {
+		return
+	}
+	_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.Kill9()
+	}
+}
+
 // Stop sends SIGTERM, waits up to grace, then SIGKILL.
 func (p *Process) Stop(grace time.Duration) {
 	if p.Exited() {

@@ -226,7 +226,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string)
 					if r.Value != nil {
 						v = *r.Value
 					}
-					l.records = append(l.records, Record{URI: r.Uri, CID: r.Cid, Value: v})
+					l.records = append(l.records, Record{URI: r.Uri, CID: r.Cid, Value: v, Size: len(v)})
 				}
 				if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
 					break

@@ -31,6 +31,9 @@ type Record struct {
 	// Rev of the commit that wrote it; empty when a resync listed it.
 	Rev   string
 	Value json.RawMessage
+	// Size is the length of the value's JSON, kept by a consumer that
+	// stores records without large values.
+	Size int
 	// order is when the record last changed (larger is newer).
 	order int64
 }
@@ -264,7 +267,7 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 			continue
 		}
 		s.order++
-		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, order: s.order}
+		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value), order: s.order}
 	}
 	s.evict()
 	s.state.Seen++
