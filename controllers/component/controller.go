@@ -176,9 +176,9 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if err != nil {
 		return fail(appsv1alpha1.ReasonInvalidSpec, err.Error(), nil)
 	}
-	ccl, err := s.r.GetCluster(ctx, engage.ClusterName(ChildExport, s.lc))
+	ccl, err := engage.Sibling(ctx, s.r.GetCluster, ChildExport, s.lc)
 	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("workspace %s is not engaged for %s: %w", s.lc, ChildExport, err)
+		return reconcile.Result{}, err
 	}
 	cc := ccl.GetClient()
 	existing, ok := child.DeepCopyObject().(client.Object)

@@ -1,8 +1,13 @@
 package engage
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 )
 
@@ -32,5 +37,17 @@ func TestGetOfUnknownExportIsNotFound(t *testing.T) {
 		if _, err := p.Get(t.Context(), name); err != multicluster.ErrClusterNotFound {
 			t.Errorf("%s: want ErrClusterNotFound, got %v", name, err)
 		}
+	}
+}
+
+// A sibling export's cluster that is not engaged yet must be retried:
+// multicluster-runtime drops reconciles that fail with ErrClusterNotFound.
+func TestSiblingNotEngagedIsRetried(t *testing.T) {
+	get := func(context.Context, multicluster.ClusterName) (cluster.Cluster, error) {
+		return nil, fmt.Errorf("cluster x not found: %w", multicluster.ErrClusterNotFound)
+	}
+	_, err := Sibling(context.Background(), get, "atproto.knotless.dev", "abc")
+	if err == nil || errors.Is(err, multicluster.ErrClusterNotFound) || !strings.Contains(err.Error(), "not engaged for atproto.knotless.dev yet") {
+		t.Fatalf("got %v", err)
 	}
 }

@@ -187,3 +187,19 @@ type prefixedAware struct {
 func (a prefixedAware) Engage(ctx context.Context, name multicluster.ClusterName, cl cluster.Cluster) error {
 	return a.Aware.Engage(ctx, ClusterName(a.export, string(name)), cl)
 }
+
+// Sibling returns the cluster of logical cluster lc for another export than
+// the one being reconciled (a Component's children are served by the
+// atproto export). A workspace is engaged for each export separately, so
+// after a restart one may come before the other: the error then does not
+// wrap multicluster.ErrClusterNotFound, because multicluster-runtime's
+// ClusterNotFoundWrapper turns that error into a success without requeue
+// and the object would not be reconciled again until it changes. This
+// error is retried with the controller's backoff.
+func Sibling(ctx context.Context, get func(context.Context, multicluster.ClusterName) (cluster.Cluster, error), export, lc string) (cluster.Cluster, error) {
+	cl, err := get(ctx, ClusterName(export, lc))
+	if err != nil {
+		return nil, fmt.Errorf("workspace %s is not engaged for %s yet: %v", lc, export, err)
+	}
+	return cl, nil
+}

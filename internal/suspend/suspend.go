@@ -61,9 +61,9 @@ type Reader func(ctx context.Context, group string) (client.Reader, error)
 // group G is read through the engaged cluster "G#<logical cluster>".
 func InWorkspace(get func(context.Context, multicluster.ClusterName) (cluster.Cluster, error), logicalCluster string) Reader {
 	return func(ctx context.Context, group string) (client.Reader, error) {
-		cl, err := get(ctx, engage.ClusterName(group, logicalCluster))
+		cl, err := engage.Sibling(ctx, get, group, logicalCluster)
 		if err != nil {
-			return nil, fmt.Errorf("workspace %s is not engaged for %s: %w", logicalCluster, group, err)
+			return nil, err
 		}
 		return cl.GetClient(), nil
 	}
