@@ -108,7 +108,7 @@ func TestWatchThroughput(t *testing.T) {
 	}
 	took = time.Since(start)
 	knotless := float64(events1) / took.Seconds()
-	t.Logf("FIGURE %-44s %d events in %s: %.0f events/s (%.2fx the ceiling); %d commits applied, %d matched ops, %d rejected", "knotless firehose, verified + applied:", events1, took.Round(time.Millisecond), knotless, knotless/ceiling, st.Seen, st.Matched, st.Errors)
+	t.Logf("FIGURE %-44s %d events in %s: %.0f events/s (%.2fx the ceiling); %d commits applied, %d matched ops, %d rejected, last resync %+v", "knotless firehose, verified + applied:", events1, took.Round(time.Millisecond), knotless, knotless/ceiling, st.Seen, st.Matched, st.Errors, st.LastResync)
 	hub.Unsubscribe(sub)
 	if st.Errors != 0 {
 		t.Fatalf("%d events rejected on a healthy PDS", st.Errors)

@@ -36,9 +36,13 @@ func (s *stream) handle(j job) {
 			s.reject(subs, ev.RepoSync.Did, j.seq, err)
 			return
 		}
-		// The repo was replaced wholesale: list it.
+		// The repo is now at this commit, whatever came before: list it,
+		// unless that commit is already applied (a PDS also sends #sync
+		// for a new account's first commit).
 		for _, sub := range subs {
-			s.requestResync(sub, ev.RepoSync.Did, ResyncSync, j.seq)
+			if sub.behind(ev.RepoSync.Did, ev.RepoSync.Rev) {
+				s.requestResync(sub, ev.RepoSync.Did, ResyncSync, j.seq)
+			}
 		}
 	case ev.RepoIdentity != nil:
 		// The DID's key or PDS may have changed.

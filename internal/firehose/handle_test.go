@@ -8,6 +8,7 @@ import (
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/events"
 	"github.com/go-logr/logr"
 )
 
@@ -189,5 +190,30 @@ func BenchmarkVerifyCommit(b *testing.B) {
 		if _, err := verifyCommit(ctx, dir, msg, func(string) bool { return true }); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestSyncEventListsOnlyARepoThatMovedOn(t *testing.T) {
+	alice := newTestRepo(t, "did:plc:alice")
+	dir := identity.NewMockDirectory()
+	dir.Insert(alice.identity(nil))
+	s := testStream(t, dir)
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	first := alice.commit(testOp{"create", testCollection + "/a1", note("one")})
+	s.handleCommit(context.Background(), 1, first, []*Subscription{sub})
+	syncOf := func(c *comatproto.SyncSubscribeRepos_Commit, seq int64) job {
+		return job{seq: seq, subs: []*Subscription{sub}, ev: &events.XRPCStreamEvent{RepoSync: &comatproto.SyncSubscribeRepos_Sync{
+			Did: alice.did, Rev: c.Rev, Blocks: c.Blocks, Seq: seq, Time: c.Time,
+		}}}
+	}
+	// A #sync at the applied commit (a PDS sends one for a new account).
+	s.handle(syncOf(first, 2))
+	if req, ok := s.resync.next(); ok {
+		t.Fatalf("a #sync at the applied rev queued %+v", req)
+	}
+	// A #sync at a commit the watch has not seen: list the repo.
+	s.handle(syncOf(alice.commit(testOp{"create", testCollection + "/a2", note("two")}), 3))
+	if req, ok := s.resync.next(); !ok || req.reason != ResyncSync || req.did != alice.did {
+		t.Fatalf("queued %+v (%v), want a Sync listing of alice", req, ok)
 	}
 }

@@ -293,6 +293,14 @@ func (s *Subscription) evict() {
 	}
 }
 
+// behind reports whether a commit at rev is newer than what was applied
+// for did (a #sync at or below the applied rev changes nothing).
+func (s *Subscription) behind(did, rev string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return rev > s.state.Repos[did].Rev
+}
+
 // rejected counts an event that failed verification.
 func (s *Subscription) rejected() {
 	s.mu.Lock()
