@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: bench-apps bench-watch all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
+.PHONY: bench-apps bench-watch bench-mountproxy all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -67,6 +67,10 @@ bench-apps: tools stack-deps
 ## bench-watch: events/s of the firehose library vs indigo's consumer (N events) and lag at R writes/s
 bench-watch: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_WATCH_BENCH=$${N:-2000},$${R:-20} go test -count=1 -timeout 60m -v -run TestWatchThroughput ./e2e/
+
+## bench-mountproxy: GET latency and requests/s straight to a TLS tenant vs through the shim (N requests)
+bench-mountproxy:
+	KNOTLESS_MOUNTPROXY_BENCH=$${N:-5000} go test -count=1 -v -run TestShimOverhead ./mountproxy/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps

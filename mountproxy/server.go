@@ -1,0 +1,258 @@
+package mountproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Options configure a Server.
+type Options struct {
+	Files Files
+	// AllowedNames are the client certificate common names that may assert
+	// an identity (kcp-front-proxy's proxy client certificate, the
+	// provider's probe). Empty allows any certificate the requestheader CA
+	// issued.
+	AllowedNames []string
+	// PathPrefix precedes /<logical cluster>/<name>/ (default "/tenants/").
+	PathPrefix string
+	Registry   *Registry
+	// ReloadEvery is how often the TLS files are checked for changes
+	// (default 2s).
+	ReloadEvery time.Duration
+}
+
+// Server is the shim.
+type Server struct {
+	opts   Options
+	certs  *reloader
+	prefix string
+	// verified caches client certificates that verified against a pool
+	// (key: pool and certificate bytes), so a kept-alive connection does
+	// not pay a signature check per request.
+	verified sync.Map
+}
+
+type verifiedKey struct {
+	pool *x509.CertPool
+	raw  string
+}
+
+// ReasonHeader carries the shim's reason on every response it answers
+// itself (never on a tenant's own responses), so a prober tells the
+// shim's refusals and the tenant's answers apart without reading status
+// codes.
+const ReasonHeader = "X-Knotless-Mount-Reason"
+
+// Reasons the shim answers with.
+const (
+	ReasonNoClientCertificate = "NoClientCertificate"
+	ReasonUntrustedClient     = "UntrustedClientCertificate"
+	ReasonNameNotAllowed      = "ClientNameNotAllowed"
+	ReasonNoIdentity          = "NoIdentity"
+	ReasonUnknownPath         = "UnknownPath"
+	ReasonUnknownTenant       = "UnknownTenant"
+	ReasonTenantUnreachable   = "TenantUnreachable"
+	ReasonTenantCertificate   = "TenantCertificateInvalid"
+	ReasonTenantError         = "TenantError"
+)
+
+// New returns a server; it fails if the TLS files cannot be loaded.
+func New(o Options) (*Server, error) {
+	if o.Registry == nil {
+		return nil, errors.New("mountproxy: a registry is required")
+	}
+	if o.ReloadEvery <= 0 {
+		o.ReloadEvery = 2 * time.Second
+	}
+	prefix := o.PathPrefix
+	if prefix == "" {
+		prefix = "/tenants/"
+	}
+	if !strings.HasPrefix(prefix, "/") || !strings.HasSuffix(prefix, "/") {
+		return nil, fmt.Errorf("mountproxy: path prefix %q must start and end with /", prefix)
+	}
+	certs, err := newReloader(o.Files, o.ReloadEvery)
+	if err != nil {
+		return nil, fmt.Errorf("mountproxy: %w", err)
+	}
+	return &Server{opts: o, certs: certs, prefix: prefix}, nil
+}
+
+// TLSConfig is the listener's TLS configuration (hot-reloaded material).
+func (s *Server) TLSConfig() *tls.Config { return s.certs.TLSConfig() }
+
+// Serve serves HTTPS on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: s, TLSConfig: s.TLSConfig(), ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+		<-errc
+		return nil
+	}
+}
+
+// identity is the caller kcp-front-proxy vouches for.
+type identity struct {
+	user   string
+	groups []string
+	extra  map[string][]string
+}
+
+// authenticate verifies the client certificate, then reads the identity
+// headers. It returns a reason and an HTTP status on failure.
+func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return nil, http.StatusUnauthorized, ReasonNoClientCertificate, "a client certificate issued by the requestheader CA is required"
+	}
+	_, pool := s.certs.current()
+	leaf := r.TLS.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range r.TLS.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	vk := verifiedKey{pool: pool, raw: string(leaf.Raw)}
+	if until, ok := s.verified.Load(vk); !ok || time.Now().After(until.(time.Time)) {
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			return nil, http.StatusUnauthorized, ReasonUntrustedClient, "the client certificate is not issued by the requestheader CA: " + err.Error()
+		}
+		// Checked again after a minute (and whenever the CA file changes,
+		// which makes a new pool).
+		until := time.Now().Add(time.Minute)
+		if leaf.NotAfter.Before(until) {
+			until = leaf.NotAfter
+		}
+		s.verified.Store(vk, until)
+	}
+	if len(s.opts.AllowedNames) > 0 && !slices.Contains(s.opts.AllowedNames, leaf.Subject.CommonName) {
+		return nil, http.StatusForbidden, ReasonNameNotAllowed, fmt.Sprintf("client certificate %q may not assert identities", leaf.Subject.CommonName)
+	}
+	id := &identity{user: r.Header.Get("X-Remote-User"), groups: r.Header.Values("X-Remote-Group"), extra: map[string][]string{}}
+	if id.user == "" {
+		return nil, http.StatusUnauthorized, ReasonNoIdentity, "no X-Remote-User header"
+	}
+	for name, values := range r.Header {
+		if k, ok := strings.CutPrefix(http.CanonicalHeaderKey(name), "X-Remote-Extra-"); ok {
+			if dec, err := url.PathUnescape(k); err == nil {
+				k = dec
+			}
+			id.extra[strings.ToLower(k)] = values
+		}
+	}
+	return id, 0, "", ""
+}
+
+// ServeHTTP authenticates, routes and forwards one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, code, reason, msg := s.authenticate(r)
+	if id == nil {
+		refuse(w, code, reason, msg)
+		return
+	}
+	lc, name, rest, ok := ParsePath(s.prefix, r.URL.Path)
+	if !ok {
+		refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a tenant: want "+s.prefix+"<logical cluster>/<name>/...")
+		return
+	}
+	e, ok := s.opts.Registry.lookup(lc, name)
+	if !ok {
+		refuse(w, http.StatusNotFound, ReasonUnknownTenant, fmt.Sprintf("no tenant %s in workspace %s (not registered, deleted or revoked)", name, lc))
+		return
+	}
+	// The tenant's removal or replacement ends this request at once.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(e.ctx, cancel)
+	defer stop()
+	rp := &httputil.ReverseProxy{
+		Transport:     e.transport,
+		FlushInterval: -1, // watches and logs -f stream
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			target := *e.tenant.URL
+			target.Path = strings.TrimSuffix(target.Path, "/") + rest
+			target.RawPath = ""
+			target.RawQuery = pr.In.URL.RawQuery
+			pr.Out.URL = &target
+			pr.Out.Host = ""
+			rewriteHeaders(pr.Out.Header, id, e.tenant.Credential)
+		},
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			reason, code := ClassifyForwardError(err)
+			refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", lc, name, err))
+		},
+	}
+	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// rewriteHeaders removes every credential and identity header the caller
+// sent and sets the tenant credential and the impersonation headers.
+func rewriteHeaders(h http.Header, id *identity, cred Credential) {
+	for name := range h {
+		c := http.CanonicalHeaderKey(name)
+		if c == "Authorization" || c == "Proxy-Authorization" || strings.HasPrefix(c, "Impersonate-") || strings.HasPrefix(c, "X-Remote-") {
+			delete(h, name)
+		}
+	}
+	if cred.Token != "" {
+		h.Set("Authorization", "Bearer "+cred.Token)
+	}
+	h.Set("Impersonate-User", id.user)
+	for _, g := range id.groups {
+		h.Add("Impersonate-Group", g)
+	}
+	for k, vs := range id.extra {
+		for _, v := range vs {
+			h.Add("Impersonate-Extra-"+url.PathEscape(k), v)
+		}
+	}
+}
+
+// ClassifyForwardError names why a tenant could not be reached: its
+// certificate did not verify against its CA, or the connection failed.
+func ClassifyForwardError(err error) (reason string, status int) {
+	var unknownAuth x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &unknownAuth), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
+		return ReasonTenantCertificate, http.StatusBadGateway
+	case errors.Is(err, context.Canceled):
+		return ReasonUnknownTenant, http.StatusServiceUnavailable
+	}
+	var netErr net.Error
+	var opErr *net.OpError
+	if errors.As(err, &opErr) || errors.As(err, &netErr) {
+		return ReasonTenantUnreachable, http.StatusBadGateway
+	}
+	return ReasonTenantError, http.StatusBadGateway
+}
+
+// refuse answers with a Kubernetes Status body and the reason header.
+func refuse(w http.ResponseWriter, code int, reason, msg string) {
+	w.Header().Set(ReasonHeader, reason)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"kind": "Status", "apiVersion": "v1", "status": "Failure",
+		"reason": reason, "message": msg, "code": code,
+	})
+}
