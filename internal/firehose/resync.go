@@ -110,6 +110,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			err = s.resyncRepo(ctx, req.sub, req.did)
 		}
 		if err == nil {
+			schedule = backoff.NewSchedule(s.hub.opts.Backoff)
 			req.sub.resynced(req.did, req.reason)
 			s.hub.opts.Metrics.resync(s.source, req.reason)
 			s.log.V(1).Info("resynced", "did", req.did, "reason", req.reason)
