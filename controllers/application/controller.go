@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -63,7 +64,7 @@ func SetupWithManager(mgr mcmanager.Manager) error {
 	r := &Reconciler{GetCluster: mgr.GetCluster}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
+		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.PhaseChanged())), engage.ForExport(Export)).
 		Owns(&appsv1alpha1.Component{}, engage.ForExport(Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,

@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -79,7 +78,7 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(atprotorepo.Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
 		// A Component's suspend or resume reaches the record it owns.
-		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, phaseChanged())), engage.ForExport(appsExport)).
+		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())), engage.ForExport(appsExport)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
@@ -106,15 +105,6 @@ func componentToRecord() func(multicluster.ClusterName, cluster.Cluster) handler
 			return []mcreconcile.Request{{ClusterName: engage.ClusterName(atprotorepo.Export, lc), Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
 		})
 	}
-}
-
-// phaseChanged passes Component updates that change status.phase.
-func phaseChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		o, ok1 := e.ObjectOld.(*appsv1alpha1.Component)
-		n, ok2 := e.ObjectNew.(*appsv1alpha1.Component)
-		return ok1 && ok2 && o.Status.Phase != n.Status.Phase
-	}}
 }
 
 // enqueueRecordsOfRepo maps a repo to its records.

@@ -28,7 +28,9 @@ func TestValidateNamesTheField(t *testing.T) {
 	}{
 		{func(s *atprotov1alpha1.AtprotoRecordWatchSpec) { s.Source.URL = "wss://pds.example" }, "spec.source.url"},
 		{func(s *atprotov1alpha1.AtprotoRecordWatchSpec) { s.Source.URL = "https://pds.example/xrpc" }, "spec.source.url"},
-		{func(s *atprotov1alpha1.AtprotoRecordWatchSpec) { s.Collections = []string{"ok.nsid.here", "not an nsid"} }, "spec.collections[1]"},
+		{func(s *atprotov1alpha1.AtprotoRecordWatchSpec) {
+			s.Collections = []string{"ok.nsid.here", "not an nsid"}
+		}, "spec.collections[1]"},
 		{func(s *atprotov1alpha1.AtprotoRecordWatchSpec) { s.DIDs = []string{"alice.test"} }, "spec.dids[0]"},
 	} {
 		s := good

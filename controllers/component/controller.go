@@ -86,7 +86,7 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged())), engage.ForExport(Export)).
+		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged(), predicates.PhaseChanged())), engage.ForExport(Export)).
 		// The Application's suspend reaches its Components at once.
 		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{}), engage.ForExport(Export)).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent(), engage.ForExport(ChildExport)).

@@ -5,8 +5,11 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 )
 
 // SpecOrLifecycleChanged passes an update only when the object's spec
@@ -35,6 +38,35 @@ func OwnersChanged() predicate.Predicate {
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			return e.ObjectOld != nil && e.ObjectNew != nil &&
 				!equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences())
+		},
+	}
+}
+
+// Phase returns status.phase of the knotless kinds that have one.
+func Phase(o client.Object) string {
+	switch x := o.(type) {
+	case *appsv1alpha1.Application:
+		return string(x.Status.Phase)
+	case *appsv1alpha1.Component:
+		return string(x.Status.Phase)
+	}
+	return ""
+}
+
+// PhaseChanged passes updates that change status.phase (Phase). A
+// controller that skips a status write when the cached status already
+// equals what it computed passes its own phase changes through this: when
+// its previous write reaches the cache after the reconcile that compared
+// against the older status, the reconcile runs again and sees the truth
+// (otherwise a suspend quickly followed by a resume can leave a stale
+// Suspended phase behind).
+func PhaseChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld != nil && e.ObjectNew != nil && Phase(e.ObjectOld) != Phase(e.ObjectNew)
 		},
 	}
 }

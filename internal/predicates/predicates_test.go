@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 )
 
 func TestSpecOrLifecycleChanged(t *testing.T) {
@@ -30,5 +32,22 @@ func TestSpecOrLifecycleChanged(t *testing.T) {
 		if got := p.Update(event.UpdateEvent{ObjectOld: base, ObjectNew: n}); got != tc.want {
 			t.Errorf("%s: got %v, want %v", name, got, tc.want)
 		}
+	}
+}
+
+func TestPhaseChanged(t *testing.T) {
+	p := PhaseChanged()
+	old := &appsv1alpha1.Component{Status: appsv1alpha1.ComponentStatus{Phase: appsv1alpha1.ComponentReady}}
+	same, moved := old.DeepCopy(), old.DeepCopy()
+	same.Status.Conditions = []metav1.Condition{{Type: "x"}}
+	moved.Status.Phase = appsv1alpha1.ComponentSuspended
+	if p.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: same}) {
+		t.Error("a status change without a phase change passed")
+	}
+	if !p.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: moved}) {
+		t.Error("a phase change did not pass")
+	}
+	if p.Create(event.CreateEvent{Object: old}) {
+		t.Error("PhaseChanged passed a create")
 	}
 }
