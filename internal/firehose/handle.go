@@ -21,8 +21,8 @@ var errIdentity = errors.New("identity not resolved")
 
 // handle processes one event for the subscriptions joined to its
 // connection. It runs on the DID's worker.
-func (s *stream) handle(j job) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func (s *stream) handle(ctx context.Context, j job) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	switch ev := j.ev; {
 	case ev.RepoCommit != nil:
@@ -33,6 +33,9 @@ func (s *stream) handle(j job) {
 			return
 		}
 		if _, err := repo.VerifySyncMessage(ctx, s.hub.opts.Directory, ev.RepoSync); err != nil {
+			if ctx.Err() != nil {
+				return // stopping: the event is replayed
+			}
 			s.reject(subs, ev.RepoSync.Did, j.seq, err)
 			return
 		}
@@ -74,7 +77,9 @@ func (s *stream) handleCommit(ctx context.Context, seq int64, msg *comatproto.Sy
 		return false
 	})
 	if err != nil {
-		s.reject(subs, msg.Repo, seq, err)
+		if ctx.Err() == nil { // stopping: the event is replayed
+			s.reject(subs, msg.Repo, seq, err)
+		}
 		return
 	}
 	u.seq = seq

@@ -207,12 +207,12 @@ func TestSyncEventListsOnlyARepoThatMovedOn(t *testing.T) {
 		}}}
 	}
 	// A #sync at the applied commit (a PDS sends one for a new account).
-	s.handle(syncOf(first, 2))
+	s.handle(context.Background(), syncOf(first, 2))
 	if req, ok := s.resync.next(); ok {
 		t.Fatalf("a #sync at the applied rev queued %+v", req)
 	}
 	// A #sync at a commit the watch has not seen: list the repo.
-	s.handle(syncOf(alice.commit(testOp{"create", testCollection + "/a2", note("two")}), 3))
+	s.handle(context.Background(), syncOf(alice.commit(testOp{"create", testCollection + "/a2", note("two")}), 3))
 	if req, ok := s.resync.next(); !ok || req.reason != ResyncSync || req.did != alice.did {
 		t.Fatalf("queued %+v (%v), want a Sync listing of alice", req, ok)
 	}

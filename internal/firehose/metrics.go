@@ -1,10 +1,11 @@
 package firehose
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/knotless-dev/knotless/internal/promutil"
 )
 
 // Metrics of a Hub, labelled by source URL. A nil *Metrics records nothing.
@@ -37,29 +38,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Events = register(reg, m.Events, &err)
-	m.Lag = register(reg, m.Lag, &err)
-	m.Reconnects = register(reg, m.Reconnects, &err)
-	m.Resyncs = register(reg, m.Resyncs, &err)
-	m.Rejected = register(reg, m.Rejected, &err)
-	m.Subscriptions = register(reg, m.Subscriptions, &err)
-	m.Connected = register(reg, m.Connected, &err)
+	m.Events = promutil.Register(reg, m.Events, &err)
+	m.Lag = promutil.Register(reg, m.Lag, &err)
+	m.Reconnects = promutil.Register(reg, m.Reconnects, &err)
+	m.Resyncs = promutil.Register(reg, m.Resyncs, &err)
+	m.Rejected = promutil.Register(reg, m.Rejected, &err)
+	m.Subscriptions = promutil.Register(reg, m.Subscriptions, &err)
+	m.Connected = promutil.Register(reg, m.Connected, &err)
 	return m, err
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }
 
 func (m *Metrics) event(source string, t time.Time) {

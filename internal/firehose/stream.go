@@ -229,7 +229,7 @@ func (s *stream) connect(ctx context.Context) error {
 
 	idle := s.hub.opts.IdleTimeout
 	_ = con.SetReadDeadline(time.Now().Add(idle))
-	sched := newScheduler(s, gen, tracker, idle, con)
+	sched := newScheduler(connCtx, s, gen, tracker, idle, con)
 	err = events.HandleRepoStream(connCtx, con, sched, slog.New(logr.ToSlogHandler(s.log.V(1))))
 	if c := context.Cause(connCtx); errors.Is(c, errRewind) {
 		err = errRewind
@@ -285,7 +285,7 @@ type job struct {
 	subs []*Subscription
 }
 
-func newScheduler(s *stream, gen uint64, tracker *cursorTracker, idle time.Duration, con interface{ SetReadDeadline(time.Time) error }) *scheduler {
+func newScheduler(ctx context.Context, s *stream, gen uint64, tracker *cursorTracker, idle time.Duration, con interface{ SetReadDeadline(time.Time) error }) *scheduler {
 	sc := &scheduler{s: s, gen: gen, tracker: tracker, idle: idle, con: con}
 	for range s.hub.opts.Workers {
 		q := make(chan job, 64)
@@ -294,8 +294,15 @@ func newScheduler(s *stream, gen uint64, tracker *cursorTracker, idle time.Durat
 		go func() {
 			defer sc.wg.Done()
 			for j := range q {
-				s.handle(j)
-				tracker.Done(j.seq)
+				if ctx.Err() != nil {
+					// Stopping: not handled, so the cursor stays before it
+					// and the next connection replays it.
+					continue
+				}
+				s.handle(ctx, j)
+				if ctx.Err() == nil {
+					tracker.Done(j.seq)
+				}
 			}
 		}()
 	}

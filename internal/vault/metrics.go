@@ -1,9 +1,9 @@
 package vault
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/knotless-dev/knotless/internal/promutil"
 )
 
 // Read results, the values of the "result" label of reads_total.
@@ -49,30 +49,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	var err error
-	m.Logins = register(reg, m.Logins, &err)
-	m.LoginErrors = register(reg, m.LoginErrors, &err)
-	m.Renewals = register(reg, m.Renewals, &err)
-	m.RenewalErrors = register(reg, m.RenewalErrors, &err)
-	m.Reads = register(reg, m.Reads, &err)
+	m.Logins = promutil.Register(reg, m.Logins, &err)
+	m.LoginErrors = promutil.Register(reg, m.LoginErrors, &err)
+	m.Renewals = promutil.Register(reg, m.Renewals, &err)
+	m.RenewalErrors = promutil.Register(reg, m.RenewalErrors, &err)
+	m.Reads = promutil.Register(reg, m.Reads, &err)
 	if err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		if *errp == nil {
-			*errp = err
-		}
-	}
-	return c
 }
 
 func (m *Metrics) login(err error) {
