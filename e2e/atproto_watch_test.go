@@ -287,16 +287,25 @@ func TestAtprotoRecordWatch(t *testing.T) {
 	}
 }
 
+// followedRepo creates an account (handle <prefix><h>.test) and a workspace
+// (<prefix>-<ws>) with a Following watch "notes" on the account's
+// testCollection records.
+func followedRepo(ctx context.Context, t *testing.T, h, ws string) (*writer, client.Client) {
+	t.Helper()
+	wr := newWriter(ctx, t, env.prefix+h+".test")
+	c, _ := appWorkspace(ctx, t, env.prefix+"-"+ws)
+	create(ctx, t, c, recordWatch("notes", []string{wr.account.DID}, testCollection))
+	waitWatch(ctx, t, c, "notes", "Following", time.Minute, watchReason(atprotov1alpha1.ReasonFollowing))
+	return wr, c
+}
+
 // TestAtprotoRecordWatchSurvivesProviderKill: the provider is killed (-9)
 // while records are written; after the restart the watch holds exactly the
 // records written, and each operation was matched once.
 func TestAtprotoRecordWatchSurvivesProviderKill(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	wr := newWriter(ctx, t, env.prefix+"wk.test")
-	c, _ := appWorkspace(ctx, t, env.prefix+"-watchkill")
-	create(ctx, t, c, recordWatch("notes", []string{wr.account.DID}, testCollection))
-	waitWatch(ctx, t, c, "notes", "Following", time.Minute, watchReason(atprotov1alpha1.ReasonFollowing))
+	wr, c := followedRepo(ctx, t, "wk", "watchkill")
 
 	const n = 80
 	errs := make(chan error, 1)
@@ -353,10 +362,7 @@ func TestAtprotoRecordWatchSurvivesProviderKill(t *testing.T) {
 func TestAtprotoRecordWatchPDSRestart(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	wr := newWriter(ctx, t, env.prefix+"wp.test")
-	c, _ := appWorkspace(ctx, t, env.prefix+"-watchpds")
-	create(ctx, t, c, recordWatch("notes", []string{wr.account.DID}, testCollection))
-	waitWatch(ctx, t, c, "notes", "Following", time.Minute, watchReason(atprotov1alpha1.ReasonFollowing))
+	wr, c := followedRepo(ctx, t, "wp", "watchpds")
 	for i := range 5 {
 		if err := wr.put(ctx, testCollection, fmt.Sprintf("a%d", i), "before the stop"); err != nil {
 			t.Fatal(err)

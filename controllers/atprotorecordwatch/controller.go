@@ -175,8 +175,8 @@ func (r *Reconciler) ensure(k string, c client.Client, obj *atprotov1alpha1.Atpr
 	if obj.Status.ObservedGeneration == obj.Generation && obj.Status.Cursor > 0 {
 		initial = stateFromStatus(&obj.Status)
 	}
-	max := int(cmp.Or(obj.Spec.MaxRecords, DefaultMaxRecords))
-	sub, err := r.Hub.Subscribe(obj.Spec.Source.URL, firehose.Filter{Collections: obj.Spec.Collections, DIDs: obj.Spec.DIDs}, max, initial)
+	maxRecords := int(cmp.Or(obj.Spec.MaxRecords, DefaultMaxRecords))
+	sub, err := r.Hub.Subscribe(obj.Spec.Source.URL, firehose.Filter{Collections: obj.Spec.Collections, DIDs: obj.Spec.DIDs}, maxRecords, initial)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,8 @@ func (r *Reconciler) drop(k string) {
 // state one last time, so a restart replays as little as possible.
 func (r *Reconciler) Start(ctx context.Context) error {
 	<-ctx.Done()
-	flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// The manager's context is done; keep its values, not its cancellation.
+	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	r.mu.Lock()
 	watches := make([]*watch, 0, len(r.watches))

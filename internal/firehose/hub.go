@@ -142,7 +142,7 @@ func NormalizeSource(raw string) (string, error) {
 // Subscribe adds a subscription on source. initial is the state to resume
 // from (zero: start with a full listing); max bounds the records kept
 // (the ones changed longest ago are evicted first).
-func (h *Hub) Subscribe(source string, filter Filter, max int, initial State) (*Subscription, error) {
+func (h *Hub) Subscribe(source string, filter Filter, maxRecords int, initial State) (*Subscription, error) {
 	src, err := NormalizeSource(source)
 	if err != nil {
 		return nil, err
@@ -150,10 +150,10 @@ func (h *Hub) Subscribe(source string, filter Filter, max int, initial State) (*
 	if len(filter.Collections) == 0 {
 		return nil, errors.New("firehose: at least one collection is required")
 	}
-	if max <= 0 {
-		max = 100
+	if maxRecords <= 0 {
+		maxRecords = 100
 	}
-	sub := newSubscription(filter, max, initial)
+	sub := newSubscription(filter, maxRecords, initial)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := h.streams[src]

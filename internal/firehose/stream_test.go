@@ -201,13 +201,21 @@ func waitState(t *testing.T, sub *Subscription, what string, ok func(State, Heal
 	}
 }
 
-func TestStreamListsFollowsAndResumesFromItsCursor(t *testing.T) {
+// sourceAndHub starts a fake source for alice's repo holding one record
+// (rkey first) and a running hub whose directory knows alice.
+func sourceAndHub(t *testing.T, first string) (*testRepo, *fakeSource, *Hub, *Metrics) {
+	t.Helper()
 	r := newTestRepo(t, "did:plc:alice")
 	dir := identity.NewMockDirectory()
 	dir.Insert(r.identity(nil))
 	src := newFakeSource(t, r)
-	src.write(testOp{"create", testCollection + "/old", note("before the watch")})
+	src.write(testOp{"create", testCollection + "/" + first, note(first)})
 	h, m := startHub(t, dir)
+	return r, src, h, m
+}
+
+func TestStreamListsFollowsAndResumesFromItsCursor(t *testing.T) {
+	r, src, h, m := sourceAndHub(t, "old")
 
 	sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}}, 100, State{})
 	if err != nil {
@@ -263,12 +271,7 @@ func TestStreamListsFollowsAndResumesFromItsCursor(t *testing.T) {
 }
 
 func TestFutureCursorListsAgain(t *testing.T) {
-	r := newTestRepo(t, "did:plc:alice")
-	dir := identity.NewMockDirectory()
-	dir.Insert(r.identity(nil))
-	src := newFakeSource(t, r)
-	src.write(testOp{"create", testCollection + "/a", note("a")})
-	h, _ := startHub(t, dir)
+	_, src, h, _ := sourceAndHub(t, "a")
 	// A cursor the source never reached (it lost its data, or is another
 	// instance): the source answers FutureCursor.
 	stale := State{Cursor: 1000, Records: LoadRecords([]Record{{URI: "at://did:plc:alice/" + testCollection + "/gone", CID: "x"}})}

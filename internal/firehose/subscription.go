@@ -132,18 +132,18 @@ type Subscription struct {
 	order   int64
 }
 
-func newSubscription(filter Filter, max int, initial State) *Subscription {
+func newSubscription(filter Filter, maxRecords int, initial State) *Subscription {
 	if initial.Records == nil {
 		initial.Records = map[string]Record{}
 	}
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: max, state: initial, pending: map[string]bool{}}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
-		s.order = max64(s.order, r.order)
+		s.order = max(s.order, r.order)
 	}
 	s.full = initial.Cursor == 0
 	return s
@@ -158,13 +158,6 @@ func LoadRecords(newestFirst []Record) map[string]Record {
 		out[r.URI] = r
 	}
 	return out
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // Snapshot returns a copy of the state, with the cursor every applied
@@ -184,7 +177,7 @@ func (s *Subscription) Snapshot() (State, Health, uint64) {
 		st.Cursor = safe
 	}
 	if s.holding && st.Cursor > s.hold {
-		st.Cursor = max64(s.state.Cursor, s.hold)
+		st.Cursor = max(s.state.Cursor, s.hold)
 	}
 	health.Resyncing = s.full || len(s.pending) > 0
 	return st, health, s.version
