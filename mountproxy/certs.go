@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -35,9 +36,11 @@ func stat(path string) (stamp, error) {
 	return stamp{fi.ModTime(), fi.Size()}, nil
 }
 
-// reloader holds the current serving certificate and requestheader pool.
+// reloader holds a current key pair and CA pool read from three files:
+// the shim's serving certificate and requestheader CA, or a client's
+// certificate and its server's CA.
 type reloader struct {
-	files Files
+	files [3]string // certificate, key, CA
 	every time.Duration
 
 	mu      sync.Mutex
@@ -48,7 +51,7 @@ type reloader struct {
 }
 
 func newReloader(f Files, every time.Duration) (*reloader, error) {
-	r := &reloader{files: f, every: every}
+	r := &reloader{files: [3]string{f.ServingCert, f.ServingKey, f.RequestHeaderCA}, every: every}
 	if err := r.load(); err != nil {
 		return nil, err
 	}
@@ -57,24 +60,24 @@ func newReloader(f Files, every time.Duration) (*reloader, error) {
 
 func (r *reloader) load() error {
 	var st [3]stamp
-	for i, p := range []string{r.files.ServingCert, r.files.ServingKey, r.files.RequestHeaderCA} {
+	for i, p := range r.files {
 		s, err := stat(p)
 		if err != nil {
 			return err
 		}
 		st[i] = s
 	}
-	cert, err := tls.LoadX509KeyPair(r.files.ServingCert, r.files.ServingKey)
+	cert, err := tls.LoadX509KeyPair(r.files[0], r.files[1])
 	if err != nil {
-		return fmt.Errorf("serving certificate: %w", err)
+		return fmt.Errorf("certificate %s: %w", r.files[0], err)
 	}
-	pemCA, err := os.ReadFile(r.files.RequestHeaderCA)
+	pemCA, err := os.ReadFile(r.files[2])
 	if err != nil {
 		return err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pemCA) {
-		return errors.New("requestheader CA: no PEM certificate in " + r.files.RequestHeaderCA)
+		return errors.New("CA: no PEM certificate in " + r.files[2])
 	}
 	r.cert, r.pool, r.stamps = &cert, pool, st
 	return nil
@@ -89,7 +92,7 @@ func (r *reloader) current() (*tls.Certificate, *x509.CertPool) {
 	if time.Since(r.checked) >= r.every {
 		r.checked = time.Now()
 		changed := false
-		for i, p := range []string{r.files.ServingCert, r.files.ServingKey, r.files.RequestHeaderCA} {
+		for i, p := range r.files {
 			if s, err := stat(p); err == nil && s != r.stamps[i] {
 				changed = true
 			}
@@ -113,4 +116,48 @@ func (r *reloader) TLSConfig() *tls.Config {
 			return c, nil
 		},
 	}
+}
+
+// ClientTLS is a client certificate and the CA that verifies the server,
+// both reloaded when their files change (R08). The provider's probe uses
+// it to reach the shim.
+type ClientTLS struct {
+	r  *reloader
+	mu sync.Mutex
+	// tr is built for cert and pool; a reload builds a new one.
+	cert *tls.Certificate
+	pool *x509.CertPool
+	tr   *http.Transport
+}
+
+// NewClientTLS loads the files; it fails if they cannot be loaded.
+func NewClientTLS(certFile, keyFile, caFile string, every time.Duration) (*ClientTLS, error) {
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	r := &reloader{files: [3]string{certFile, keyFile, caFile}, every: every}
+	if err := r.load(); err != nil {
+		return nil, err
+	}
+	return &ClientTLS{r: r}, nil
+}
+
+// Transport returns a transport for the current material; the server is
+// verified against the current CA only.
+func (c *ClientTLS) Transport() *http.Transport {
+	cert, pool := c.r.current()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tr == nil || cert != c.cert || pool != c.pool {
+		if c.tr != nil {
+			c.tr.CloseIdleConnections()
+		}
+		c.cert, c.pool = cert, pool
+		c.tr = &http.Transport{
+			TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{*cert}},
+			TLSHandshakeTimeout: 10 * time.Second,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	return c.tr
 }

@@ -1,6 +1,7 @@
 package mountproxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -48,6 +51,20 @@ func (t Tenant) validate() error {
 
 type key struct{ lc, name string }
 
+// sameTarget reports whether two tenants have the same URL and
+// credential: a registration that changes only the CA (a rotation) keeps
+// in-flight requests running; a new URL or credential ends them.
+func (t Tenant) sameTarget(o Tenant) bool {
+	if t.URL.String() != o.URL.String() || t.Credential.Token != o.Credential.Token {
+		return false
+	}
+	a, b := t.Credential.ClientCert, o.Credential.ClientCert
+	if (a == nil) != (b == nil) {
+		return false
+	}
+	return a == nil || slices.EqualFunc(a.Certificate, b.Certificate, bytes.Equal) && reflect.DeepEqual(a.PrivateKey, b.PrivateKey)
+}
+
 // entry is a registered tenant with its transport; ctx ends when the
 // tenant is replaced or removed, which ends its in-flight requests
 // (watches, exec streams) at once.
@@ -62,16 +79,27 @@ type entry struct {
 type Registry struct {
 	mu      sync.RWMutex
 	tenants map[key]*entry
+	// revoked holds tenants removed by Revoke until they are set again,
+	// so a refusal names the revocation.
+	revoked map[key]bool
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{tenants: map[key]*entry{}} }
+func NewRegistry() *Registry { return &Registry{tenants: map[key]*entry{}, revoked: map[key]bool{}} }
 
-// Set adds or replaces a tenant. A replaced tenant's in-flight requests
-// end; new requests use the new URL, CA and credential.
+// Set adds or replaces a tenant; new requests use the new URL, CA and
+// credential. A new URL or credential ends the replaced tenant's in-flight
+// requests; a new CA alone does not. Setting a tenant exactly as it is
+// registered changes nothing.
 func (r *Registry) Set(t Tenant) error {
 	if err := t.validate(); err != nil {
 		return err
+	}
+	k := key{t.LogicalCluster, t.Name}
+	prev, hadPrev := r.lookup(t.LogicalCluster, t.Name)
+	keep := hadPrev && prev.tenant.sameTarget(t)
+	if keep && prev.tenant.CA.Equal(t.CA) {
+		return nil
 	}
 	tlsConfig := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.CA}
 	if c := t.Credential.ClientCert; c != nil {
@@ -90,23 +118,44 @@ func (r *Registry) Set(t Tenant) error {
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if keep {
+		// A new CA only: requests in flight on verified connections go on;
+		// new connections are verified against the new CA.
+		cancel()
+		ctx, cancel = prev.ctx, prev.cancel
+	}
 	r.mu.Lock()
-	old := r.tenants[key{t.LogicalCluster, t.Name}]
-	r.tenants[key{t.LogicalCluster, t.Name}] = &entry{tenant: t, transport: tr, ctx: ctx, cancel: cancel}
+	old := r.tenants[k]
+	r.tenants[k] = &entry{tenant: t, transport: tr, ctx: ctx, cancel: cancel}
+	delete(r.revoked, k)
 	r.mu.Unlock()
 	if old != nil {
-		old.cancel()
+		if !keep || old != prev {
+			old.cancel()
+		}
 		old.transport.CloseIdleConnections()
 	}
 	return nil
 }
 
-// Delete removes (revokes) a tenant: the shim refuses it from now on and
-// its in-flight requests end.
-func (r *Registry) Delete(logicalCluster, name string) {
+// Delete removes a tenant: the shim refuses it from now on (as an unknown
+// tenant) and its in-flight requests end.
+func (r *Registry) Delete(logicalCluster, name string) { r.remove(logicalCluster, name, false) }
+
+// Revoke removes a tenant like Delete; refusals name the revocation until
+// the tenant is set again.
+func (r *Registry) Revoke(logicalCluster, name string) { r.remove(logicalCluster, name, true) }
+
+func (r *Registry) remove(logicalCluster, name string, revoke bool) {
+	k := key{logicalCluster, name}
 	r.mu.Lock()
-	old := r.tenants[key{logicalCluster, name}]
-	delete(r.tenants, key{logicalCluster, name})
+	old := r.tenants[k]
+	delete(r.tenants, k)
+	if revoke {
+		r.revoked[k] = true
+	} else {
+		delete(r.revoked, k)
+	}
 	r.mu.Unlock()
 	if old != nil {
 		old.cancel()
@@ -115,10 +164,17 @@ func (r *Registry) Delete(logicalCluster, name string) {
 }
 
 func (r *Registry) lookup(logicalCluster, name string) (*entry, bool) {
+	e, ok, _ := r.find(logicalCluster, name)
+	return e, ok
+}
+
+// find also tells whether a missing tenant was revoked.
+func (r *Registry) find(logicalCluster, name string) (e *entry, ok, revoked bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	e, ok := r.tenants[key{logicalCluster, name}]
-	return e, ok
+	k := key{logicalCluster, name}
+	e, ok = r.tenants[k]
+	return e, ok, r.revoked[k]
 }
 
 // errUnknownTenant: no tenant under this path (never registered, deleted

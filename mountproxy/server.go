@@ -31,6 +31,42 @@ type Options struct {
 	// ReloadEvery is how often the TLS files are checked for changes
 	// (default 2s).
 	ReloadEvery time.Duration
+	// Headers name the identity headers (default X-Remote-User,
+	// X-Remote-Group, X-Remote-Extra-).
+	Headers Headers
+}
+
+// Headers are the names of the identity headers kcp-front-proxy sets
+// (its mapping's user_header, group_header and extra_header_prefix).
+//
+// kcp v0.28.1's front proxy sets the user header but appends groups and
+// extras to whatever the caller sent under the same names, so with the
+// standard names a caller can add groups and extras to their own identity.
+// Names that only the mapping file and the shim know close that: the shim
+// reads only those, and removes every X-Remote-* header and every header
+// under the configured names before forwarding.
+type Headers struct {
+	User, Group, ExtraPrefix string
+}
+
+func (h Headers) withDefaults() Headers {
+	if h.User == "" {
+		h.User = "X-Remote-User"
+	}
+	if h.Group == "" {
+		h.Group = "X-Remote-Group"
+	}
+	if h.ExtraPrefix == "" {
+		h.ExtraPrefix = "X-Remote-Extra-"
+	}
+	h.User, h.Group, h.ExtraPrefix = http.CanonicalHeaderKey(h.User), http.CanonicalHeaderKey(h.Group), http.CanonicalHeaderKey(h.ExtraPrefix)
+	return h
+}
+
+// identityHeader reports whether a canonical header name carries an
+// identity (standard or configured names).
+func (h Headers) identityHeader(c string) bool {
+	return strings.HasPrefix(c, "X-Remote-") || c == h.User || c == h.Group || strings.HasPrefix(c, h.ExtraPrefix)
 }
 
 // Server is the shim.
@@ -63,6 +99,7 @@ const (
 	ReasonNoIdentity          = "NoIdentity"
 	ReasonUnknownPath         = "UnknownPath"
 	ReasonUnknownTenant       = "UnknownTenant"
+	ReasonRevoked             = "Revoked"
 	ReasonTenantUnreachable   = "TenantUnreachable"
 	ReasonTenantCertificate   = "TenantCertificateInvalid"
 	ReasonTenantError         = "TenantError"
@@ -87,6 +124,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mountproxy: %w", err)
 	}
+	o.Headers = o.Headers.withDefaults()
 	return &Server{opts: o, certs: certs, prefix: prefix}, nil
 }
 
@@ -145,12 +183,13 @@ func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) 
 	if len(s.opts.AllowedNames) > 0 && !slices.Contains(s.opts.AllowedNames, leaf.Subject.CommonName) {
 		return nil, http.StatusForbidden, ReasonNameNotAllowed, fmt.Sprintf("client certificate %q may not assert identities", leaf.Subject.CommonName)
 	}
-	id := &identity{user: r.Header.Get("X-Remote-User"), groups: r.Header.Values("X-Remote-Group"), extra: map[string][]string{}}
-	if id.user == "" {
-		return nil, http.StatusUnauthorized, ReasonNoIdentity, "no X-Remote-User header"
+	hn := s.opts.Headers
+	id := &identity{user: r.Header.Get(hn.User), groups: r.Header.Values(hn.Group), extra: map[string][]string{}}
+	if users := r.Header.Values(hn.User); len(users) != 1 || id.user == "" {
+		return nil, http.StatusUnauthorized, ReasonNoIdentity, "want exactly one " + hn.User + " header"
 	}
 	for name, values := range r.Header {
-		if k, ok := strings.CutPrefix(http.CanonicalHeaderKey(name), "X-Remote-Extra-"); ok {
+		if k, ok := strings.CutPrefix(http.CanonicalHeaderKey(name), hn.ExtraPrefix); ok {
 			if dec, err := url.PathUnescape(k); err == nil {
 				k = dec
 			}
@@ -172,7 +211,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a tenant: want "+s.prefix+"<logical cluster>/<name>/...")
 		return
 	}
-	e, ok := s.opts.Registry.lookup(lc, name)
+	e, ok, revoked := s.opts.Registry.find(lc, name)
+	if revoked {
+		refuse(w, http.StatusForbidden, ReasonRevoked, fmt.Sprintf("tenant %s in workspace %s is revoked", name, lc))
+		return
+	}
 	if !ok {
 		refuse(w, http.StatusNotFound, ReasonUnknownTenant, fmt.Sprintf("no tenant %s in workspace %s (not registered, deleted or revoked)", name, lc))
 		return
@@ -192,7 +235,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			target.RawQuery = pr.In.URL.RawQuery
 			pr.Out.URL = &target
 			pr.Out.Host = ""
-			rewriteHeaders(pr.Out.Header, id, e.tenant.Credential)
+			rewriteHeaders(pr.Out.Header, s.opts.Headers, id, e.tenant.Credential)
 		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			reason, code := ClassifyForwardError(err)
@@ -204,10 +247,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // rewriteHeaders removes every credential and identity header the caller
 // sent and sets the tenant credential and the impersonation headers.
-func rewriteHeaders(h http.Header, id *identity, cred Credential) {
+func rewriteHeaders(h http.Header, names Headers, id *identity, cred Credential) {
 	for name := range h {
 		c := http.CanonicalHeaderKey(name)
-		if c == "Authorization" || c == "Proxy-Authorization" || strings.HasPrefix(c, "Impersonate-") || strings.HasPrefix(c, "X-Remote-") {
+		if c == "Authorization" || c == "Proxy-Authorization" || strings.HasPrefix(c, "Impersonate-") || names.identityHeader(c) {
 			delete(h, name)
 		}
 	}

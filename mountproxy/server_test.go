@@ -129,6 +129,12 @@ func pool(ca *framework.CA) *x509.CertPool {
 
 func newFixture(t *testing.T, handler http.HandlerFunc) *fixture {
 	t.Helper()
+	return newFixtureWith(t, handler, func(*Options) {})
+}
+
+// newFixtureWith lets the test change the shim's options.
+func newFixtureWith(t *testing.T, handler http.HandlerFunc, change func(*Options)) *fixture {
+	t.Helper()
 	f := &fixture{t: t, dir: t.TempDir(), servingC: newCA(t, "serving"), headerCA: newCA(t, "requestheader"), tenantCA: newCA(t, "tenant")}
 	f.writeServing(f.servingC)
 	writeFile(t, filepath.Join(f.dir, "requestheader-ca.crt"), f.headerCA.PEM)
@@ -138,12 +144,14 @@ func newFixture(t *testing.T, handler http.HandlerFunc) *fixture {
 	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{
+	opts := Options{
 		Files:        Files{ServingCert: filepath.Join(f.dir, "serving.crt"), ServingKey: filepath.Join(f.dir, "serving.key"), RequestHeaderCA: filepath.Join(f.dir, "requestheader-ca.crt")},
 		AllowedNames: []string{"kcp-front-proxy"},
 		Registry:     f.registry,
 		ReloadEvery:  10 * time.Millisecond,
-	})
+	}
+	change(&opts)
+	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
