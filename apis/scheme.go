@@ -8,6 +8,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 )
 
 // AddToScheme registers every knotless group. A group added under apis/
@@ -16,6 +17,7 @@ func AddToScheme(s *runtime.Scheme) error {
 	for _, add := range []func(*runtime.Scheme) error{
 		appsv1alpha1.AddToScheme,
 		atprotov1alpha1.AddToScheme,
+		computev1alpha1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			return err

@@ -9,9 +9,11 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,11 +21,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	kcpclientset "github.com/kcp-dev/sdk/client/clientset/versioned/cluster"
 	"github.com/prometheus/client_golang/prometheus"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -37,6 +38,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/controllers/component"
+	"github.com/knotless-dev/knotless/controllers/tenantcluster"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
@@ -44,6 +46,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/vault"
+	"github.com/knotless-dev/knotless/mountproxy"
 	"github.com/knotless-dev/knotless/workspacetypes"
 )
 
@@ -62,6 +65,15 @@ type options struct {
 	plcURL          string
 	watchFlush      time.Duration
 	vault           vault.Config
+	mount           mountOptions
+}
+
+// mountOptions configure the TenantCluster controller's view of the shim.
+type mountOptions struct {
+	mountURL, shimURL         string
+	caFile, certFile, keyFile string
+	userHeader, groupHeader   string
+	probeInterval             time.Duration
 }
 
 func main() {
@@ -80,6 +92,14 @@ func main() {
 	fs.DurationVar(&o.atprotoResync, "atproto-resync", 2*time.Minute, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
 	fs.StringVar(&o.plcURL, "plc-url", "https://plc.directory", "PLC directory that resolves did:plc identities (signing keys and PDS endpoints) for firehose verification")
 	fs.DurationVar(&o.watchFlush, "watch-flush-interval", 2*time.Second, "how often an AtprotoRecordWatch's changed records and cursor are written to its status")
+	fs.StringVar(&o.mount.shimURL, "mountproxy-url", "", "address of knotless-mountproxy (https://host:port) that TenantClusters are probed through; empty reports them MountProxyUnavailable")
+	fs.StringVar(&o.mount.mountURL, "mount-url", "", "base of TenantCluster status.URL: where kcp's clients reach the shim's /tenants/ path (kcp-front-proxy's mapping for it); default: the kubeconfig's server")
+	fs.StringVar(&o.mount.caFile, "mountproxy-ca-file", "", "CA bundle that verifies knotless-mountproxy's serving certificate (reloaded on change)")
+	fs.StringVar(&o.mount.certFile, "mountproxy-client-cert-file", "", "client certificate of the probe, issued by the shim's requestheader CA (reloaded on change)")
+	fs.StringVar(&o.mount.keyFile, "mountproxy-client-key-file", "", "key of --mountproxy-client-cert-file")
+	fs.StringVar(&o.mount.userHeader, "mountproxy-user-header", "X-Remote-User", "the shim's user header (its --requestheader-username-headers)")
+	fs.StringVar(&o.mount.groupHeader, "mountproxy-group-header", "X-Remote-Group", "the shim's group header (its --requestheader-group-headers)")
+	fs.DurationVar(&o.mount.probeInterval, "tenant-probe-interval", 30*time.Second, "how often a TenantCluster's tenant is probed through the shim")
 	vault.BindFlags(fs, &o.vault)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
@@ -111,11 +131,17 @@ func run(ctx context.Context, o options) error {
 	if _, err := firehose.NormalizeSource(o.plcURL); err != nil {
 		return fmt.Errorf("--plc-url: %w", err)
 	}
-	cfg, err := loadConfig(o.kubeconfig, o.kubecontext)
+	prober, err := newProber(o.mount)
 	if err != nil {
 		return err
 	}
-	if err := waitForKCP(ctx, cfg, o.connectTimeout); err != nil {
+	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
+	if err != nil {
+		return err
+	}
+	// Per workspace: every engaged workspace gets its own client.
+	cfg.QPS, cfg.Burst = 200, 400
+	if err := bootstrap.WaitForKCP(ctx, cfg, o.connectTimeout); err != nil {
 		return err
 	}
 	version := "devel"
@@ -186,6 +212,27 @@ func run(ctx context.Context, o options) error {
 	if err := atprotorecordwatch.SetupWithManager(mgr, &atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.watchFlush}); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
+	// The cluster-aware client adds /clusters/<workspace> to the server's
+	// base URL.
+	base, err := bootstrap.BaseURL(cfg.Host)
+	if err != nil {
+		return err
+	}
+	baseCfg := rest.CopyConfig(cfg)
+	baseCfg.Host = base
+	kcp, err := kcpclientset.NewForConfig(baseCfg)
+	if err != nil {
+		return err
+	}
+	mountURL := o.mount.mountURL
+	if mountURL == "" {
+		mountURL = base
+	}
+	if err := tenantcluster.SetupWithManager(ctx, mgr, &tenantcluster.Reconciler{
+		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.mount.probeInterval,
+	}); err != nil {
+		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
+	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
 		return err
 	}
@@ -203,6 +250,32 @@ func run(ctx context.Context, o options) error {
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// newProber returns the TenantCluster probe's client of the shim, or nil
+// when no shim is configured.
+func newProber(o mountOptions) (*tenantcluster.Prober, error) {
+	if o.probeInterval <= 0 {
+		return nil, errors.New("--tenant-probe-interval must be positive")
+	}
+	if o.shimURL == "" {
+		if o.caFile != "" || o.certFile != "" || o.keyFile != "" {
+			return nil, errors.New("--mountproxy-ca-file and --mountproxy-client-cert-file/-key-file need --mountproxy-url")
+		}
+		return nil, nil
+	}
+	u, err := url.Parse(o.shimURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("--mountproxy-url %q must be https://host:port", o.shimURL)
+	}
+	if o.caFile == "" || o.certFile == "" || o.keyFile == "" {
+		return nil, errors.New("--mountproxy-url needs --mountproxy-ca-file, --mountproxy-client-cert-file and --mountproxy-client-key-file")
+	}
+	tlsFiles, err := mountproxy.NewClientTLS(o.certFile, o.keyFile, o.caFile, 0)
+	if err != nil {
+		return nil, fmt.Errorf("mount proxy client TLS: %w", err)
+	}
+	return &tenantcluster.Prober{ShimURL: "https://" + u.Host, TLS: tlsFiles, UserHeader: o.userHeader, GroupHeader: o.groupHeader}, nil
 }
 
 // newHub returns the firehose hub shared by every AtprotoRecordWatch. DIDs
@@ -239,53 +312,6 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 	}
 	logger.Info("Vault connection configured", "address", cfg.Address, "prefix", vc.Prefix())
 	return vc, nil
-}
-
-// loadConfig reads a kubeconfig and names the file in its error.
-func loadConfig(path, context string) (*rest.Config, error) {
-	if path == "" {
-		return nil, errors.New("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
-	}
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	raw, err := clientcmd.LoadFromFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s is malformed: %w", path, err)
-	}
-	cc := clientcmd.NewDefaultClientConfig(*raw, &clientcmd.ConfigOverrides{CurrentContext: context})
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	// Per workspace: every engaged workspace gets its own client.
-	cfg.QPS, cfg.Burst = 200, 400
-	return cfg, nil
-}
-
-// waitForKCP asks kcp for its version until it answers or timeout passes.
-func waitForKCP(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
-	c := rest.CopyConfig(cfg)
-	c.Timeout = 5 * time.Second
-	dc, err := discovery.NewDiscoveryClientForConfig(c)
-	if err != nil {
-		return fmt.Errorf("kcp client for %s: %w", cfg.Host, err)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		_, err := dc.ServerVersion()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kcp at %s is unreachable after %s: %v", cfg.Host, timeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
 }
 
 // registerMetrics adds the engaged-workspace gauge and the provider

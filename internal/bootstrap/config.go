@@ -1,12 +1,18 @@
 package bootstrap
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/kcp-dev/logicalcluster/v3"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // ForWorkspace returns a copy of cfg that talks to the workspace at path.
@@ -36,4 +42,49 @@ func BaseURL(host string) (string, error) {
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	return u.String(), nil
+}
+
+// LoadConfig reads a kubeconfig and names the file in its error.
+func LoadConfig(path, context string) (*rest.Config, error) {
+	if path == "" {
+		return nil, errors.New("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	raw, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s is malformed: %w", path, err)
+	}
+	cc := clientcmd.NewDefaultClientConfig(*raw, &clientcmd.ConfigOverrides{CurrentContext: context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// WaitForKCP asks kcp for its version until it answers or timeout passes.
+func WaitForKCP(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	c := rest.CopyConfig(cfg)
+	c.Timeout = 5 * time.Second
+	dc, err := discovery.NewDiscoveryClientForConfig(c)
+	if err != nil {
+		return fmt.Errorf("kcp client for %s: %w", cfg.Host, err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := dc.ServerVersion()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kcp at %s is unreachable after %s: %v", cfg.Host, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }

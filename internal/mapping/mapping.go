@@ -19,10 +19,24 @@ import (
 // ByIndex enqueues the objects of newList's kind, in the changed object's
 // workspace and namespace, whose field index has the value key(changed).
 func ByIndex(newList func() client.ObjectList, index string, key func(client.Object) string) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return byIndex(newList, index, key, true)
+}
+
+// ByClusterIndex is ByIndex for cluster-scoped referrers: every object of
+// newList's kind in the workspace whose index has the value key(changed).
+func ByClusterIndex(newList func() client.ObjectList, index string, key func(client.Object) string) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return byIndex(newList, index, key, false)
+}
+
+func byIndex(newList func() client.ObjectList, index string, key func(client.Object) string, sameNamespace bool) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
 	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
 		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
 			list := newList()
-			if err := cl.GetCache().List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{index: key(o)}); err != nil {
+			opts := []client.ListOption{client.MatchingFields{index: key(o)}}
+			if sameNamespace {
+				opts = append(opts, client.InNamespace(o.GetNamespace()))
+			}
+			if err := cl.GetCache().List(ctx, list, opts...); err != nil {
 				log.FromContext(ctx).Error(err, "listing referrers", "index", index, "object", o.GetName())
 				return nil
 			}

@@ -1,0 +1,150 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Phases of a TenantCluster: the values kcp's workspace mounts read from
+// status.phase (only Ready makes the mounted workspace routable).
+const (
+	// PhaseInitializing: the spec or a referenced object is not usable yet.
+	PhaseInitializing = "Initializing"
+	// PhaseConnecting: the references resolve; the tenant has not answered
+	// a probe through the mount proxy yet.
+	PhaseConnecting = "Connecting"
+	// PhaseReady: the last probe through the mount proxy succeeded.
+	PhaseReady = "Ready"
+	// PhaseUnknown: the last probe failed, or the mount proxy could not be
+	// asked.
+	PhaseUnknown = "Unknown"
+)
+
+// Condition types and reasons of TenantCluster.
+const (
+	// ConditionReady: the tenant answered the last probe through the mount
+	// proxy.
+	ConditionReady = "Ready"
+	// ConditionMounted: the child workspace that mounts this TenantCluster
+	// exists.
+	ConditionMounted = "Mounted"
+
+	ReasonReady                    = "Ready"
+	ReasonMounted                  = "Mounted"
+	ReasonInvalidSpec              = "InvalidSpec"
+	ReasonCredentialNotFound       = "CredentialNotFound"
+	ReasonCABundleNotFound         = "CABundleNotFound"
+	ReasonRevoked                  = "Revoked"
+	ReasonRegistering              = "Registering"
+	ReasonTenantUnreachable        = "TenantUnreachable"
+	ReasonTenantCertificateInvalid = "TenantCertificateInvalid"
+	ReasonCredentialRejected       = "CredentialRejected"
+	ReasonTenantError              = "TenantError"
+	ReasonMountProxyUnavailable    = "MountProxyUnavailable"
+	ReasonConflict                 = "Conflict"
+)
+
+// KeyRef names one key of a ConfigMap or Secret in a namespace of the
+// TenantCluster's own workspace (a workspace can only use its own objects).
+type KeyRef struct {
+	// Kind is ConfigMap or Secret.
+	// +kubebuilder:validation:Enum=ConfigMap;Secret
+	Kind string `json:"kind"`
+	// Namespace of the object.
+	// +kubebuilder:validation:MinLength=1
+	Namespace string `json:"namespace"`
+	// Name of the object.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// Key in the object's data.
+	// +kubebuilder:validation:MinLength=1
+	Key string `json:"key"`
+}
+
+// SecretRef names a Secret in a namespace of the TenantCluster's workspace.
+type SecretRef struct {
+	// +kubebuilder:validation:MinLength=1
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+}
+
+// TenantCredential is what the mount proxy authenticates with on the
+// tenant apiserver. The Secret holds either a client certificate
+// (tls.crt and tls.key, as a kubernetes.io/tls Secret) or a bearer token
+// (token). The credential must be allowed to impersonate: the proxy
+// forwards every request as the kcp user who made it.
+type TenantCredential struct {
+	SecretRef SecretRef `json:"secretRef"`
+}
+
+// TenantClusterSpec is written only by the user (or the market
+// controllers).
+type TenantClusterSpec struct {
+	// URL of the tenant apiserver, https only.
+	// +kubebuilder:validation:Pattern=`^https://[^/?#]+(/[^?#]*)?$`
+	URL string `json:"url"`
+	// CABundle is the PEM bundle that verifies the tenant's serving
+	// certificate; nothing else does (the system roots are not used).
+	CABundle KeyRef `json:"caBundle"`
+	// Credential the mount proxy uses on the tenant.
+	Credential TenantCredential `json:"credential"`
+	// Workspace is the name of the child workspace that mounts this
+	// tenant; it defaults to the TenantCluster's name.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	Workspace string `json:"workspace,omitempty"`
+}
+
+// TenantClusterStatus is written only by the tenantcluster controller.
+type TenantClusterStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Phase is Initializing, Connecting, Ready or Unknown; kcp makes the
+	// mounted workspace routable only while it is Ready.
+	// +optional
+	// +kubebuilder:validation:Enum=Initializing;Connecting;Ready;Unknown
+	Phase string `json:"phase,omitempty"`
+	// URL is where kcp sends the mounted workspace's requests: the mount
+	// proxy's path for this tenant, /tenants/<logical cluster>/<name>.
+	// +optional
+	URL string `json:"URL,omitempty"`
+	// TenantVersion is the tenant's gitVersion, from the last successful
+	// probe.
+	// +optional
+	TenantVersion string `json:"tenantVersion,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// TenantCluster is a tenant apiserver mounted into kcp: knotless probes it
+// through the mount proxy and creates a child workspace whose spec.mount
+// refers to it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=tenantclusters,scope=Cluster,categories=knotless
+// +kubebuilder:metadata:annotations="experimental.tenancy.kcp.io/is-mount=true"
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.URL`,priority=1
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.tenantVersion`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type TenantCluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   TenantClusterSpec   `json:"spec"`
+	Status TenantClusterStatus `json:"status,omitempty"`
+}
+
+// TenantClusterList is a list of TenantClusters.
+//
+// +kubebuilder:object:root=true
+type TenantClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []TenantCluster `json:"items"`
+}

@@ -1,0 +1,158 @@
+// Command knotless-mountproxy is the shim between kcp and tenant
+// apiservers (rule R16): it serves the mount paths kcp-front-proxy forwards
+// mounted workspaces' requests to, and keeps its tenants equal to the
+// TenantClusters it reads through the provider's compute APIExport.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kcp-dev/logicalcluster/v3"
+	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+
+	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/controllers/mountregistry"
+	"github.com/knotless-dev/knotless/internal/bootstrap"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/mountproxy"
+)
+
+type options struct {
+	kubeconfig, kubecontext, workspace string
+	bindAddress                        string
+	files                              mountproxy.Files
+	allowedNames                       string
+	headers                            mountproxy.Headers
+	pathPrefix                         string
+	metricsAddr, probeAddr             string
+	connectTimeout, shutdownTimeout    time.Duration
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("knotless-mountproxy", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of kcp (an admin of the provider workspace)")
+	fs.StringVar(&o.kubecontext, "context", "", "kubeconfig context (default: the current one)")
+	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace that holds the compute.knotless.dev APIExport")
+	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1:9443", "address the shim serves HTTPS on")
+	fs.StringVar(&o.files.ServingCert, "tls-cert-file", "", "serving certificate, issued by the CA kcp-front-proxy's mapping names as backend_server_ca (reloaded on change)")
+	fs.StringVar(&o.files.ServingKey, "tls-private-key-file", "", "key of --tls-cert-file")
+	fs.StringVar(&o.files.RequestHeaderCA, "requestheader-client-ca-file", "", "CA that issued kcp-front-proxy's proxy client certificate and the provider's probe certificate (reloaded on change)")
+	fs.StringVar(&o.allowedNames, "requestheader-allowed-names", "kcp-front-proxy,knotless-probe", "comma-separated common names of client certificates that may assert X-Remote-* identities (empty: any the CA issued)")
+	fs.StringVar(&o.headers.User, "requestheader-username-headers", "X-Remote-User", "header with the caller's user name (kcp-front-proxy's mapping user_header); see docs/mountproxy.md on choosing names callers cannot guess")
+	fs.StringVar(&o.headers.Group, "requestheader-group-headers", "X-Remote-Group", "header with the caller's groups (the mapping's group_header)")
+	fs.StringVar(&o.headers.ExtraPrefix, "requestheader-extra-headers-prefix", "X-Remote-Extra-", "prefix of headers with the caller's extra attributes (the mapping's extra_header_prefix)")
+	fs.StringVar(&o.pathPrefix, "path-prefix", "/tenants/", "path prefix of tenant routes: <prefix><logical cluster>/<name>/...")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:8090", "address of the metrics endpoint (0 disables it)")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "127.0.0.1:8091", "address of /healthz and /readyz (0 disables them)")
+	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "knotless-mountproxy: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	logger := ctrl.Log.WithName("knotless-mountproxy")
+	ws := logicalcluster.NewPath(o.workspace)
+	if !ws.IsValid() {
+		return fmt.Errorf("--workspace %q is not a valid workspace path", o.workspace)
+	}
+	if o.files.ServingCert == "" || o.files.ServingKey == "" || o.files.RequestHeaderCA == "" {
+		return errors.New("--tls-cert-file, --tls-private-key-file and --requestheader-client-ca-file are required")
+	}
+	var names []string
+	for _, n := range strings.Split(o.allowedNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	registry := mountproxy.NewRegistry()
+	shim, err := mountproxy.New(mountproxy.Options{Files: o.files, AllowedNames: names, PathPrefix: o.pathPrefix, Registry: registry, Headers: o.headers})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.bindAddress)
+	if err != nil {
+		return fmt.Errorf("--bind-address: %w", err)
+	}
+	defer ln.Close()
+
+	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
+	if err != nil {
+		return err
+	}
+	if err := bootstrap.WaitForKCP(ctx, cfg, o.connectTimeout); err != nil {
+		return err
+	}
+	wsCfg, err := bootstrap.ForWorkspace(cfg, ws)
+	if err != nil {
+		return err
+	}
+	scheme := apis.NewScheme()
+	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
+	provider, err := engage.New(wsCfg, []string{mountregistry.Export}, engage.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	mgr, err := mcmanager.New(wsCfg, provider, manager.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		GracefulShutdownTimeout: &o.shutdownTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := mountregistry.SetupWithManager(ctx, mgr, &mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry}); err != nil {
+		return fmt.Errorf("setting up the registry controller: %w", err)
+	}
+	// The shim's listener is a runnable of the manager: it starts and is
+	// joined with it (R10).
+	if err := mgr.GetLocalManager().Add(manager.RunnableFunc(func(ctx context.Context) error {
+		logger.Info("serving", "address", ln.Addr().String(), "prefix", o.pathPrefix, "allowedNames", names)
+		return shim.Serve(ctx, ln)
+	})); err != nil {
+		return err
+	}
+	if o.probeAddr != "0" {
+		ok := func(*http.Request) error { return nil }
+		if err := mgr.GetLocalManager().AddHealthzCheck("ping", ok); err != nil {
+			return err
+		}
+		if err := mgr.GetLocalManager().AddReadyzCheck("ping", ok); err != nil {
+			return err
+		}
+	}
+	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", mountregistry.Export)
+	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}

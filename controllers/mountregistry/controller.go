@@ -1,0 +1,106 @@
+// Package mountregistry keeps the mount proxy's registry equal to the
+// TenantClusters of every workspace bound to the compute export: a usable
+// TenantCluster is registered with its URL, CA and credential; one that is
+// deleted, being deleted, or whose references no longer resolve is revoked
+// at once, which refuses new requests and ends in-flight ones. It runs in
+// knotless-mountproxy and writes nothing to kcp.
+package mountregistry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/mapping"
+	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/mountproxy"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "mountregistry"
+	// Export serves TenantCluster.
+	Export = "compute.knotless.dev"
+)
+
+// Reconciler registers TenantClusters with the shim's registry.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Registry   *mountproxy.Registry
+}
+
+// SetupWithManager registers the controller and its reference index.
+func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.TenantCluster{}, tenant.Index, tenant.Refs); err != nil {
+		return err
+	}
+	referrers := func(kind string) func(client.Object) string {
+		return func(o client.Object) string { return tenant.RefKey(kind, o.GetNamespace(), o.GetName()) }
+	}
+	list := func() client.ObjectList { return &computev1alpha1.TenantClusterList{} }
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&computev1alpha1.TenantCluster{}, engage.ForExport(Export)).
+		Watches(&corev1.Secret{}, mapping.ByClusterIndex(list, tenant.Index, referrers("Secret")), engage.ForExport(Export)).
+		Watches(&corev1.ConfigMap{}, mapping.ByClusterIndex(list, tenant.Index, referrers("ConfigMap")), engage.ForExport(Export)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout: time.Minute,
+		}).
+		Complete(r)
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	tc := &computev1alpha1.TenantCluster{}
+	if err := cl.GetClient().Get(ctx, req.NamespacedName, tc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Registry.Revoke(lc, req.Name)
+			log.FromContext(ctx).Info("tenant revoked: TenantCluster deleted", "workspace", lc, "name", req.Name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if !tc.DeletionTimestamp.IsZero() {
+		r.Registry.Revoke(lc, tc.Name)
+		return reconcile.Result{}, nil
+	}
+	t, err := tenant.Resolve(ctx, cl.GetClient(), lc, tc)
+	var te *tenant.Error
+	switch {
+	case errors.As(err, &te):
+		// Not retried: a change of the TenantCluster or of what it
+		// references triggers the next reconcile.
+		r.Registry.Revoke(lc, tc.Name)
+		log.FromContext(ctx).Info("tenant revoked", "workspace", lc, "name", tc.Name, "reason", te.Reason, "message", te.Message)
+		return reconcile.Result{}, nil
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	if err := r.Registry.Set(t); err != nil {
+		r.Registry.Revoke(lc, tc.Name)
+		log.FromContext(ctx).Info("tenant revoked", "workspace", lc, "name", tc.Name, "error", err.Error())
+	}
+	return reconcile.Result{}, nil
+}

@@ -1,0 +1,116 @@
+package tenantcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/version"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/mountproxy"
+)
+
+// ProbeUser is the identity the probe asserts to the shim, and so the user
+// the shim impersonates on the tenant for the probe.
+const ProbeUser = "system:knotless:mount-probe"
+
+// Prober asks a tenant for its version through the shim, exactly as kcp's
+// requests go: the shim's requestheader authentication, its registry
+// lookup, the tenant's TLS and credential, impersonation.
+type Prober struct {
+	// ShimURL is the shim's own address (https://host:port), reached with
+	// TLS's client certificate, which the shim's requestheader CA issued.
+	ShimURL string
+	TLS     *mountproxy.ClientTLS
+	// PathPrefix of the shim (default /tenants/).
+	PathPrefix string
+	// UserHeader and GroupHeader are the shim's identity header names
+	// (default X-Remote-User, X-Remote-Group).
+	UserHeader, GroupHeader string
+	Timeout                 time.Duration
+}
+
+// Result is what a probe found: a phase-independent reason, its message,
+// and the tenant's version on success.
+type Result struct {
+	Reason, Message, Version string
+}
+
+// Probe requests <shim>/<prefix>/<lc>/<name>/version. The reason comes
+// from the shim's reason header when the shim answered itself (it names
+// the forwarding error's type), or from the tenant's own Status answer;
+// an HTTP status alone never decides it (R16).
+func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
+	prefix := p.PathPrefix
+	if prefix == "" {
+		prefix = "/tenants/"
+	}
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.ShimURL+prefix+lc+"/"+name+"/version", nil)
+	if err != nil {
+		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: err.Error()}
+	}
+	userHeader, groupHeader := p.UserHeader, p.GroupHeader
+	if userHeader == "" {
+		userHeader = "X-Remote-User"
+	}
+	if groupHeader == "" {
+		groupHeader = "X-Remote-Group"
+	}
+	req.Header.Set(userHeader, ProbeUser)
+	req.Header.Set(groupHeader, "system:authenticated")
+	resp, err := (&http.Client{Transport: p.TLS.Transport()}).Do(req)
+	if err != nil {
+		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the mount proxy did not answer the probe: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return classify(resp.Header.Get(mountproxy.ReasonHeader), resp.StatusCode, body)
+}
+
+// classify turns the shim's reason header, or the tenant's answer, into a
+// TenantCluster reason.
+func classify(shimReason string, code int, body []byte) Result {
+	var st metav1.Status
+	_ = json.Unmarshal(body, &st)
+	switch shimReason {
+	case "":
+		// The tenant answered.
+	case mountproxy.ReasonTenantUnreachable:
+		return Result{Reason: computev1alpha1.ReasonTenantUnreachable, Message: st.Message}
+	case mountproxy.ReasonTenantCertificate:
+		return Result{Reason: computev1alpha1.ReasonTenantCertificateInvalid, Message: st.Message}
+	case mountproxy.ReasonUnknownTenant:
+		return Result{Reason: computev1alpha1.ReasonRegistering, Message: "the mount proxy has not registered the tenant yet"}
+	case mountproxy.ReasonRevoked:
+		return Result{Reason: computev1alpha1.ReasonRevoked, Message: "the mount proxy refuses the tenant: it is revoked there"}
+	case mountproxy.ReasonTenantError:
+		return Result{Reason: computev1alpha1.ReasonTenantError, Message: st.Message}
+	default:
+		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: fmt.Sprintf("the mount proxy refused the probe (%s): %s", shimReason, st.Message)}
+	}
+	if code == http.StatusOK {
+		var v version.Info
+		if err := json.Unmarshal(body, &v); err != nil || v.GitVersion == "" {
+			return Result{Reason: computev1alpha1.ReasonTenantError, Message: "the tenant's /version answer is not a version"}
+		}
+		return Result{Reason: computev1alpha1.ReasonReady, Message: "the tenant answered through the mount proxy", Version: v.GitVersion}
+	}
+	switch st.Reason {
+	case metav1.StatusReasonUnauthorized:
+		return Result{Reason: computev1alpha1.ReasonCredentialRejected, Message: "the tenant rejected the credential: " + st.Message}
+	case metav1.StatusReasonForbidden:
+		return Result{Reason: computev1alpha1.ReasonCredentialRejected, Message: "the credential may not impersonate the probe user on the tenant: " + st.Message}
+	}
+	return Result{Reason: computev1alpha1.ReasonTenantError, Message: fmt.Sprintf("the tenant answered %d to /version: %s", code, st.Message)}
+}

@@ -1,0 +1,52 @@
+package tenantcluster
+
+import (
+	"testing"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/mountproxy"
+)
+
+func TestClassify(t *testing.T) {
+	status := func(reason string) []byte {
+		return []byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"` + reason + `","message":"m"}`)
+	}
+	for _, tt := range []struct {
+		name       string
+		shimReason string
+		code       int
+		body       []byte
+		want       string
+	}{
+		{"tenant answered its version", "", 200, []byte(`{"gitVersion":"v1.32.0"}`), computev1alpha1.ReasonReady},
+		{"200 that is not a version", "", 200, []byte(`<html>`), computev1alpha1.ReasonTenantError},
+		{"tenant rejects the credential", "", 401, status("Unauthorized"), computev1alpha1.ReasonCredentialRejected},
+		{"credential may not impersonate", "", 403, status("Forbidden"), computev1alpha1.ReasonCredentialRejected},
+		{"tenant's own 502 is the tenant's answer", "", 502, []byte("bad gateway"), computev1alpha1.ReasonTenantError},
+		{"shim: connection failed", mountproxy.ReasonTenantUnreachable, 502, status("TenantUnreachable"), computev1alpha1.ReasonTenantUnreachable},
+		{"shim: certificate did not verify", mountproxy.ReasonTenantCertificate, 502, status("TenantCertificateInvalid"), computev1alpha1.ReasonTenantCertificateInvalid},
+		{"shim: not registered yet", mountproxy.ReasonUnknownTenant, 404, nil, computev1alpha1.ReasonRegistering},
+		{"shim: revoked", mountproxy.ReasonRevoked, 403, nil, computev1alpha1.ReasonRevoked},
+		{"shim refuses the probe's certificate", mountproxy.ReasonUntrustedClient, 401, status("x"), computev1alpha1.ReasonMountProxyUnavailable},
+	} {
+		if got := classify(tt.shimReason, tt.code, tt.body); got.Reason != tt.want {
+			t.Errorf("%s: %s (%s), want %s", tt.name, got.Reason, got.Message, tt.want)
+		}
+	}
+}
+
+func TestPhaseOf(t *testing.T) {
+	for _, tt := range []struct{ reason, previous, want string }{
+		{computev1alpha1.ReasonReady, "", computev1alpha1.PhaseReady},
+		{computev1alpha1.ReasonTenantUnreachable, "", computev1alpha1.PhaseConnecting},
+		{computev1alpha1.ReasonTenantUnreachable, computev1alpha1.PhaseConnecting, computev1alpha1.PhaseConnecting},
+		{computev1alpha1.ReasonTenantUnreachable, computev1alpha1.PhaseReady, computev1alpha1.PhaseUnknown},
+		{computev1alpha1.ReasonCredentialRejected, computev1alpha1.PhaseUnknown, computev1alpha1.PhaseUnknown},
+		{computev1alpha1.ReasonRegistering, computev1alpha1.PhaseReady, computev1alpha1.PhaseConnecting},
+		{computev1alpha1.ReasonMountProxyUnavailable, "", computev1alpha1.PhaseUnknown},
+	} {
+		if got := phaseOf(tt.reason, tt.previous); got != tt.want {
+			t.Errorf("phaseOf(%s, %q) = %s, want %s", tt.reason, tt.previous, got, tt.want)
+		}
+	}
+}
