@@ -12,10 +12,11 @@ all: build
 ## build: the knotless binaries into bin/
 build:
 	go build -o $(BIN)/knotless-provider ./cmd/knotless-provider
+	go build -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
 
 ## tools: kcp and the kubectl plugins from their pinned tool modules
 tools:
-	hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp
+	hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
 	hack/tool.sh kubectl-kcp github.com/kcp-dev/cli/cmd/kubectl-ws github.com/kcp-dev/cli/cmd/kubectl-kcp
 
 ## stack-deps: the test stack: Node 22 + PDS + PLC (hack/stack/install.sh) and the Vault dev server binary

@@ -42,6 +42,12 @@ type suite struct {
 	// providerWS is deliberately not root:knotless (R15).
 	providerWS logicalcluster.Path
 	appType    logicalcluster.Path
+	// The mount topology: certificates, kcp-front-proxy in front of kcp,
+	// knotless-mountproxy (nil when an existing kcp is used).
+	certs      *framework.MountCerts
+	frontProxy *framework.FrontProxy
+	mountProxy *framework.MountProxy
+	kcpBin     string
 }
 
 var env *suite
@@ -97,18 +103,36 @@ func run(m *testing.M) (code int) {
 	if kcpBin == "" {
 		kcpBin = filepath.Join(root, "bin", "kcp")
 	}
+	s.kcpBin = kcpBin
+	if s.certs, err = framework.NewMountCerts(filepath.Join(dir, "certs")); err != nil {
+		return fail(err)
+	}
 	start := time.Now()
-	if s.kcp, err = framework.StartKCP(ctx, s.group, kcpBin, dir); err != nil {
+	if s.kcp, err = framework.StartKCP(ctx, s.group, kcpBin, dir, s.certs.ShardArgs()...); err != nil {
 		return fail(err)
 	}
 	fmt.Printf("e2e: kcp ready in %s at %s\n", time.Since(start).Round(time.Millisecond), s.kcp.BaseURL)
+	var mountArgs []string
+	shimPort, err := framework.FreePort()
+	if err != nil {
+		return fail(err)
+	}
+	shimAddr := fmt.Sprintf("127.0.0.1:%d", shimPort)
+	if s.kcp.Process != nil {
+		start = time.Now()
+		if s.frontProxy, err = framework.StartFrontProxy(ctx, s.group, filepath.Join(filepath.Dir(kcpBin), "kcp-front-proxy"), dir, s.kcp, s.certs, shimAddr); err != nil {
+			return fail(err)
+		}
+		fmt.Printf("e2e: kcp-front-proxy ready in %s at %s\n", time.Since(start).Round(time.Millisecond), s.frontProxy.URL)
+		mountArgs = append(s.certs.MountProxyArgs(shimAddr, s.frontProxy.URL), "--tenant-probe-interval", "2s")
+	}
 	if s.admin, err = s.kcp.Config(); err != nil {
 		return fail(err)
 	}
 	if err := grantWorkspaceCreators(ctx, s.admin); err != nil {
 		return fail(err)
 	}
-	bin, err := framework.BuildProvider(ctx, root, dir)
+	bin, err := framework.Build(ctx, root, dir, "knotless-provider")
 	if err != nil {
 		return fail(err)
 	}
@@ -133,10 +157,22 @@ func run(m *testing.M) (code int) {
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
 	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s"}, vaultArgs...)
+	args = append(args, mountArgs...)
 	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String(), args...); err != nil {
 		return fail(err)
 	}
 	fmt.Printf("e2e: provider ready in %s for %s\n", time.Since(start).Round(time.Millisecond), s.providerWS)
+	if s.frontProxy != nil {
+		start = time.Now()
+		shimBin, err := framework.Build(ctx, root, dir, "knotless-mountproxy")
+		if err != nil {
+			return fail(err)
+		}
+		if s.mountProxy, err = framework.StartMountProxy(ctx, s.group, shimBin, dir, s.kcp.Kubeconfig, s.providerWS.String(), shimAddr, s.certs); err != nil {
+			return fail(err)
+		}
+		fmt.Printf("e2e: knotless-mountproxy ready in %s at %s\n", time.Since(start).Round(time.Millisecond), shimAddr)
+	}
 	return m.Run()
 }
 

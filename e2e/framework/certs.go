@@ -50,13 +50,23 @@ func NewCA(name string) (*CA, error) {
 // Issue returns a serving and client certificate for name, valid for the
 // given DNS names and IP addresses.
 func (ca *CA) Issue(name string, hosts ...string) (tls.Certificate, error) {
+	return ca.issue(pkix.Name{CommonName: name}, hosts)
+}
+
+// IssueUser returns a client certificate for a user in groups (the
+// organizations, as Kubernetes reads them).
+func (ca *CA) IssueUser(name string, groups ...string) (tls.Certificate, error) {
+	return ca.issue(pkix.Name{CommonName: name, Organization: groups}, nil)
+}
+
+func (ca *CA) issue(subject pkix.Name, hosts []string) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name},
+		Subject:      subject,
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

@@ -22,11 +22,14 @@ type KCP struct {
 	Tokens map[string]string
 	// BaseURL is the server URL without a /clusters suffix.
 	BaseURL string
+	name    string
+	start   func() (*Process, error)
 }
 
 // StartKCP starts `kcp start` from bin in dir on a free port, or, when
-// KNOTLESS_E2E_KUBECONFIG is set, uses that kcp instead.
-func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
+// KNOTLESS_E2E_KUBECONFIG is set, uses that kcp instead. extraArgs are
+// added to kcp's flags.
+func StartKCP(ctx context.Context, g *Group, bin, dir string, extraArgs ...string) (*KCP, error) {
 	if kc := os.Getenv("KNOTLESS_E2E_KUBECONFIG"); kc != "" {
 		k := &KCP{Kubeconfig: kc}
 		cfg, err := k.Config()
@@ -36,6 +39,16 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 		k.BaseURL = cfg.Host
 		return k, nil
 	}
+	return startKCP(ctx, g, bin, dir, "kcp", extraArgs)
+}
+
+// StartTenantKCP starts a second, independent `kcp start` in dir: a tenant
+// apiserver with its own self-signed serving certificate.
+func StartTenantKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
+	return startKCP(ctx, g, bin, dir, "tenant-kcp", nil)
+}
+
+func startKCP(ctx context.Context, g *Group, bin, dir, name string, extraArgs []string) (*KCP, error) {
 	// kcp's embedded etcd listens on fixed ports unless told otherwise; a
 	// second kcp on the machine (make dev, another run) would collide.
 	var ports [3]int
@@ -47,12 +60,12 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 		ports[i] = p
 	}
 	port := ports[0]
-	root := filepath.Join(dir, "kcp")
+	root := filepath.Join(dir, name)
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
 	}
 	k := &KCP{Tokens: map[string]string{}}
-	tokenFile := filepath.Join(dir, "tokens.csv")
+	tokenFile := filepath.Join(dir, name+"-tokens.csv")
 	var csv string
 	// Users the started kcp authenticates by token. They have no rights
 	// until a test grants them some.
@@ -64,25 +77,36 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 	if err := os.WriteFile(tokenFile, []byte(csv), 0o600); err != nil {
 		return nil, err
 	}
-	p, err := Start(dir, "kcp", bin, []string{
-		"start",
-		"--root-directory", root,
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(port),
-		"--feature-gates", "WorkspaceMounts=true",
-		"--token-auth-file", tokenFile,
-		"--embedded-etcd-client-port", strconv.Itoa(ports[1]),
-		"--embedded-etcd-peer-port", strconv.Itoa(ports[2]),
-	}, nil)
+	k.start = func() (*Process, error) {
+		return Start(dir, name, bin, append([]string{
+			"start",
+			"--root-directory", root,
+			"--bind-address", "127.0.0.1",
+			"--secure-port", strconv.Itoa(port),
+			"--feature-gates", "WorkspaceMounts=true",
+			"--token-auth-file", tokenFile,
+			"--embedded-etcd-client-port", strconv.Itoa(ports[1]),
+			"--embedded-etcd-peer-port", strconv.Itoa(ports[2]),
+		}, extraArgs...), nil)
+	}
+	k.name = name
+	k.Kubeconfig = filepath.Join(root, "admin.kubeconfig")
+	k.BaseURL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	return k, k.Restart(ctx, g)
+}
+
+// Restart starts a kcp this suite started again (after Stop), with the
+// same flags, ports and data, and waits until it is ready.
+func (k *KCP) Restart(ctx context.Context, g *Group) error {
+	p, err := k.start()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	g.Add(p)
 	k.Process = p
-	k.Kubeconfig = filepath.Join(root, "admin.kubeconfig")
-	if err := Eventually(ctx, 3*time.Minute, "kcp to be ready", func(ctx context.Context) (bool, string, error) {
+	return Eventually(ctx, 3*time.Minute, k.name+" to be ready", func(ctx context.Context) (bool, string, error) {
 		if p.Exited() {
-			return false, "", fmt.Errorf("kcp exited: %w", ErrExited)
+			return false, "", fmt.Errorf("%s exited: %w", k.name, ErrExited)
 		}
 		if _, err := os.Stat(k.Kubeconfig); err != nil {
 			return false, "no admin.kubeconfig yet", nil
@@ -95,17 +119,13 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string) (*KCP, error) {
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/readyz", port))
+		resp, err := hc.Get(k.BaseURL + "/readyz")
 		if err != nil {
 			return false, err.Error(), nil
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200, "readyz " + resp.Status, nil
-	}); err != nil {
-		return nil, err
-	}
-	k.BaseURL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	return k, nil
+	})
 }
 
 // Config returns the admin rest config (of the kubeconfig's current

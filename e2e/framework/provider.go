@@ -12,14 +12,13 @@ import (
 	"time"
 )
 
-// BuildProvider builds cmd/knotless-provider into dir and returns the
-// binary's path.
-func BuildProvider(ctx context.Context, repoRoot, dir string) (string, error) {
-	out := filepath.Join(dir, "knotless-provider")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/knotless-provider")
+// Build builds cmd/<name> into dir and returns the binary's path.
+func Build(ctx context.Context, repoRoot, dir, name string) (string, error) {
+	out := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/"+name)
 	cmd.Dir = repoRoot
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building knotless-provider: %v\n%s", err, b)
+		return "", fmt.Errorf("building %s: %v\n%s", name, err, b)
 	}
 	return out, nil
 }

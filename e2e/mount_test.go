@@ -1,0 +1,601 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/mountproxy"
+)
+
+var (
+	tenantOnce sync.Once
+	tenantKCP  *framework.KCP
+	tenantErr  error
+)
+
+// sharedTenant starts the tenant apiserver (a second `kcp start` with its
+// own self-signed CA) once for the mount tests, lets user alice list and
+// watch namespaces on it, and lets token user bob (the shim's credential)
+// impersonate.
+func sharedTenant(ctx context.Context, t *testing.T) *framework.KCP {
+	t.Helper()
+	if env.frontProxy == nil {
+		t.Skip("the mount topology runs only with a kcp the suite starts")
+	}
+	tenantOnce.Do(func() {
+		start := time.Now()
+		if tenantKCP, tenantErr = framework.StartTenantKCP(ctx, env.group, env.kcpBin, env.dir); tenantErr != nil {
+			return
+		}
+		t.Logf("tenant kcp ready in %s at %s", time.Since(start).Round(time.Millisecond), tenantKCP.BaseURL)
+		var c client.Client
+		cfg, err := tenantKCP.Config()
+		if err != nil {
+			tenantErr = err
+			return
+		}
+		if c, tenantErr = framework.ClientFor(cfg, root); tenantErr != nil {
+			return
+		}
+		role := &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e:namespace-reader"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}}},
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e:namespace-reader"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "alice"}},
+		}
+		impersonator := &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e:impersonator"},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}},
+				// Extra keys contain a slash (authentication.kubernetes.io/credential-id).
+				{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
+			},
+		}
+		shim := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e:impersonator"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: impersonator.Name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "bob"}},
+		}
+		for _, o := range []client.Object{role, binding, impersonator, shim} {
+			if tenantErr = c.Create(ctx, o); tenantErr != nil {
+				return
+			}
+		}
+	})
+	if tenantErr != nil {
+		t.Fatalf("tenant kcp: %v", tenantErr)
+	}
+	return tenantKCP
+}
+
+// tenantAccess returns the tenant's CA bundle and the token the shim uses
+// on it (user bob, who may impersonate in root and do nothing else; the
+// token survives a restart of the tenant).
+func tenantAccess(t *testing.T, k *framework.KCP) (caPEM []byte, token string) {
+	t.Helper()
+	ca, err := os.ReadFile(filepath.Join(filepath.Dir(k.Kubeconfig), "apiserver.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, k.Tokens["bob"]
+}
+
+// tenantCluster creates the CA ConfigMap, the credential Secret and the
+// TenantCluster in a workspace.
+func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url string, caPEM []byte, token string) {
+	t.Helper()
+	create(ctx, t, c,
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(caPEM)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-credential", Namespace: "default"}, Data: map[string][]byte{"token": []byte(token)}},
+		&computev1alpha1.TenantCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: computev1alpha1.TenantClusterSpec{
+				URL:        url,
+				CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: name + "-ca", Key: "ca.crt"},
+				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: name + "-credential"}},
+			},
+		})
+}
+
+// waitTenant waits until the TenantCluster's Ready condition has reason.
+func waitTenant(ctx context.Context, t *testing.T, c client.Client, name, reason string, timeout time.Duration) *computev1alpha1.TenantCluster {
+	t.Helper()
+	tc := &computev1alpha1.TenantCluster{}
+	last := ""
+	err := framework.Eventually(ctx, timeout, "TenantCluster "+name+" "+reason, func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, tc); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady)
+		if cond == nil {
+			return false, "no Ready condition", nil
+		}
+		last = fmt.Sprintf("phase %s, Ready %s/%s: %s", tc.Status.Phase, cond.Status, cond.Reason, cond.Message)
+		return cond.Reason == reason, last, nil
+	})
+	if err != nil {
+		failWithLogs(t)
+		t.Fatal(err)
+	}
+	return tc
+}
+
+// shimClient calls the shim directly with the given client certificate
+// (none when nil).
+func shimClient(t *testing.T, cert *tls.Certificate) *http.Client {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(env.certs.ShimServingCA.PEM)
+	cfg := &tls.Config{RootCAs: pool}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+}
+
+func TestMountedTenant(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	tenant := sharedTenant(ctx, t)
+	caPEM, token := tenantAccess(t, tenant)
+	shop := env.prefix + "-mount-shop"
+	c, lc := appWorkspace(ctx, t, shop)
+
+	start := time.Now()
+	tenantCluster(ctx, t, c, "tenant", tenant.BaseURL+"/clusters/root", caPEM, token)
+	tc := waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, 2*time.Minute)
+	t.Logf("TenantCluster Ready in %s: phase %s, URL %s, tenant %s", time.Since(start).Round(time.Millisecond), tc.Status.Phase, tc.Status.URL, tc.Status.TenantVersion)
+	if want := env.frontProxy.URL + "/tenants/" + lc + "/tenant"; tc.Status.URL != want || tc.Status.Phase != computev1alpha1.PhaseReady {
+		t.Fatalf("status.URL %q phase %q, want %q Ready", tc.Status.URL, tc.Status.Phase, want)
+	}
+	if m := meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionMounted); m == nil || m.Status != metav1.ConditionTrue {
+		t.Fatalf("Mounted condition: %+v", m)
+	}
+
+	// kcp's mounts controller makes the child workspace Ready and routable.
+	pc, err := framework.ClientFor(env.admin, root.Join(shop))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := &tenancyv1alpha1.Workspace{}
+	if err := framework.Eventually(ctx, 2*time.Minute, "workspace tenant Ready", func(ctx context.Context) (bool, string, error) {
+		if err := pc.Get(ctx, client.ObjectKey{Name: "tenant"}, ws); err != nil {
+			return false, err.Error(), nil
+		}
+		return ws.Status.Phase == "Ready" && ws.Spec.URL == tc.Status.URL, fmt.Sprintf("phase %s URL %s", ws.Status.Phase, ws.Spec.URL), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ws.Spec.Mount == nil || ws.Spec.Mount.Reference.Kind != "TenantCluster" || ws.Spec.Mount.Reference.Name != "tenant" {
+		t.Fatalf("workspace tenant does not mount the TenantCluster: %+v", ws.Spec.Mount)
+	}
+
+	// alice, through kcp-front-proxy, at the mounted workspace's kcp path.
+	mounted := root.Join(shop).Join("tenant").String()
+	cfg, err := env.frontProxy.UserConfig("alice", mounted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	var nss *corev1.NamespaceList
+	if err := framework.Eventually(ctx, time.Minute, "namespaces through the mount", func(ctx context.Context) (bool, string, error) {
+		nss, err = cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, ns := range nss.Items {
+		names = append(names, ns.Name)
+	}
+	if !slices.Contains(names, "default") {
+		t.Fatalf("namespaces through the mount: %v, want the tenant's default", names)
+	}
+	t.Logf("namespaces of the tenant through kcp: %v", names)
+
+	// A watch through the mount sees a namespace created on the tenant.
+	w, err := cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{ResourceVersion: nss.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	tcfg, _ := tenant.Config()
+	tcs := kubernetes.NewForConfigOrDie(tcfg)
+	created := time.Now()
+	if _, err := tcs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "made-on-tenant"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch through the mount closed")
+			}
+			if ns, isNS := ev.Object.(*corev1.Namespace); isNS && ev.Type == watch.Added && ns.Name == "made-on-tenant" {
+				seen = true
+				t.Logf("watch event through the mount %s after the create on the tenant", time.Since(created).Round(time.Millisecond))
+			}
+		case <-timeout:
+			t.Fatal("no watch event for the namespace created on the tenant")
+		}
+	}
+
+	// whoami (what kubectl auth whoami asks) through the mount: the tenant
+	// sees the kcp user, not the shim's credential.
+	review, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("whoami through the mount: %s %v", review.Status.UserInfo.Username, review.Status.UserInfo.Groups)
+	if review.Status.UserInfo.Username != "alice" || !slices.Contains(review.Status.UserInfo.Groups, "system:authenticated") {
+		t.Fatalf("the tenant sees %+v, want alice", review.Status.UserInfo)
+	}
+
+	// Direct requests to the shim that must be refused by the shim itself.
+	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := env.certs.UserCA.Issue("kcp-front-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, otherLC := appWorkspace(ctx, t, env.prefix+"-mount-other")
+	path := "/tenants/" + lc + "/tenant/api/v1/namespaces"
+	user := env.certs.UserHeader
+	for _, tt := range []struct {
+		name   string
+		cert   *tls.Certificate
+		path   string
+		header map[string]string
+		code   int
+		reason string
+	}{
+		{"no client certificate, spoofed identity", nil, path, map[string]string{user: "alice", "X-Remote-User": "alice"}, 401, mountproxy.ReasonNoClientCertificate},
+		{"certificate of another CA", &stranger, path, map[string]string{user: "alice"}, 401, mountproxy.ReasonUntrustedClient},
+		{"trusted certificate, no identity", &probe, path, nil, 401, mountproxy.ReasonNoIdentity},
+		{"trusted certificate, only the standard X-Remote-User", &probe, path, map[string]string{"X-Remote-User": "alice"}, 401, mountproxy.ReasonNoIdentity},
+		{"another workspace's path", &probe, "/tenants/" + otherLC + "/tenant/api/v1/namespaces", map[string]string{user: "alice"}, 404, mountproxy.ReasonUnknownTenant},
+	} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+tt.path, nil)
+		for k, v := range tt.header {
+			req.Header.Set(k, v)
+		}
+		resp, err := shimClient(t, tt.cert).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.code || resp.Header.Get(mountproxy.ReasonHeader) != tt.reason {
+			t.Errorf("%s: %d %s (%s), want %d %s", tt.name, resp.StatusCode, resp.Header.Get(mountproxy.ReasonHeader), body, tt.code, tt.reason)
+		}
+	}
+
+	// Revocation: deleting the credential makes the shim refuse the tenant
+	// at once (refused by the shim, not the tenant) and the TenantCluster
+	// report Revoked.
+	if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tenant-credential", Namespace: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	if err := framework.Eventually(ctx, 30*time.Second, "the shim to refuse the revoked tenant", func(ctx context.Context) (bool, string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+path, nil)
+		req.Header.Set(user, "alice")
+		resp, err := shimClient(t, &probe).Do(req)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp.Body.Close()
+		return resp.Header.Get(mountproxy.ReasonHeader) == mountproxy.ReasonRevoked, resp.Status + " " + resp.Header.Get(mountproxy.ReasonHeader), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shim refuses the tenant %s after its credential was deleted", time.Since(revoked).Round(time.Millisecond))
+	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonRevoked, time.Minute)
+	if tc.Status.Phase != computev1alpha1.PhaseInitializing {
+		t.Errorf("revoked TenantCluster phase %s, want Initializing", tc.Status.Phase)
+	}
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err == nil {
+		t.Error("namespaces listed through the mount after revocation")
+	}
+
+	// Deleting the TenantCluster deletes its mount workspace.
+	if err := c.Delete(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, time.Minute, "the mount workspace to go", func(ctx context.Context) (bool, string, error) {
+		ws := &tenancyv1alpha1.Workspace{}
+		err := pc.Get(ctx, client.ObjectKey{Name: "tenant"}, ws)
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		return false, fmt.Sprintf("%v: deletion %v finalizers %v phase %s conditions %+v", err, ws.DeletionTimestamp, ws.Finalizers, ws.Status.Phase, ws.Status.Conditions), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordingTenant is a TLS server standing in for a tenant apiserver that
+// records the headers of every request it gets.
+type recordingTenant struct {
+	*httptest.Server
+	mu      sync.Mutex
+	headers []http.Header
+}
+
+func newRecordingTenant(t *testing.T) *recordingTenant {
+	rt := &recordingTenant{}
+	rt.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt.mu.Lock()
+		rt.headers = append(rt.headers, r.Header.Clone())
+		rt.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/version" {
+			fmt.Fprint(w, `{"major":"1","minor":"32","gitVersion":"v1.32.0-recording"}`)
+			return
+		}
+		fmt.Fprint(w, `{"kind":"NamespaceList","apiVersion":"v1","metadata":{},"items":[]}`)
+	}))
+	t.Cleanup(rt.Close)
+	return rt
+}
+
+func (rt *recordingTenant) last() http.Header {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.headers[len(rt.headers)-1]
+}
+
+// TestMountHeaders sends a request with every kind of credential and
+// identity header through kcp-front-proxy and the shim to a recording
+// tenant: only the tenant credential and the impersonation of the kcp user
+// arrive.
+func TestMountHeaders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	if env.frontProxy == nil {
+		t.Skip("the mount topology runs only with a kcp the suite starts")
+	}
+	rt := newRecordingTenant(t)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rt.Certificate().Raw})
+	shop := env.prefix + "-mount-headers"
+	c, _ := appWorkspace(ctx, t, shop)
+	tenantCluster(ctx, t, c, "recorder", rt.URL, caPEM, "tenant-credential-token")
+	waitTenant(ctx, t, c, "recorder", computev1alpha1.ReasonReady, 2*time.Minute)
+
+	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("recorder").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	if hc.Transport, err = rest.TransportFor(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, time.Minute, "a request through the mount to reach the recorder", func(ctx context.Context) (bool, string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/api/v1/namespaces", nil)
+		for k, v := range map[string]string{
+			"Authorization":           "Bearer caller-token",
+			"Impersonate-User":        "system:admin",
+			"Impersonate-Group":       "system:masters",
+			"Impersonate-Extra-Scope": "everything",
+			"X-Remote-Extra-Spoofed":  "yes",
+		} {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200 && resp.Header.Get(mountproxy.ReasonHeader) == "", resp.Status, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h := rt.last()
+	t.Logf("headers at the tenant: %v", h)
+	if got := h.Get("Authorization"); got != "Bearer tenant-credential-token" {
+		t.Errorf("Authorization at the tenant %q, want the tenant credential", got)
+	}
+	if got := h.Values("Impersonate-User"); len(got) != 1 || got[0] != "alice" {
+		t.Errorf("Impersonate-User at the tenant %v, want [alice]", got)
+	}
+	for name, values := range h {
+		if strings.HasPrefix(name, "X-Remote-") {
+			t.Errorf("%s reached the tenant: %v", name, values)
+		}
+		if strings.HasPrefix(name, "Impersonate-") && slices.ContainsFunc(values, func(v string) bool {
+			return v == "system:admin" || v == "system:masters" || v == "everything" || v == "yes" || v == "mallory"
+		}) {
+			t.Errorf("a caller's value reached the tenant in %s: %v", name, values)
+		}
+	}
+}
+
+// TestMountHealth: the probe's reasons for a tenant that stops and starts
+// again, a tenant whose certificate is not issued by the TenantCluster's
+// CA, and a credential the tenant rejects.
+func TestMountHealth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	tenant := sharedTenant(ctx, t)
+	caPEM, token := tenantAccess(t, tenant)
+	c, _ := appWorkspace(ctx, t, env.prefix+"-mount-health")
+	url := tenant.BaseURL + "/clusters/root"
+	tenantCluster(ctx, t, c, "tenant", url, caPEM, token)
+	tenantCluster(ctx, t, c, "wrong-ca", url, env.certs.ShimServingCA.PEM, token)
+	tenantCluster(ctx, t, c, "bad-token", url, caPEM, "not-a-token")
+	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, 2*time.Minute)
+	tc := waitTenant(ctx, t, c, "wrong-ca", computev1alpha1.ReasonTenantCertificateInvalid, time.Minute)
+	t.Logf("wrong CA: phase %s, %s", tc.Status.Phase, meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady).Message)
+	tc = waitTenant(ctx, t, c, "bad-token", computev1alpha1.ReasonCredentialRejected, time.Minute)
+	t.Logf("bad token: phase %s, %s", tc.Status.Phase, meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady).Message)
+
+	tenant.Process.Stop(30 * time.Second)
+	stopped := time.Now()
+	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonTenantUnreachable, time.Minute)
+	t.Logf("tenant stopped: %s after %s (probe interval 2s), phase %s", computev1alpha1.ReasonTenantUnreachable, time.Since(stopped).Round(time.Millisecond), tc.Status.Phase)
+	if tc.Status.Phase != computev1alpha1.PhaseUnknown {
+		t.Errorf("phase %s after the tenant stopped, want Unknown", tc.Status.Phase)
+	}
+	if err := tenant.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, time.Minute)
+	t.Logf("tenant started: Ready %s after it was ready, phase %s", time.Since(restarted).Round(time.Millisecond), tc.Status.Phase)
+}
+
+// TestMountRotation replaces the shim's serving certificate and the
+// tenant's CA bundle while a watch through the mount stays connected; new
+// requests succeed and no process restarts.
+func TestMountRotation(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	tenant := sharedTenant(ctx, t)
+	caPEM, token := tenantAccess(t, tenant)
+	shop := env.prefix + "-mount-rotation"
+	c, _ := appWorkspace(ctx, t, shop)
+	tenantCluster(ctx, t, c, "tenant", tenant.BaseURL+"/clusters/root", caPEM, token)
+	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, 2*time.Minute)
+	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("tenant").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	var nss *corev1.NamespaceList
+	if err := framework.Eventually(ctx, time.Minute, "namespaces through the mount", func(ctx context.Context) (bool, string, error) {
+		nss, err = cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{ResourceVersion: nss.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	tcfg, err := tenant.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcs := kubernetes.NewForConfigOrDie(tcfg)
+	// expectEvent creates a namespace on the tenant and waits for it on
+	// the watch that was opened before any rotation.
+	expectEvent := func(name string) {
+		t.Helper()
+		if _, err := tcs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					t.Fatalf("the watch through the mount closed before %s", name)
+				}
+				if ns, isNS := ev.Object.(*corev1.Namespace); isNS && ns.Name == name {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no event for %s on the kept watch", name)
+			}
+		}
+	}
+	expectEvent(env.prefix + "-before-rotation")
+
+	// The shim's serving certificate.
+	servedSerial := func() string {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(env.certs.ShimServingCA.PEM)
+		conn, err := tls.Dial("tcp", env.mountProxy.Addr, &tls.Config{RootCAs: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	before := servedSerial()
+	rotated, err := env.certs.RotateShimServing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 20*time.Second, "the shim to serve the new certificate", func(ctx context.Context) (bool, string, error) {
+		got := servedSerial()
+		return got == rotated.Leaf.SerialNumber.String(), "serving " + got, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shim serving certificate %s replaced by %s without a restart", before, rotated.Leaf.SerialNumber)
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("list through the mount after the shim's certificate rotated: %v", err)
+	}
+	expectEvent(env.prefix + "-after-serving-rotation")
+
+	// The tenant's CA bundle: a new bundle that also holds another CA.
+	other, err := framework.NewCA("e2e-other-tenant-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	setBundle := func(pemBytes []byte) {
+		t.Helper()
+		cm := &corev1.ConfigMap{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "tenant-ca"}, cm); err != nil {
+			t.Fatal(err)
+		}
+		cm.Data["ca.crt"] = string(pemBytes)
+		if err := c.Update(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setBundle(append(append([]byte{}, other.PEM...), caPEM...))
+	time.Sleep(2 * time.Second) // the shim's registry follows the ConfigMap
+	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("list through the mount after the tenant CA bundle changed: %v", err)
+	}
+	expectEvent(env.prefix + "-after-ca-rotation")
+	// The new bundle is the one in use: without the tenant's CA the
+	// tenant's certificate no longer verifies.
+	setBundle(other.PEM)
+	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonTenantCertificateInvalid, time.Minute)
+	setBundle(caPEM)
+	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, time.Minute)
+}
