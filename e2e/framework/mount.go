@@ -218,7 +218,8 @@ func (fp *FrontProxy) UserConfig(user, path string) (*rest.Config, error) {
 // FrontProxyConfig writes kcp-front-proxy's mapping file and root
 // kubeconfig into dir for the kcp whose admin kubeconfig and base URL are
 // given, with the mappings /clusters/ (the shard) and /tenants/ (the shim
-// at shimAddr, host:port, with the random identity header names), and
+// at shimAddr, host:port, with the random identity header names) and "/"
+// (the shard), and
 // returns kcp-front-proxy's flags but for --secure-port.
 func FrontProxyConfig(dir, kubeconfig, kcpURL string, m *MountCerts, shimAddr string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -254,6 +255,9 @@ func FrontProxyConfig(dir, kubeconfig, kcpURL string, m *MountCerts, shimAddr st
 	}
 	mapping, err := yaml.Marshal([]entry{
 		{Path: "/clusters/", Backend: kcpURL, BackendServerCA: shardCA, ProxyClientCert: m.FPToShard.Cert, ProxyClientKey: m.FPToShard.Key},
+		// Everything else (/version, /openapi, ...) to the shard as well;
+		// without a "/" mapping such paths hit a nil handler.
+		{Path: "/", Backend: kcpURL, BackendServerCA: shardCA, ProxyClientCert: m.FPToShard.Cert, ProxyClientKey: m.FPToShard.Key},
 		{
 			Path: "/tenants/", Backend: "https://" + shimAddr, BackendServerCA: m.ShimServingCAFile, ProxyClientCert: m.FPToShim.Cert, ProxyClientKey: m.FPToShim.Key,
 			UserHeader: m.UserHeader, GroupHeader: m.GroupHeader, ExtraHeaderPrefix: m.ExtraHeaderPrefix,
