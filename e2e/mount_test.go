@@ -457,13 +457,18 @@ func TestMountHealth(t *testing.T) {
 	defer failWithLogs(t)
 	tenant := sharedTenant(ctx, t)
 	caPEM, token := tenantAccess(t, tenant)
-	c, _ := appWorkspace(ctx, t, env.prefix+"-mount-health")
+	c, lc := appWorkspace(ctx, t, env.prefix+"-mount-health")
 	url := tenant.BaseURL + "/clusters/root"
 	tenantCluster(ctx, t, c, "tenant", url, caPEM, token)
 	tenantCluster(ctx, t, c, "wrong-ca", url, env.certs.ShimServingCA.PEM, token)
 	tenantCluster(ctx, t, c, "bad-token", url, caPEM, "not-a-token")
+	tenantCluster(ctx, t, c, "not-pem", url, []byte("not a certificate"), token)
 	waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, 2*time.Minute)
-	tc := waitTenant(ctx, t, c, "wrong-ca", computev1alpha1.ReasonTenantCertificateInvalid, time.Minute)
+	tc := waitTenant(ctx, t, c, "not-pem", computev1alpha1.ReasonInvalidSpec, time.Minute)
+	if tc.Status.Phase != computev1alpha1.PhaseInitializing {
+		t.Errorf("a CA bundle without a certificate: phase %s, want Initializing", tc.Status.Phase)
+	}
+	tc = waitTenant(ctx, t, c, "wrong-ca", computev1alpha1.ReasonTenantCertificateInvalid, time.Minute)
 	t.Logf("wrong CA: phase %s, %s", tc.Status.Phase, meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady).Message)
 	tc = waitTenant(ctx, t, c, "bad-token", computev1alpha1.ReasonCredentialRejected, time.Minute)
 	t.Logf("bad token: phase %s, %s", tc.Status.Phase, meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady).Message)
@@ -481,6 +486,36 @@ func TestMountHealth(t *testing.T) {
 	restarted := time.Now()
 	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonReady, time.Minute)
 	t.Logf("tenant started: Ready %s after it was ready, phase %s", time.Since(restarted).Round(time.Millisecond), tc.Status.Phase)
+
+	// Deleting the TenantCluster revokes it at the shim at once.
+	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shimGet := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+"/tenants/"+lc+"/tenant/version", nil)
+		req.Header.Set(env.certs.UserHeader, "alice")
+		resp, err := shimClient(t, &probe).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get(mountproxy.ReasonHeader)
+	}
+	if code, reason := shimGet(); code != 200 || reason != "" {
+		t.Fatalf("before the deletion: %d %s", code, reason)
+	}
+	if err := c.Delete(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	if err := framework.Eventually(ctx, 30*time.Second, "the shim to refuse the deleted tenant", func(ctx context.Context) (bool, string, error) {
+		code, reason := shimGet()
+		return code == http.StatusForbidden && reason == mountproxy.ReasonRevoked, fmt.Sprintf("%d %s", code, reason), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shim refuses the tenant %s after its TenantCluster was deleted", time.Since(deleted).Round(time.Millisecond))
 }
 
 // TestMountRotation replaces the shim's serving certificate and the
@@ -634,24 +669,9 @@ func TestMountProxyThroughput(t *testing.T) {
 		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 64}}
 	}
 	const object = "/api/v1/namespaces/default"
-	direct, err := framework.MeasureGET(client(caPEM, nil), tenant.BaseURL+"/clusters/root"+object, http.Header{
-		"Authorization": {"Bearer " + token}, "Impersonate-User": {"alice"}, "Impersonate-Group": {"system:authenticated"},
-	}, n)
-	if err != nil {
-		t.Fatal(err)
-	}
 	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
 	if err != nil {
 		t.Fatal(err)
-	}
-	shim, err := framework.MeasureGET(client(env.certs.ShimServingCA.PEM, &probe), "https://"+env.mountProxy.Addr+"/tenants/"+lc+"/tenant"+object, http.Header{
-		env.certs.UserHeader: {"alice"}, env.certs.GroupHeader: {"system:authenticated"},
-	}, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range framework.CompareGET("direct", "through the shim", direct, shim) {
-		t.Log("FIGURE " + line)
 	}
 	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("tenant").String())
 	if err != nil {
@@ -661,11 +681,20 @@ func TestMountProxyThroughput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	viaKCP, err := framework.MeasureGET(&http.Client{Timeout: 30 * time.Second, Transport: rt}, cfg.Host+object, nil, n)
+	targets := []framework.Target{
+		{Name: "direct", Client: client(caPEM, nil), URL: tenant.BaseURL + "/clusters/root" + object, Header: http.Header{
+			"Authorization": {"Bearer " + token}, "Impersonate-User": {"alice"}, "Impersonate-Group": {"system:authenticated"},
+		}},
+		{Name: "through the shim", Client: client(env.certs.ShimServingCA.PEM, &probe), URL: "https://" + env.mountProxy.Addr + "/tenants/" + lc + "/tenant" + object, Header: http.Header{
+			env.certs.UserHeader: {"alice"}, env.certs.GroupHeader: {"system:authenticated"},
+		}},
+		{Name: "through kcp-front-proxy and the shim", Client: &http.Client{Timeout: 30 * time.Second, Transport: rt}, URL: cfg.Host + object},
+	}
+	figures, err := framework.MeasureGET(n, targets...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range framework.CompareGET("direct", "through kcp-front-proxy and the shim", direct, viaKCP) {
+	for _, line := range framework.CompareGET(targets, figures) {
 		t.Log("FIGURE " + line)
 	}
 }

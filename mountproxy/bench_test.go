@@ -36,16 +36,15 @@ func TestShimOverhead(t *testing.T) {
 	shim := transport(&tls.Config{RootCAs: pool(f.servingC), Certificates: []tls.Certificate{f.proxy}})
 	directURL := f.tenant.url.String() + "/api/v1/namespaces"
 	shimURL := "https://" + f.addr + "/tenants/ws-a/shop/api/v1/namespaces"
-	tokenHdr := http.Header{"Authorization": {"Bearer tenant-token"}}
-	d, err := framework.MeasureGET(direct, directURL, tokenHdr, n)
+	targets := []framework.Target{
+		{Name: "direct", Client: direct, URL: directURL, Header: http.Header{"Authorization": {"Bearer tenant-token"}}},
+		{Name: "through the shim", Client: shim, URL: shimURL, Header: alice()},
+	}
+	figures, err := framework.MeasureGET(n, targets...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := framework.MeasureGET(shim, shimURL, alice(), n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range framework.CompareGET("direct", "through the shim", d, s) {
+	for _, line := range framework.CompareGET(targets, figures) {
 		t.Log("FIGURE " + line)
 	}
 }

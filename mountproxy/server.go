@@ -74,6 +74,7 @@ type Server struct {
 	opts   Options
 	certs  *reloader
 	prefix string
+	proxy  *httputil.ReverseProxy
 	// verified caches client certificates that verified against a pool
 	// (key: pool and certificate bytes), so a kept-alive connection does
 	// not pay a signature check per request.
@@ -125,7 +126,9 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("mountproxy: %w", err)
 	}
 	o.Headers = o.Headers.withDefaults()
-	return &Server{opts: o, certs: certs, prefix: prefix}, nil
+	s := &Server{opts: o, certs: certs, prefix: prefix}
+	s.proxy = s.newProxy()
+	return s, nil
 }
 
 // TLSConfig is the listener's TLS configuration (hot-reloaded material).
@@ -133,7 +136,12 @@ func (s *Server) TLSConfig() *tls.Config { return s.certs.TLSConfig() }
 
 // Serve serves HTTPS on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s, TLSConfig: s.TLSConfig(), ReadHeaderTimeout: 30 * time.Second}
+	// HTTP/1.1 only: exec, attach and port-forward upgrade the connection,
+	// which HTTP/2 cannot; kcp-front-proxy would otherwise negotiate h2.
+	tlsConfig := s.TLSConfig()
+	tlsConfig.NextProtos = []string{"http/1.1"}
+	srv := &http.Server{Handler: s, TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second,
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	select {
@@ -225,25 +233,62 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
-	rp := &httputil.ReverseProxy{
-		Transport:     e.transport,
-		FlushInterval: -1, // watches and logs -f stream
+	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, id: id, rest: rest})
+	s.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// forward is what the shared reverse proxy needs to know about one
+// request; it travels in the request's context.
+type forward struct {
+	entry *entry
+	id    *identity
+	rest  string
+}
+
+type forwardKey struct{}
+
+func forwardOf(r *http.Request) *forward { return r.Context().Value(forwardKey{}).(*forward) }
+
+// newProxy returns the reverse proxy every request goes through: it sends
+// a request to its tenant's transport with the tenant's URL, credential
+// and the caller's impersonation.
+func (s *Server) newProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Transport: roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			return forwardOf(r).entry.transport.RoundTrip(r)
+		}),
+		// Streaming responses (watches, logs -f: no Content-Length) are
+		// flushed at every write by ReverseProxy itself; others are not
+		// flushed early, which saves a write per response.
+		FlushInterval: 0,
+		BufferPool:    &bufferPool{pool: sync.Pool{New: func() any { return make([]byte, 32<<10) }}},
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			target := *e.tenant.URL
-			target.Path = strings.TrimSuffix(target.Path, "/") + rest
+			f := forwardOf(pr.In)
+			target := *f.entry.tenant.URL
+			target.Path = strings.TrimSuffix(target.Path, "/") + f.rest
 			target.RawPath = ""
 			target.RawQuery = pr.In.URL.RawQuery
 			pr.Out.URL = &target
 			pr.Out.Host = ""
-			rewriteHeaders(pr.Out.Header, s.opts.Headers, id, e.tenant.Credential)
+			rewriteHeaders(pr.Out.Header, s.opts.Headers, f.id, f.entry.tenant.Credential)
 		},
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t := forwardOf(r).entry.tenant
 			reason, code := ClassifyForwardError(err)
-			refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", lc, name, err))
+			refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", t.LogicalCluster, t.Name, err))
 		},
 	}
-	rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// bufferPool reuses the 32 KiB copy buffers of response bodies.
+type bufferPool struct{ pool sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return b.pool.Get().([]byte) }
+func (b *bufferPool) Put(v []byte) { b.pool.Put(v) } //nolint:staticcheck // a slice header per Put is cheaper than 32 KiB per request
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // rewriteHeaders removes every credential and identity header the caller
 // sent and sets the tenant credential and the impersonation headers.

@@ -350,12 +350,17 @@ func TestUpgradedStreamsPassThrough(t *testing.T) {
 		_, _ = rw.WriteString("echo " + line)
 		_ = rw.Flush()
 	})
-	cfg := &tls.Config{RootCAs: pool(f.servingC), Certificates: []tls.Certificate{f.proxy}, NextProtos: []string{"http/1.1"}}
+	// A client that offers h2 first, as kcp-front-proxy's transport does:
+	// the shim answers HTTP/1.1, on which an upgrade is possible.
+	cfg := &tls.Config{RootCAs: pool(f.servingC), Certificates: []tls.Certificate{f.proxy}, NextProtos: []string{"h2", "http/1.1"}}
 	conn, err := tls.Dial("tcp", f.addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	if p := conn.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+		t.Fatalf("negotiated %q, want http/1.1", p)
+	}
 	fmt.Fprintf(conn, "POST /tenants/ws-a/shop/api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Remote-User: alice\r\nContent-Length: 0\r\n\r\n")
 	rd := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(rd, nil)
