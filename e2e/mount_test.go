@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -330,6 +332,14 @@ func TestMountedTenant(t *testing.T) {
 	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonRevoked, time.Minute)
 	if tc.Status.Phase != computev1alpha1.PhaseInitializing {
 		t.Errorf("revoked TenantCluster phase %s, want Initializing", tc.Status.Phase)
+	}
+	// It stays Revoked over the next probes (2 s apart).
+	time.Sleep(5 * time.Second)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(tc), tc); err != nil {
+		t.Fatal(err)
+	}
+	if r := meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady); r == nil || r.Reason != computev1alpha1.ReasonRevoked {
+		t.Errorf("5 s after the revocation: %+v, want Revoked", r)
 	}
 	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err == nil {
 		t.Error("namespaces listed through the mount after revocation")
@@ -696,5 +706,48 @@ func TestMountProxyThroughput(t *testing.T) {
 	}
 	for _, line := range framework.CompareGET(targets, figures) {
 		t.Log("FIGURE " + line)
+	}
+}
+
+// TestMountProxyBadFlags: knotless-mountproxy with unusable flags exits 1
+// with one line naming the problem.
+func TestMountProxyBadFlags(t *testing.T) {
+	if env.mountProxy == nil {
+		t.Skip("the mount topology runs only with a kcp the suite starts")
+	}
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.crt")
+	if err := os.WriteFile(junk, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := env.certs
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no TLS files", []string{"--kubeconfig", env.kcp.Kubeconfig}, "are required"},
+		{"serving certificate is not a certificate", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", junk, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile}, "certificate"},
+		{"requestheader CA is not a certificate", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", junk}, "no PEM certificate"},
+		{"path prefix without slashes", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile, "--path-prefix", "tenants"}, "must start and end with /"},
+		{"invalid workspace path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--workspace", "root:Not_Valid"}, "not a valid workspace path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, env.mountProxy.Bin, append(tc.args, "--bind-address", "127.0.0.1:0", "--metrics-bind-address", "0", "--health-probe-bind-address", "0")...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 1 {
+				t.Fatalf("want exit code 1, got %v; stderr:\n%s", err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("want one line containing %q, got:\n%s", tc.want, stderr.String())
+			}
+			t.Logf("stderr: %s", lines[0])
+		})
 	}
 }

@@ -128,6 +128,11 @@ current-context: c
 		{"batch above the PDS limit", []string{"--kubeconfig", env.kcp.Kubeconfig, "--atproto-max-batch", "201"}, "--atproto-max-batch between 1 and 200"},
 		{"PLC URL with a path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--plc-url", "https://plc.example/x"}, "--plc-url"},
 		{"no watch flush interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--watch-flush-interval", "0s"}, "--watch-flush-interval must be positive"},
+		{"mount proxy over http", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "http://127.0.0.1:9443"}, "must be https://host:port"},
+		{"mount proxy without the probe's TLS files", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443"}, "needs --mountproxy-ca-file"},
+		{"mount proxy CA file missing", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443",
+			"--mountproxy-ca-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-cert-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-key-file", filepath.Join(dir, "nope.key")}, "mount proxy client TLS"},
+		{"no probe interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tenant-probe-interval", "0s"}, "--tenant-probe-interval must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -125,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	switch {
 	case errors.As(err, &te):
 		res = Result{Reason: te.Reason, Message: te.Message}
-		if te.Reason == computev1alpha1.ReasonCredentialNotFound && tc.Status.Phase != "" && tc.Status.Phase != computev1alpha1.PhaseInitializing {
+		if te.Reason == computev1alpha1.ReasonCredentialNotFound && wasUsable(tc.Status) {
 			// The credential was there before: its removal revokes the
 			// tenant (the shim refuses it already).
 			res.Reason = computev1alpha1.ReasonRevoked
@@ -155,6 +155,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, errors.New(mounted.Message)
 	}
 	return reconcile.Result{RequeueAfter: interval}, nil
+}
+
+// wasUsable reports whether the references resolved at the last
+// reconcile, or the tenant was already revoked: a credential missing now
+// is then a revocation, not a credential that was never there.
+func wasUsable(st computev1alpha1.TenantClusterStatus) bool {
+	if c := meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionReady); c != nil && c.Reason == computev1alpha1.ReasonRevoked {
+		return true
+	}
+	return st.Phase != "" && st.Phase != computev1alpha1.PhaseInitializing
 }
 
 // phaseOf maps a probe's reason to a phase: Ready on success; a tenant

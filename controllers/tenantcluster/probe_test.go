@@ -3,6 +3,8 @@ package tenantcluster
 import (
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -47,6 +49,25 @@ func TestPhaseOf(t *testing.T) {
 	} {
 		if got := phaseOf(tt.reason, tt.previous); got != tt.want {
 			t.Errorf("phaseOf(%s, %q) = %s, want %s", tt.reason, tt.previous, got, tt.want)
+		}
+	}
+}
+
+func TestRevokedStaysRevoked(t *testing.T) {
+	revoked := computev1alpha1.TenantClusterStatus{Phase: computev1alpha1.PhaseInitializing, Conditions: []metav1.Condition{{Type: computev1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: computev1alpha1.ReasonRevoked}}}
+	for _, tt := range []struct {
+		name string
+		st   computev1alpha1.TenantClusterStatus
+		want bool
+	}{
+		{"new", computev1alpha1.TenantClusterStatus{}, false},
+		{"never resolved", computev1alpha1.TenantClusterStatus{Phase: computev1alpha1.PhaseInitializing}, false},
+		{"was ready", computev1alpha1.TenantClusterStatus{Phase: computev1alpha1.PhaseReady}, true},
+		{"was connecting", computev1alpha1.TenantClusterStatus{Phase: computev1alpha1.PhaseConnecting}, true},
+		{"already revoked (phase Initializing since)", revoked, true},
+	} {
+		if got := wasUsable(tt.st); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

@@ -331,7 +331,8 @@ type MountProxy struct {
 	Addr       string
 	ProbePort  int
 	MetricPort int
-	bin, dir   string
+	Bin        string
+	dir        string
 	args       []string
 }
 
@@ -353,7 +354,7 @@ func (m *MountCerts) MountProxyArgs(addr, mountURL string) []string {
 // StartMountProxy starts knotless-mountproxy on addr for the provider
 // workspace ws and waits until it is healthy.
 func StartMountProxy(ctx context.Context, g *Group, bin, dir, kubeconfig, ws, addr string, m *MountCerts) (*MountProxy, error) {
-	mp := &MountProxy{Addr: addr, bin: bin, dir: dir, args: append([]string{"--kubeconfig", kubeconfig, "--workspace", ws}, m.ShimArgs(addr)...)}
+	mp := &MountProxy{Addr: addr, Bin: bin, dir: dir, args: append([]string{"--kubeconfig", kubeconfig, "--workspace", ws}, m.ShimArgs(addr)...)}
 	return mp, mp.Restart(ctx, g)
 }
 
@@ -380,7 +381,7 @@ func (mp *MountProxy) Restart(ctx context.Context, g *Group) error {
 	if mp.MetricPort, err = FreePort(); err != nil {
 		return err
 	}
-	proc, err := Start(mp.dir, "knotless-mountproxy", mp.bin, append([]string{
+	proc, err := Start(mp.dir, "knotless-mountproxy", mp.Bin, append([]string{
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(mp.ProbePort),
 		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(mp.MetricPort),
 	}, mp.args...), nil)
