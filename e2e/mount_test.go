@@ -184,6 +184,11 @@ func TestMountedTenant(t *testing.T) {
 	if m := meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionMounted); m == nil || m.Status != metav1.ConditionTrue {
 		t.Fatalf("Mounted condition: %+v", m)
 	}
+	// R05: the status has one writer.
+	managers := statusManagers(t, tc.ManagedFields)
+	if len(managers) != 1 || len(managers["knotless-tenantcluster"]) == 0 {
+		t.Fatalf("status writers of the TenantCluster: %v, want only knotless-tenantcluster", managers)
+	}
 
 	// kcp's mounts controller makes the child workspace Ready and routable.
 	pc, err := framework.ClientFor(env.admin, root.Join(shop))
