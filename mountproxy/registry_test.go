@@ -155,3 +155,16 @@ func TestConfiguredIdentityHeaders(t *testing.T) {
 		t.Fatalf("two user headers: %d %s", resp.StatusCode, resp.Header.Get(ReasonHeader))
 	}
 }
+
+// TestTenantCannotAnswerWithTheShimsReason: a tenant's own reason header
+// is removed, so a probe cannot be told "unreachable" by the tenant.
+func TestTenantCannotAnswerWithTheShimsReason(t *testing.T) {
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(ReasonHeader, ReasonTenantUnreachable)
+		echoHandler(w, r)
+	})
+	resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice())
+	if resp.StatusCode != 200 || resp.Header.Get(ReasonHeader) != "" {
+		t.Fatalf("%d %q: %s", resp.StatusCode, resp.Header.Get(ReasonHeader), body)
+	}
+}

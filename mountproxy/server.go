@@ -272,6 +272,12 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			pr.Out.Host = ""
 			rewriteHeaders(pr.Out.Header, s.opts.Headers, f.id, f.entry.tenant.Credential)
 		},
+		// The reason header is the shim's alone: a tenant cannot answer
+		// with one.
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(ReasonHeader)
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := forwardOf(r).entry.tenant
 			reason, code := ClassifyForwardError(err)
