@@ -334,6 +334,15 @@ func TestMountedTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("shim refuses the tenant %s after its credential was deleted", time.Since(revoked).Round(time.Millisecond))
+	metrics, err := env.mountProxy.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`knotless_mountproxy_requests_total{outcome="Forwarded"}`, `knotless_mountproxy_requests_total{outcome="Revoked"}`, `knotless_mountproxy_requests_total{outcome="NoClientCertificate"}`, "knotless_mountproxy_tenants "} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("the shim's metrics have no %s", want)
+		}
+	}
 	tc = waitTenant(ctx, t, c, "tenant", computev1alpha1.ReasonRevoked, time.Minute)
 	if tc.Status.Phase != computev1alpha1.PhaseInitializing {
 		t.Errorf("revoked TenantCluster phase %s, want Initializing", tc.Status.Phase)

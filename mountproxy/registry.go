@@ -163,6 +163,13 @@ func (r *Registry) remove(logicalCluster, name string, revoke bool) {
 	}
 }
 
+// Len returns the number of registered tenants.
+func (r *Registry) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.tenants)
+}
+
 func (r *Registry) lookup(logicalCluster, name string) (*entry, bool) {
 	e, ok, _ := r.find(logicalCluster, name)
 	return e, ok

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // streaming answers /version, and every other request with an endless
@@ -166,5 +169,27 @@ func TestTenantCannotAnswerWithTheShimsReason(t *testing.T) {
 	resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice())
 	if resp.StatusCode != 200 || resp.Header.Get(ReasonHeader) != "" {
 		t.Fatalf("%d %q: %s", resp.StatusCode, resp.Header.Get(ReasonHeader), body)
+	}
+}
+
+func TestRequestsAreCountedByOutcome(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, echoHandler, func(o *Options) { o.Registerer = reg })
+	c := f.client(&f.proxy, f.servingC)
+	f.get(c, "/tenants/ws-a/shop/version", alice())
+	f.get(c, "/tenants/ws-a/other/version", alice())
+	f.get(f.client(nil, f.servingC), "/tenants/ws-a/shop/version", alice())
+	want := `
+# HELP knotless_mountproxy_requests_total Requests by outcome: Forwarded (sent to the tenant), or the reason the shim answered with (refusals, forwarding errors).
+# TYPE knotless_mountproxy_requests_total counter
+knotless_mountproxy_requests_total{outcome="Forwarded"} 1
+knotless_mountproxy_requests_total{outcome="NoClientCertificate"} 1
+knotless_mountproxy_requests_total{outcome="UnknownTenant"} 1
+# HELP knotless_mountproxy_tenants Tenants registered (usable TenantClusters).
+# TYPE knotless_mountproxy_tenants gauge
+knotless_mountproxy_tenants 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 }

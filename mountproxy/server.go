@@ -15,6 +15,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/knotless-dev/knotless/internal/promutil"
 )
 
 // Options configure a Server.
@@ -34,7 +38,13 @@ type Options struct {
 	// Headers name the identity headers (default X-Remote-User,
 	// X-Remote-Group, X-Remote-Extra-).
 	Headers Headers
+	// Registerer, when set, gets the shim's metrics.
+	Registerer prometheus.Registerer
 }
+
+// OutcomeForwarded labels requests sent on to a tenant in
+// knotless_mountproxy_requests_total; the other outcomes are reasons.
+const OutcomeForwarded = "Forwarded"
 
 // Headers are the names of the identity headers kcp-front-proxy sets
 // (its mapping's user_header, group_header and extra_header_prefix).
@@ -75,6 +85,9 @@ type Server struct {
 	certs  *reloader
 	prefix string
 	proxy  *httputil.ReverseProxy
+	// requests counts requests by outcome: Forwarded or the reason the
+	// shim answered with itself.
+	requests *prometheus.CounterVec
 	// verified caches client certificates that verified against a pool
 	// (key: pool and certificate bytes), so a kept-alive connection does
 	// not pay a signature check per request.
@@ -128,6 +141,20 @@ func New(o Options) (*Server, error) {
 	o.Headers = o.Headers.withDefaults()
 	s := &Server{opts: o, certs: certs, prefix: prefix}
 	s.proxy = s.newProxy()
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "knotless_mountproxy_requests_total",
+		Help: "Requests by outcome: Forwarded (sent to the tenant), or the reason the shim answered with (refusals, forwarding errors).",
+	}, []string{"outcome"})
+	if reg := o.Registerer; reg != nil {
+		var err error
+		s.requests = promutil.Register(reg, s.requests, &err)
+		promutil.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "knotless_mountproxy_tenants", Help: "Tenants registered (usable TenantClusters).",
+		}, func() float64 { return float64(o.Registry.Len()) }), &err)
+		if err != nil {
+			return nil, fmt.Errorf("mountproxy metrics: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -211,21 +238,21 @@ func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, code, reason, msg := s.authenticate(r)
 	if id == nil {
-		refuse(w, code, reason, msg)
+		s.refuse(w, code, reason, msg)
 		return
 	}
 	lc, name, rest, ok := ParsePath(s.prefix, r.URL.Path)
 	if !ok {
-		refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a tenant: want "+s.prefix+"<logical cluster>/<name>/...")
+		s.refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a tenant: want "+s.prefix+"<logical cluster>/<name>/...")
 		return
 	}
 	e, ok, revoked := s.opts.Registry.find(lc, name)
 	if revoked {
-		refuse(w, http.StatusForbidden, ReasonRevoked, fmt.Sprintf("tenant %s in workspace %s is revoked", name, lc))
+		s.refuse(w, http.StatusForbidden, ReasonRevoked, fmt.Sprintf("tenant %s in workspace %s is revoked", name, lc))
 		return
 	}
 	if !ok {
-		refuse(w, http.StatusNotFound, ReasonUnknownTenant, fmt.Sprintf("no tenant %s in workspace %s (not registered, deleted or revoked)", name, lc))
+		s.refuse(w, http.StatusNotFound, ReasonUnknownTenant, fmt.Sprintf("no tenant %s in workspace %s (not registered, deleted or revoked)", name, lc))
 		return
 	}
 	// The tenant's removal or replacement ends this request at once.
@@ -234,6 +261,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, id: id, rest: rest})
+	s.requests.WithLabelValues(OutcomeForwarded).Inc()
 	s.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -281,7 +309,7 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := forwardOf(r).entry.tenant
 			reason, code := ClassifyForwardError(err)
-			refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", t.LogicalCluster, t.Name, err))
+			s.refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", t.LogicalCluster, t.Name, err))
 		},
 	}
 }
@@ -340,8 +368,10 @@ func ClassifyForwardError(err error) (reason string, status int) {
 	return ReasonTenantError, http.StatusBadGateway
 }
 
-// refuse answers with a Kubernetes Status body and the reason header.
-func refuse(w http.ResponseWriter, code int, reason, msg string) {
+// refuse counts the reason and answers with a Kubernetes Status body and
+// the reason header.
+func (s *Server) refuse(w http.ResponseWriter, code int, reason, msg string) {
+	s.requests.WithLabelValues(reason).Inc()
 	w.Header().Set(ReasonHeader, reason)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)

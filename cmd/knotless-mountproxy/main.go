@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
@@ -93,7 +94,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	registry := mountproxy.NewRegistry()
-	shim, err := mountproxy.New(mountproxy.Options{Files: o.files, AllowedNames: names, PathPrefix: o.pathPrefix, Registry: registry, Headers: o.headers})
+	shim, err := mountproxy.New(mountproxy.Options{Files: o.files, AllowedNames: names, PathPrefix: o.pathPrefix, Registry: registry, Headers: o.headers, Registerer: metrics.Registry})
 	if err != nil {
 		return err
 	}

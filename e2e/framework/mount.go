@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -401,4 +402,15 @@ func (mp *MountProxy) Restart(ctx context.Context, g *Group) error {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status, nil
 	})
+}
+
+// Metrics returns the shim's Prometheus text.
+func (mp *MountProxy) Metrics() (string, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mp.MetricPort))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
