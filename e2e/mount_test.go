@@ -207,6 +207,9 @@ func TestMountedTenant(t *testing.T) {
 	if ws.Spec.Mount == nil || ws.Spec.Mount.Reference.Kind != "TenantCluster" || ws.Spec.Mount.Reference.Name != "tenant" {
 		t.Fatalf("workspace tenant does not mount the TenantCluster: %+v", ws.Spec.Mount)
 	}
+	if ws.Annotations[tenancyv1alpha1.ExperimentalWorkspaceOwnerAnnotationKey] == "" {
+		t.Error("the mount workspace has no owner annotation (R15)")
+	}
 
 	// alice, through kcp-front-proxy, at the mounted workspace's kcp path.
 	mounted := root.Join(shop).Join("tenant").String()

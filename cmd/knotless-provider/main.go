@@ -228,8 +228,12 @@ func run(ctx context.Context, o options) error {
 	if mountURL == "" {
 		mountURL = base
 	}
+	owner, err := bootstrap.OwnerAnnotation(ctx, cfg)
+	if err != nil {
+		return err
+	}
 	if err := tenantcluster.SetupWithManager(ctx, mgr, &tenantcluster.Reconciler{
-		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.mount.probeInterval,
+		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.mount.probeInterval, Owner: owner,
 	}); err != nil {
 		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
 	}

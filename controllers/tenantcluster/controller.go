@@ -65,6 +65,9 @@ type Reconciler struct {
 	MountURL string
 	// ProbeInterval is how often a tenant is probed (default 30s).
 	ProbeInterval time.Duration
+	// Owner is the owner annotation of the mount workspaces (R15): the
+	// provider's identity, as bootstrap.OwnerAnnotation reports it.
+	Owner string
 }
 
 // SetupWithManager registers the controller and its reference index.
@@ -213,7 +216,7 @@ func (r *Reconciler) ensureWorkspace(ctx context.Context, lc string, tc *compute
 	ws, err := wss.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		ws, err = wss.Create(ctx, &tenancyv1alpha1.Workspace{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{tenancyv1alpha1.ExperimentalWorkspaceOwnerAnnotationKey: r.Owner}},
 			Spec: tenancyv1alpha1.WorkspaceSpec{Mount: &tenancyv1alpha1.Mount{Reference: tenancyv1alpha1.ObjectReference{
 				APIVersion: computev1alpha1.GroupVersion.String(), Kind: "TenantCluster", Name: tc.Name,
 			}}},

@@ -150,7 +150,7 @@ func ensureWorkspace(ctx context.Context, o Options, s *runtime.Scheme) error {
 	if segments[0] != "root" {
 		return fmt.Errorf("provider workspace %q must start with root", o.Workspace)
 	}
-	owner, err := ownerAnnotation(ctx, o.Config)
+	owner, err := OwnerAnnotation(ctx, o.Config)
 	if err != nil {
 		return err
 	}
@@ -197,9 +197,9 @@ func waitReady(ctx context.Context, c client.Client, name string) error {
 	return nil
 }
 
-// ownerAnnotation is the caller's identity as kcp's workspace admission
+// OwnerAnnotation is the caller's identity as kcp's workspace admission
 // would record it.
-func ownerAnnotation(ctx context.Context, cfg *rest.Config) (string, error) {
+func OwnerAnnotation(ctx context.Context, cfg *rest.Config) (string, error) {
 	rootCfg, err := ForWorkspace(cfg, logicalcluster.NewPath("root"))
 	if err != nil {
 		return "", err
