@@ -22,11 +22,11 @@ import (
 // kcp-front-proxy, knotless-mountproxy, the provider's probe), written as
 // files under Dir:
 //   - the shard trusts kcp-front-proxy's client certificate through its
-//     requestheader CA (ShardRequestHeaderCA);
+//     requestheader CA (ShardRequestHeaderCAFile);
 //   - kcp-front-proxy authenticates users by client certificates of UserCA;
 //   - the shim serves a certificate of ShimServingCA (kcp-front-proxy's
 //     backend_server_ca for /tenants/) and trusts client certificates of
-//     ShimRequestHeaderCA: kcp-front-proxy's proxy certificate
+//     ShimRequestCA: kcp-front-proxy's proxy certificate
 //     (CN kcp-front-proxy) and the probe's (CN knotless-probe).
 type MountCerts struct {
 	Dir                                   string
