@@ -51,6 +51,10 @@ func (t Tenant) validate() error {
 
 type key struct{ lc, name string }
 
+// revokedFor is how long a revoked tenant is refused as Revoked (then as
+// an unknown tenant), so that revocations do not pile up.
+const revokedFor = time.Hour
+
 // sameTarget reports whether two tenants have the same URL and
 // credential: a registration that changes only the CA (a rotation) keeps
 // in-flight requests running; a new URL or credential ends them.
@@ -79,13 +83,16 @@ type entry struct {
 type Registry struct {
 	mu      sync.RWMutex
 	tenants map[key]*entry
-	// revoked holds tenants removed by Revoke until they are set again,
+	// revoked holds tenants removed by Revoke (and when) until they are
+	// set again or an hour has passed,
 	// so a refusal names the revocation.
-	revoked map[key]bool
+	revoked map[key]time.Time
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{tenants: map[key]*entry{}, revoked: map[key]bool{}} }
+func NewRegistry() *Registry {
+	return &Registry{tenants: map[key]*entry{}, revoked: map[key]time.Time{}}
+}
 
 // Set adds or replaces a tenant; new requests use the new URL, CA and
 // credential. A new URL or credential ends the replaced tenant's in-flight
@@ -152,7 +159,13 @@ func (r *Registry) remove(logicalCluster, name string, revoke bool) {
 	old := r.tenants[k]
 	delete(r.tenants, k)
 	if revoke {
-		r.revoked[k] = true
+		now := time.Now()
+		r.revoked[k] = now
+		for old, at := range r.revoked {
+			if now.Sub(at) > revokedFor {
+				delete(r.revoked, old)
+			}
+		}
 	} else {
 		delete(r.revoked, k)
 	}
@@ -181,7 +194,8 @@ func (r *Registry) find(logicalCluster, name string) (e *entry, ok, revoked bool
 	defer r.mu.RUnlock()
 	k := key{logicalCluster, name}
 	e, ok = r.tenants[k]
-	return e, ok, r.revoked[k]
+	_, revoked = r.revoked[k]
+	return e, ok, revoked
 }
 
 // errUnknownTenant: no tenant under this path (never registered, deleted
