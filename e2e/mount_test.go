@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -723,6 +724,20 @@ func TestMountProxyThroughput(t *testing.T) {
 	}
 	for _, line := range framework.CompareGET(targets, figures) {
 		t.Log("FIGURE " + line)
+	}
+	// Where the CPU goes at full load (all on the same cores): the
+	// tenant's and the shim's CPU time per request.
+	for _, target := range targets[:2] {
+		tenantBefore, err1 := tenant.Process.CPU()
+		shimBefore, err2 := env.mountProxy.CPU()
+		perSec, err3 := framework.Throughput(target, n)
+		tenantAfter, err4 := tenant.Process.CPU()
+		shimAfter, err5 := env.mountProxy.CPU()
+		if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+			t.Fatal(err)
+		}
+		per := func(d time.Duration) time.Duration { return (d / time.Duration(n/16*16)).Round(time.Microsecond) }
+		t.Logf("FIGURE CPU per request %s: tenant kcp %s, shim %s (%.0f requests/s)", target.Name, per(tenantAfter-tenantBefore), per(shimAfter-shimBefore), perSec)
 	}
 }
 

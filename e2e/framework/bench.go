@@ -75,7 +75,7 @@ func MeasureGET(n int, targets ...Target) ([]GetFigures, error) {
 	}
 	for round := range 2 {
 		for _, i := range order {
-			r, err := throughput(targets[i], n)
+			r, err := Throughput(targets[i], n)
 			if err != nil {
 				return nil, err
 			}
@@ -88,7 +88,9 @@ func MeasureGET(n int, targets ...Target) ([]GetFigures, error) {
 	return out, nil
 }
 
-func throughput(t Target, n int) (float64, error) {
+// Throughput sends n GETs of t from 16 concurrent clients and returns the
+// requests per second.
+func Throughput(t Target, n int) (float64, error) {
 	const clients = 16
 	errs := make(chan error, clients)
 	start := time.Now()
