@@ -115,11 +115,7 @@ current-context: c
 `, port)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name string
-		args []string
-		want string
-	}{
+	expectBadFlags(t, env.provider.Bin, nil, []badFlags{
 		{"malformed kubeconfig", []string{"--kubeconfig", malformed}, "is malformed"},
 		{"missing kubeconfig", []string{"--kubeconfig", filepath.Join(dir, "nope")}, "no such file"},
 		{"unreachable kcp", []string{"--kubeconfig", unreachable, "--connect-timeout", "2s"}, "unreachable"},
@@ -133,11 +129,25 @@ current-context: c
 		{"mount proxy CA file missing", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443",
 			"--mountproxy-ca-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-cert-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-key-file", filepath.Join(dir, "nope.key")}, "mount proxy client TLS"},
 		{"no probe interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tenant-probe-interval", "0s"}, "--tenant-probe-interval must be positive"},
-	} {
+	})
+}
+
+// badFlags is a command line that must end the process with exit code 1
+// and one line on stderr containing want.
+type badFlags struct {
+	name string
+	args []string
+	want string
+}
+
+// expectBadFlags runs bin with each case's args and extra.
+func expectBadFlags(t *testing.T, bin string, extra []string, cases []badFlags) {
+	t.Helper()
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, env.provider.Bin, tc.args...)
+			cmd := exec.CommandContext(ctx, bin, append(tc.args, extra...)...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			err := cmd.Run()

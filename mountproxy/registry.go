@@ -81,6 +81,7 @@ type entry struct {
 
 // Registry holds the tenants the shim forwards to.
 type Registry struct {
+	ctx     context.Context
 	mu      sync.RWMutex
 	tenants map[key]*entry
 	// revoked holds tenants removed by Revoke (and when) until they are
@@ -89,9 +90,11 @@ type Registry struct {
 	revoked map[key]time.Time
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry {
-	return &Registry{tenants: map[key]*entry{}, revoked: map[key]time.Time{}}
+// NewRegistry returns an empty registry. Requests to its tenants end
+// when ctx ends (at shutdown), or when their tenant is replaced or
+// removed.
+func NewRegistry(ctx context.Context) *Registry {
+	return &Registry{ctx: ctx, tenants: map[key]*entry{}, revoked: map[key]time.Time{}}
 }
 
 // Set adds or replaces a tenant; new requests use the new URL, CA and
@@ -124,7 +127,7 @@ func (r *Registry) Set(t Tenant) error {
 		// connection, which HTTP/2 cannot.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(r.ctx)
 	if keep {
 		// A new CA only: requests in flight on verified connections go on;
 		// new connections are verified against the new CA.

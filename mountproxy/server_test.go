@@ -139,7 +139,7 @@ func newFixtureWith(t *testing.T, handler http.HandlerFunc, change func(*Options
 	f.writeServing(f.servingC)
 	writeFile(t, filepath.Join(f.dir, "requestheader-ca.crt"), f.headerCA.PEM)
 	f.proxy = issue(t, f.headerCA, "kcp-front-proxy")
-	f.registry = NewRegistry()
+	f.registry = NewRegistry(t.Context())
 	f.tenant = startTenant(t, f.tenantCA, handler)
 	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}); err != nil {
 		t.Fatal(err)
@@ -421,7 +421,7 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 }
 
 func TestRegistryRefusesUnsafeTenants(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(t.Context())
 	u := &url.URL{Scheme: "https", Host: "127.0.0.1:1"}
 	for _, tc := range []Tenant{
 		{LogicalCluster: "ws", Name: "t", URL: u, Credential: Credential{Token: "x"}},                                                           // no CA

@@ -93,7 +93,7 @@ func run(ctx context.Context, o options) error {
 			names = append(names, n)
 		}
 	}
-	registry := mountproxy.NewRegistry()
+	registry := mountproxy.NewRegistry(ctx)
 	shim, err := mountproxy.New(mountproxy.Options{Files: o.files, AllowedNames: names, PathPrefix: o.pathPrefix, Registry: registry, Headers: o.headers, Registerer: metrics.Registry})
 	if err != nil {
 		return err

@@ -33,7 +33,6 @@ import (
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/engage"
-	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/tenant"
@@ -72,18 +71,14 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller and its reference index.
 func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.TenantCluster{}, tenant.Index, tenant.Refs); err != nil {
+	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
-	referrers := func(kind string) func(client.Object) string {
-		return func(o client.Object) string { return tenant.RefKey(kind, o.GetNamespace(), o.GetName()) }
-	}
-	list := func() client.ObjectList { return &computev1alpha1.TenantClusterList{} }
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&computev1alpha1.TenantCluster{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
-		Watches(&corev1.Secret{}, mapping.ByClusterIndex(list, tenant.Index, referrers("Secret")), engage.ForExport(Export)).
-		Watches(&corev1.ConfigMap{}, mapping.ByClusterIndex(list, tenant.Index, referrers("ConfigMap")), engage.ForExport(Export)).
+		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret"), engage.ForExport(Export)).
+		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap"), engage.ForExport(Export)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout: time.Minute,

@@ -14,8 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -27,18 +31,31 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Reason + ": " + e.Message }
 
-// Index is the field index of TenantClusters by the objects they refer
-// to; RefKey gives an object's value in it.
-const Index = "compute.knotless.dev/refs"
+// index is the field index of TenantClusters by the objects they refer
+// to; refKey gives an object's value in it.
+const index = "compute.knotless.dev/refs"
 
-// RefKey is the index value of a referenced object.
-func RefKey(kind, namespace, name string) string { return kind + "/" + namespace + "/" + name }
+func refKey(kind, namespace, name string) string { return kind + "/" + namespace + "/" + name }
 
-// Refs returns the index values of a TenantCluster's references.
-func Refs(o client.Object) []string {
+// AddIndex registers the index of TenantClusters by the Secrets and
+// ConfigMaps they reference.
+func AddIndex(ctx context.Context, mgr mcmanager.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.TenantCluster{}, index, refs)
+}
+
+// EnqueueReferrers maps a Secret or ConfigMap (kind) to the TenantClusters
+// of its workspace that reference it, so a changed CA bundle or credential
+// is picked up at once (R08). It needs AddIndex.
+func EnqueueReferrers(kind string) mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
+	return mapping.ByClusterIndex(func() client.ObjectList { return &computev1alpha1.TenantClusterList{} }, index,
+		func(o client.Object) string { return refKey(kind, o.GetNamespace(), o.GetName()) })
+}
+
+// refs returns the index values of a TenantCluster's references.
+func refs(o client.Object) []string {
 	tc := o.(*computev1alpha1.TenantCluster)
 	ca, cred := tc.Spec.CABundle, tc.Spec.Credential.SecretRef
-	return []string{RefKey(ca.Kind, ca.Namespace, ca.Name), RefKey("Secret", cred.Namespace, cred.Name)}
+	return []string{refKey(ca.Kind, ca.Namespace, ca.Name), refKey("Secret", cred.Namespace, cred.Name)}
 }
 
 // Resolve reads the TenantCluster's CA bundle and credential from its
