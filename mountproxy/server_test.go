@@ -291,20 +291,7 @@ func TestTenantCertificateIsVerifiedAgainstItsCAOnly(t *testing.T) {
 }
 
 func TestWatchStreamsAndRevocationEndsIt(t *testing.T) {
-	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		for i := 0; ; i++ {
-			if _, err := fmt.Fprintf(w, "{\"type\":\"ADDED\",\"n\":%d}\n", i); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	})
+	f := newFixture(t, streaming)
 	req, _ := http.NewRequest(http.MethodGet, "https://"+f.addr+"/tenants/ws-a/shop/api/v1/namespaces?watch=true", nil)
 	req.Header = alice()
 	resp, err := f.client(&f.proxy, f.servingC).Do(req)
