@@ -230,6 +230,9 @@ func TestMountedTenant(t *testing.T) {
 	if ws.Annotations[tenancyv1alpha1.ExperimentalWorkspaceOwnerAnnotationKey] == "" {
 		t.Error("the mount workspace has no owner annotation (R15)")
 	}
+	if ref := metav1.GetControllerOf(ws); ref == nil || ref.UID != tc.UID || ref.Kind != "TenantCluster" {
+		t.Errorf("the mount workspace's controller reference is %+v, want the TenantCluster (R07)", ref)
+	}
 
 	// alice, through kcp-front-proxy, at the mounted workspace's kcp path.
 	mounted := root.Join(shop).Join("tenant").String()

@@ -211,7 +211,13 @@ func (r *Reconciler) ensureWorkspace(ctx context.Context, lc string, tc *compute
 	ws, err := wss.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		ws, err = wss.Create(ctx, &tenancyv1alpha1.Workspace{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{tenancyv1alpha1.ExperimentalWorkspaceOwnerAnnotationKey: r.Owner}},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:        name,
+				Annotations: map[string]string{tenancyv1alpha1.ExperimentalWorkspaceOwnerAnnotationKey: r.Owner},
+				// R07; the finalizer still deletes it first, whatever kcp's
+				// garbage collector does with a mount workspace.
+				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(tc, computev1alpha1.GroupVersion.WithKind("TenantCluster"))},
+			},
 			Spec: tenancyv1alpha1.WorkspaceSpec{Mount: &tenancyv1alpha1.Mount{Reference: tenancyv1alpha1.ObjectReference{
 				APIVersion: computev1alpha1.GroupVersion.String(), Kind: "TenantCluster", Name: tc.Name,
 			}}},
