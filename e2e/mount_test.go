@@ -112,9 +112,11 @@ func tenantAccess(t *testing.T, k *framework.KCP) (caPEM []byte, token string) {
 }
 
 // tenantCluster creates the CA ConfigMap, the credential Secret and the
-// TenantCluster in a workspace.
+// TenantCluster in a workspace, and lets alice enter the workspace (the
+// shim forwards only callers kcp lets in).
 func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url string, caPEM []byte, token string) {
 	t.Helper()
+	grantEnter(ctx, t, c, "alice")
 	create(ctx, t, c,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(caPEM)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-credential", Namespace: "default"}, Data: map[string][]byte{"token": []byte(token)}},
@@ -126,6 +128,37 @@ func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url
 				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: name + "-credential"}},
 			},
 		})
+}
+
+// grantEnter lets user enter the workspace of c (verb access on /, what
+// kcp checks and the shim asks kcp about), once per workspace.
+func grantEnter(ctx context.Context, t *testing.T, c client.Client, user string) {
+	t.Helper()
+	name := "e2e:enter:" + user
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      []rbacv1.PolicyRule{{NonResourceURLs: []string{mountproxy.EnterPath}, Verbs: []string{mountproxy.EnterVerb}}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: user}},
+	}
+	for _, o := range []client.Object{role, binding} {
+		if err := c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// frontProxyCert is kcp-front-proxy's client certificate towards the shim.
+func frontProxyCert(t *testing.T) tls.Certificate {
+	t.Helper()
+	c, err := tls.LoadX509KeyPair(env.certs.FPToShim.Cert, env.certs.FPToShim.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // waitTenant waits until the TenantCluster's Ready condition has reason.
@@ -308,6 +341,7 @@ func TestMountedTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fp := frontProxyCert(t)
 	_, otherLC := appWorkspace(ctx, t, env.prefix+"-mount-other")
 	path := "/tenants/" + lc + "/tenant/api/v1/namespaces"
 	user := env.certs.UserHeader
@@ -321,9 +355,10 @@ func TestMountedTenant(t *testing.T) {
 	}{
 		{"no client certificate, spoofed identity", nil, path, map[string]string{user: "alice", "X-Remote-User": "alice"}, 401, mountproxy.ReasonNoClientCertificate},
 		{"certificate of another CA", &stranger, path, map[string]string{user: "alice"}, 401, mountproxy.ReasonUntrustedClient},
-		{"trusted certificate, no identity", &probe, path, nil, 401, mountproxy.ReasonNoIdentity},
-		{"trusted certificate, only the standard X-Remote-User", &probe, path, map[string]string{"X-Remote-User": "alice"}, 401, mountproxy.ReasonNoIdentity},
-		{"another workspace's path", &probe, "/tenants/" + otherLC + "/tenant/api/v1/namespaces", map[string]string{user: "alice"}, 404, mountproxy.ReasonUnknownTenant},
+		{"trusted certificate, no identity", &fp, path, nil, 401, mountproxy.ReasonNoIdentity},
+		{"trusted certificate, only the standard X-Remote-User", &fp, path, map[string]string{"X-Remote-User": "alice"}, 401, mountproxy.ReasonNoIdentity},
+		{"another workspace's path, which alice may not enter", &fp, "/tenants/" + otherLC + "/tenant/api/v1/namespaces", map[string]string{user: "alice"}, 403, mountproxy.ReasonNotAuthorized},
+		{"the probe's certificate as alice", &probe, path, map[string]string{user: "alice"}, 403, mountproxy.ReasonProbeNotAllowed},
 	} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+tt.path, nil)
 		for k, v := range tt.header {
@@ -350,7 +385,7 @@ func TestMountedTenant(t *testing.T) {
 	if err := framework.Eventually(ctx, 30*time.Second, "the shim to refuse the revoked tenant", func(ctx context.Context) (bool, string, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+path, nil)
 		req.Header.Set(user, "alice")
-		resp, err := shimClient(t, &probe).Do(req)
+		resp, err := shimClient(t, &fp).Do(req)
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -538,14 +573,11 @@ func TestMountHealth(t *testing.T) {
 	t.Logf("tenant started: Ready %s after it was ready, phase %s", time.Since(restarted).Round(time.Millisecond), tc.Status.Phase)
 
 	// Deleting the TenantCluster revokes it at the shim at once.
-	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fp := frontProxyCert(t)
 	shimGet := func() (int, string) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+env.mountProxy.Addr+"/tenants/"+lc+"/tenant/version", nil)
 		req.Header.Set(env.certs.UserHeader, "alice")
-		resp, err := shimClient(t, &probe).Do(req)
+		resp, err := shimClient(t, &fp).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -711,10 +743,8 @@ func TestMountProxyThroughput(t *testing.T) {
 		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 64}}
 	}
 	const object = "/api/v1/namespaces/default"
-	probe, err := tls.LoadX509KeyPair(env.certs.Probe.Cert, env.certs.Probe.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The shim authorizes every request (a SubjectAccessReview, cached).
+	fp := frontProxyCert(t)
 	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("tenant").String())
 	if err != nil {
 		t.Fatal(err)
@@ -727,7 +757,7 @@ func TestMountProxyThroughput(t *testing.T) {
 		{Name: "direct", Client: client(caPEM, nil), URL: tenant.BaseURL + "/clusters/root" + object, Header: http.Header{
 			"Authorization": {"Bearer " + token}, "Impersonate-User": {"alice"}, "Impersonate-Group": {"system:authenticated"},
 		}},
-		{Name: "through the shim", Client: client(env.certs.ShimServingCA.PEM, &probe), URL: "https://" + env.mountProxy.Addr + "/tenants/" + lc + "/tenant" + object, Header: http.Header{
+		{Name: "through the shim", Client: client(env.certs.ShimServingCA.PEM, &fp), URL: "https://" + env.mountProxy.Addr + "/tenants/" + lc + "/tenant" + object, Header: http.Header{
 			env.certs.UserHeader: {"alice"}, env.certs.GroupHeader: {"system:authenticated"},
 		}},
 		{Name: "through kcp-front-proxy and the shim", Client: &http.Client{Timeout: 30 * time.Second, Transport: rt}, URL: cfg.Host + object},
@@ -767,11 +797,23 @@ func TestMountProxyBadFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := env.certs
+	tlsFiles := []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile}
+	headers := []string{"--requestheader-username-headers", m.UserHeader, "--requestheader-group-headers", m.GroupHeader, "--requestheader-extra-headers-prefix", m.ExtraHeaderPrefix}
+	with := func(base []string, more ...string) []string {
+		return append(append(slices.Clone(base), headers...), more...)
+	}
 	expectBadFlags(t, env.mountProxy.Bin, []string{"--bind-address", "127.0.0.1:0", "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}, []badFlags{
 		{"no TLS files", []string{"--kubeconfig", env.kcp.Kubeconfig}, "are required"},
-		{"serving certificate is not a certificate", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", junk, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile}, "certificate"},
-		{"requestheader CA is not a certificate", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", junk}, "no PEM certificate"},
-		{"path prefix without slashes", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile, "--path-prefix", "tenants"}, "must start and end with /"},
+		{"no identity header names", tlsFiles, "is required"},
+		{"the standard identity header names", append(slices.Clone(tlsFiles), "--requestheader-username-headers", "X-Remote-User", "--requestheader-group-headers", "X-Remote-Group", "--requestheader-extra-headers-prefix", "X-Remote-Extra-"), "standard name"},
+		{"a guessable user header", append(slices.Clone(tlsFiles), "--requestheader-username-headers", "X-User", "--requestheader-group-headers", m.GroupHeader, "--requestheader-extra-headers-prefix", m.ExtraHeaderPrefix), "shorter than"},
+		{"Impersonate-User as the user header", append(slices.Clone(tlsFiles), "--requestheader-username-headers", "Impersonate-User-0123456789abcdef", "--requestheader-group-headers", m.GroupHeader, "--requestheader-extra-headers-prefix", m.ExtraHeaderPrefix), "standard name"},
+		{"metadata range allowed", with(tlsFiles, "--allow-private-networks", "169.254.0.0/16"), "only loopback, private and shared ranges"},
+		{"unresolvable reserved address", with(tlsFiles, "--reserved-addresses", "front-proxy.invalid:443"), "--reserved-addresses"},
+		{"no authorization cache", with(tlsFiles, "--authorization-cache-size", "0"), "must be positive"},
+		{"serving certificate is not a certificate", with([]string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", junk, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", m.ShimRequestCAFile}), "certificate"},
+		{"requestheader CA is not a certificate", with([]string{"--kubeconfig", env.kcp.Kubeconfig, "--tls-cert-file", m.ShimServing.Cert, "--tls-private-key-file", m.ShimServing.Key, "--requestheader-client-ca-file", junk}), "no PEM certificate"},
+		{"path prefix without slashes", with(tlsFiles, "--path-prefix", "tenants"), "must start and end with /"},
 		{"invalid workspace path", []string{"--kubeconfig", env.kcp.Kubeconfig, "--workspace", "root:Not_Valid"}, "not a valid workspace path"},
 	})
 }

@@ -5,15 +5,17 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
+
 	"fmt"
-	"net"
+
 	"net/http"
 	"net/url"
 	"reflect"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // Credential is what the shim authenticates with on a tenant: exactly one
@@ -79,8 +81,22 @@ type entry struct {
 	cancel    context.CancelFunc
 }
 
+// RegistryOptions configure the connections to tenants; zero fields take
+// defaults.
+type RegistryOptions struct {
+	// Policy is the address policy every connection to a tenant passes
+	// (R18); nil allows public addresses only.
+	Policy *netpolicy.Policy
+	// ResponseHeaderTimeout bounds the wait for a tenant's response
+	// headers (default 60 s, the apiserver's own limit for requests that
+	// are not long-running; watches and upgrades answer with headers at
+	// once).
+	ResponseHeaderTimeout time.Duration
+}
+
 // Registry holds the tenants the shim forwards to.
 type Registry struct {
+	opts    RegistryOptions
 	ctx     context.Context
 	mu      sync.RWMutex
 	tenants map[key]*entry
@@ -93,8 +109,11 @@ type Registry struct {
 // NewRegistry returns an empty registry. Requests to its tenants end
 // when ctx ends (at shutdown), or when their tenant is replaced or
 // removed.
-func NewRegistry(ctx context.Context) *Registry {
-	return &Registry{ctx: ctx, tenants: map[key]*entry{}, revoked: map[key]time.Time{}}
+func NewRegistry(ctx context.Context, o RegistryOptions) *Registry {
+	if o.ResponseHeaderTimeout <= 0 {
+		o.ResponseHeaderTimeout = 60 * time.Second
+	}
+	return &Registry{opts: o, ctx: ctx, tenants: map[key]*entry{}, revoked: map[key]time.Time{}}
 }
 
 // Set adds or replaces a tenant; new requests use the new URL, CA and
@@ -117,9 +136,10 @@ func (r *Registry) Set(t Tenant) error {
 	}
 	tr := &http.Transport{
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           r.opts.Policy.Dialer(10 * time.Second).DialContext,
 		TLSClientConfig:       tlsConfig,
 		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: r.opts.ResponseHeaderTimeout,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -200,7 +220,3 @@ func (r *Registry) find(logicalCluster, name string) (e *entry, ok, revoked bool
 	_, revoked = r.revoked[k]
 	return e, ok, revoked
 }
-
-// errUnknownTenant: no tenant under this path (never registered, deleted
-// or revoked).
-var errUnknownTenant = errors.New("unknown tenant")

@@ -16,8 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/promutil"
 )
 
@@ -29,18 +31,40 @@ type Options struct {
 	// provider's probe). Empty allows any certificate the requestheader CA
 	// issued.
 	AllowedNames []string
+	// ProbeNames are the client certificate common names of the provider's
+	// probe: they may assert only ProbeUser, only for GET .../version, and
+	// are not authorized against kcp (the probe user is no kcp user).
+	ProbeNames []string
 	// PathPrefix precedes /<logical cluster>/<name>/ (default "/tenants/").
 	PathPrefix string
 	Registry   *Registry
+	// Authorizer decides whether a caller may enter the workspace of the
+	// tenant (required; NewSARAuthorizer asks kcp).
+	Authorizer Authorizer
 	// ReloadEvery is how often the TLS files are checked for changes
 	// (default 2s).
 	ReloadEvery time.Duration
-	// Headers name the identity headers (default X-Remote-User,
-	// X-Remote-Group, X-Remote-Extra-).
+	// Headers name the identity headers; required, see Headers.Validate.
 	Headers Headers
 	// Registerer, when set, gets the shim's metrics.
 	Registerer prometheus.Registerer
+	// Log gets forwarding errors and authorization failures (default:
+	// discarded).
+	Log logr.Logger
+	// ReadHeaderTimeout and IdleTimeout close connections that send no
+	// request headers, or no next request, in time (default 10 s and 90 s),
+	// so refused callers cannot hold connections open.
+	ReadHeaderTimeout, IdleTimeout time.Duration
 }
+
+// ProbeUser is the only identity a probe certificate may assert, and so
+// the user the shim impersonates on the tenant for the provider's probe.
+const ProbeUser = "system:knotless:mount-probe"
+
+// HopHeader marks a request the shim forwarded; a request that arrives
+// with it has passed the shim before (a tenant URL that leads back to kcp
+// or the shim) and is refused, so no request passes the shim twice (R18).
+const HopHeader = "X-Knotless-Mount-Hop"
 
 // OutcomeForwarded labels requests sent on to a tenant in
 // knotless_mountproxy_requests_total; the other outcomes are reasons.
@@ -50,27 +74,61 @@ const OutcomeForwarded = "Forwarded"
 // (its mapping's user_header, group_header and extra_header_prefix).
 //
 // kcp v0.28.1's front proxy sets the user header but appends groups and
-// extras to whatever the caller sent under the same names, so with the
-// standard names a caller can add groups and extras to their own identity.
-// Names that only the mapping file and the shim know close that: the shim
-// reads only those, and removes every X-Remote-* header and every header
-// under the configured names before forwarding.
+// extras to whatever the caller sent under the same names, and passes a
+// request without a client certificate on with the caller's headers
+// untouched. The names are therefore a secret shared by the mapping and
+// the shim (R17): the shim reads only those, never names them in an
+// answer, refuses standard names, and removes every X-Remote-* header and
+// every header under the configured names before forwarding.
 type Headers struct {
 	User, Group, ExtraPrefix string
 }
 
-func (h Headers) withDefaults() Headers {
-	if h.User == "" {
-		h.User = "X-Remote-User"
+// minHeaderName is the shortest identity header name accepted: enough for
+// a prefix and at least 8 random bytes in hex.
+const minHeaderName = 20
+
+// Validate refuses missing, standard, short or overlapping names. Its
+// errors name the flag's value, which only the operator sees.
+func (h Headers) Validate() error {
+	for _, n := range []struct{ what, name string }{{"user header", h.User}, {"group header", h.Group}, {"extra header prefix", h.ExtraPrefix}} {
+		if err := ValidateHeaderName(n.what, n.name); err != nil {
+			return err
+		}
 	}
-	if h.Group == "" {
-		h.Group = "X-Remote-Group"
+	u, g, e := http.CanonicalHeaderKey(h.User), http.CanonicalHeaderKey(h.Group), http.CanonicalHeaderKey(h.ExtraPrefix)
+	if u == g || strings.HasPrefix(u, e) || strings.HasPrefix(g, e) {
+		return errors.New("the user header, group header and extra header prefix must be distinct and neither header may start with the extra prefix")
 	}
-	if h.ExtraPrefix == "" {
-		h.ExtraPrefix = "X-Remote-Extra-"
+	return nil
+}
+
+// ValidateHeaderName refuses a missing, standard or short identity header
+// name, or one with characters other than letters, digits and '-'.
+func ValidateHeaderName(what, n string) error {
+	switch {
+	case n == "":
+		return fmt.Errorf("the %s is required: choose a name callers cannot guess, e.g. X-Knotless-<16 random hex digits>-User (docs/mountproxy.md)", what)
+	case standardHeader(http.CanonicalHeaderKey(n)):
+		return fmt.Errorf("the %s %q is a standard name (X-Remote-*, Impersonate-*, Authorization): callers could send it themselves", what, n)
+	case len(n) < minHeaderName:
+		return fmt.Errorf("the %s %q is shorter than %d characters: include at least 16 random hex digits", what, n, minHeaderName)
+	case strings.ContainsFunc(n, func(r rune) bool {
+		return !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}):
+		return fmt.Errorf("the %s %q may contain only letters, digits and '-'", what, n)
 	}
-	h.User, h.Group, h.ExtraPrefix = http.CanonicalHeaderKey(h.User), http.CanonicalHeaderKey(h.Group), http.CanonicalHeaderKey(h.ExtraPrefix)
-	return h
+	return nil
+}
+
+// standardHeader reports whether a canonical name is one a caller or a
+// proxy may set for its own reasons.
+func standardHeader(c string) bool {
+	return strings.HasPrefix(c, "X-Remote-") || strings.HasPrefix(c, "Impersonate-") || c == "Authorization" || c == "Proxy-Authorization" || c == HopHeader || c == ReasonHeader
+}
+
+func (h Headers) canonical() Headers {
+	return Headers{http.CanonicalHeaderKey(h.User), http.CanonicalHeaderKey(h.Group), http.CanonicalHeaderKey(h.ExtraPrefix)}
 }
 
 // identityHeader reports whether a canonical header name carries an
@@ -82,6 +140,7 @@ func (h Headers) identityHeader(c string) bool {
 // Server is the shim.
 type Server struct {
 	opts   Options
+	log    logr.Logger
 	certs  *reloader
 	prefix string
 	proxy  *httputil.ReverseProxy
@@ -117,7 +176,31 @@ const (
 	ReasonTenantUnreachable   = "TenantUnreachable"
 	ReasonTenantCertificate   = "TenantCertificateInvalid"
 	ReasonTenantError         = "TenantError"
+	// ReasonNotAuthorized: kcp does not let the caller enter the
+	// workspace that holds the tenant.
+	ReasonNotAuthorized = "NotAuthorized"
+	// ReasonAuthorizationUnavailable: kcp could not be asked.
+	ReasonAuthorizationUnavailable = "AuthorizationUnavailable"
+	// ReasonServiceAccount: kcp ServiceAccounts are not forwarded (their
+	// names would be the tenant's own ServiceAccounts').
+	ReasonServiceAccount = "ServiceAccountNotAllowed"
+	// ReasonPrivilegedGroup: system:masters is never asserted to a tenant.
+	ReasonPrivilegedGroup = "PrivilegedGroupNotAllowed"
+	// ReasonProbeNotAllowed: a probe certificate asked for more than a
+	// probe.
+	ReasonProbeNotAllowed = "ProbeNotAllowed"
+	// ReasonLoop: the request passed the shim before.
+	ReasonLoop = "ForwardingLoop"
+	// ReasonTenantRedirect: the tenant answered with a redirect, which is
+	// never passed to kcp's clients nor followed.
+	ReasonTenantRedirect = "TenantRedirect"
+	// ReasonAddressNotAllowed: the tenant's address is refused by the
+	// operator's address policy.
+	ReasonAddressNotAllowed = "AddressNotAllowed"
 )
+
+// errTenantRedirect is a tenant's 3xx with a Location.
+var errTenantRedirect = errors.New("redirect")
 
 // New returns a server; it fails if the TLS files cannot be loaded.
 func New(o Options) (*Server, error) {
@@ -127,6 +210,12 @@ func New(o Options) (*Server, error) {
 	if o.ReloadEvery <= 0 {
 		o.ReloadEvery = 2 * time.Second
 	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 90 * time.Second
+	}
 	prefix := o.PathPrefix
 	if prefix == "" {
 		prefix = "/tenants/"
@@ -134,12 +223,18 @@ func New(o Options) (*Server, error) {
 	if !strings.HasPrefix(prefix, "/") || !strings.HasSuffix(prefix, "/") {
 		return nil, fmt.Errorf("mountproxy: path prefix %q must start and end with /", prefix)
 	}
+	if o.Authorizer == nil {
+		return nil, errors.New("mountproxy: an authorizer is required")
+	}
+	if err := o.Headers.Validate(); err != nil {
+		return nil, fmt.Errorf("mountproxy: %w", err)
+	}
 	certs, err := newReloader(o.Files, o.ReloadEvery)
 	if err != nil {
 		return nil, fmt.Errorf("mountproxy: %w", err)
 	}
-	o.Headers = o.Headers.withDefaults()
-	s := &Server{opts: o, certs: certs, prefix: prefix}
+	o.Headers = o.Headers.canonical()
+	s := &Server{opts: o, certs: certs, prefix: prefix, log: o.Log}
 	s.proxy = s.newProxy()
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "knotless_mountproxy_requests_total",
@@ -167,7 +262,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	// which HTTP/2 cannot; kcp-front-proxy would otherwise negotiate h2.
 	tlsConfig := s.TLSConfig()
 	tlsConfig.NextProtos = []string{"http/1.1"}
-	srv := &http.Server{Handler: s, TLSConfig: tlsConfig, ReadHeaderTimeout: 30 * time.Second,
+	srv := &http.Server{Handler: s, TLSConfig: tlsConfig, ReadHeaderTimeout: s.opts.ReadHeaderTimeout, IdleTimeout: s.opts.IdleTimeout,
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
@@ -183,18 +278,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-// identity is the caller kcp-front-proxy vouches for.
-type identity struct {
-	user   string
-	groups []string
-	extra  map[string][]string
-}
-
 // authenticate verifies the client certificate, then reads the identity
-// headers. It returns a reason and an HTTP status on failure.
-func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) {
+// headers. It returns a reason and an HTTP status on failure, and whether
+// the certificate is a probe's. Messages never name a configured header,
+// the CA or other configuration (R17).
+func (s *Server) authenticate(r *http.Request) (c *Caller, probe bool, code int, reason, msg string) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		return nil, http.StatusUnauthorized, ReasonNoClientCertificate, "a client certificate issued by the requestheader CA is required"
+		return nil, false, http.StatusUnauthorized, ReasonNoClientCertificate, "the mount proxy accepts requests from kcp-front-proxy only"
 	}
 	_, pool := s.certs.current()
 	leaf := r.TLS.PeerCertificates[0]
@@ -205,7 +295,7 @@ func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) 
 	vk := verifiedKey{pool: pool, raw: string(leaf.Raw)}
 	if until, ok := s.verified.Load(vk); !ok || time.Now().After(until.(time.Time)) {
 		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			return nil, http.StatusUnauthorized, ReasonUntrustedClient, "the client certificate is not issued by the requestheader CA: " + err.Error()
+			return nil, false, http.StatusUnauthorized, ReasonUntrustedClient, "the client certificate is not trusted by the mount proxy"
 		}
 		// Checked again after a minute (and whenever the CA file changes,
 		// which makes a new pool).
@@ -215,44 +305,82 @@ func (s *Server) authenticate(r *http.Request) (*identity, int, string, string) 
 		}
 		s.verified.Store(vk, until)
 	}
-	if len(s.opts.AllowedNames) > 0 && !slices.Contains(s.opts.AllowedNames, leaf.Subject.CommonName) {
-		return nil, http.StatusForbidden, ReasonNameNotAllowed, fmt.Sprintf("client certificate %q may not assert identities", leaf.Subject.CommonName)
+	cn := leaf.Subject.CommonName
+	if len(s.opts.AllowedNames) > 0 && !slices.Contains(s.opts.AllowedNames, cn) {
+		return nil, false, http.StatusForbidden, ReasonNameNotAllowed, "this client certificate may not assert identities"
 	}
 	hn := s.opts.Headers
-	id := &identity{user: r.Header.Get(hn.User), groups: r.Header.Values(hn.Group), extra: map[string][]string{}}
-	if users := r.Header.Values(hn.User); len(users) != 1 || id.user == "" {
-		return nil, http.StatusUnauthorized, ReasonNoIdentity, "want exactly one " + hn.User + " header"
+	c = &Caller{User: r.Header.Get(hn.User), Groups: r.Header.Values(hn.Group), Extra: map[string][]string{}}
+	if users := r.Header.Values(hn.User); len(users) != 1 || c.User == "" {
+		return nil, false, http.StatusUnauthorized, ReasonNoIdentity, "the request carries no identity asserted by kcp-front-proxy"
 	}
 	for name, values := range r.Header {
 		if k, ok := strings.CutPrefix(http.CanonicalHeaderKey(name), hn.ExtraPrefix); ok {
 			if dec, err := url.PathUnescape(k); err == nil {
 				k = dec
 			}
-			id.extra[strings.ToLower(k)] = values
+			c.Extra[strings.ToLower(k)] = values
 		}
 	}
-	return id, 0, "", ""
+	return c, slices.Contains(s.opts.ProbeNames, cn), 0, "", ""
 }
 
-// ServeHTTP authenticates, routes and forwards one request.
+// authorize decides whether an authenticated caller may reach the tenant
+// at rest in logical cluster lc: a probe only with its own identity and
+// only for GET /version; anyone else only if kcp lets them enter lc, and
+// never as a ServiceAccount or in system:masters.
+func (s *Server) authorize(r *http.Request, c *Caller, probe bool, lc, rest string) (code int, reason, msg string) {
+	switch {
+	case probe:
+		if c.User != ProbeUser || r.Method != http.MethodGet || rest != "/version" {
+			return http.StatusForbidden, ReasonProbeNotAllowed, "a probe certificate may only read /version as the probe user"
+		}
+		return 0, "", ""
+	case strings.HasPrefix(c.User, "system:serviceaccount:"):
+		// A kcp ServiceAccount ns/x would become the tenant's own
+		// ServiceAccount ns/x when impersonated (docs/mountproxy.md).
+		return http.StatusForbidden, ReasonServiceAccount, "kcp ServiceAccounts cannot use mounted workspaces; use a user identity"
+	case slices.Contains(c.Groups, "system:masters"):
+		return http.StatusForbidden, ReasonPrivilegedGroup, "members of system:masters are not forwarded to tenants"
+	}
+	ok, err := s.opts.Authorizer.Authorize(r.Context(), lc, c)
+	switch {
+	case err != nil:
+		s.log.Error(err, "authorizing a caller", "logicalCluster", lc, "user", c.User)
+		return http.StatusServiceUnavailable, ReasonAuthorizationUnavailable, "kcp could not be asked whether the caller may enter this workspace; try again"
+	case !ok:
+		return http.StatusForbidden, ReasonNotAuthorized, "the caller may not enter this workspace"
+	}
+	return 0, "", ""
+}
+
+// ServeHTTP authenticates, authorizes, routes and forwards one request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id, code, reason, msg := s.authenticate(r)
-	if id == nil {
+	if r.Header.Get(HopHeader) != "" {
+		s.refuse(w, http.StatusLoopDetected, ReasonLoop, "the request has passed the mount proxy before")
+		return
+	}
+	c, probe, code, reason, msg := s.authenticate(r)
+	if c == nil {
 		s.refuse(w, code, reason, msg)
 		return
 	}
 	lc, name, rest, ok := ParsePath(s.prefix, r.URL.Path)
 	if !ok {
-		s.refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a tenant: want "+s.prefix+"<logical cluster>/<name>/...")
+		s.refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a mounted workspace")
+		return
+	}
+	if code, reason, msg := s.authorize(r, c, probe, lc, rest); code != 0 {
+		s.refuse(w, code, reason, msg)
 		return
 	}
 	e, ok, revoked := s.opts.Registry.find(lc, name)
 	if revoked {
-		s.refuse(w, http.StatusForbidden, ReasonRevoked, fmt.Sprintf("tenant %s in workspace %s is revoked", name, lc))
+		s.refuse(w, http.StatusForbidden, ReasonRevoked, "the mounted workspace's tenant is revoked")
 		return
 	}
 	if !ok {
-		s.refuse(w, http.StatusNotFound, ReasonUnknownTenant, fmt.Sprintf("no tenant %s in workspace %s (not registered, deleted or revoked)", name, lc))
+		s.refuse(w, http.StatusNotFound, ReasonUnknownTenant, "the mounted workspace has no tenant (not registered, deleted or revoked)")
 		return
 	}
 	// The tenant's removal or replacement ends this request at once.
@@ -260,7 +388,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
-	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, id: id, rest: rest})
+	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, caller: c, rest: rest, probe: probe})
 	s.requests.WithLabelValues(OutcomeForwarded).Inc()
 	s.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -268,9 +396,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forward is what the shared reverse proxy needs to know about one
 // request; it travels in the request's context.
 type forward struct {
-	entry *entry
-	id    *identity
-	rest  string
+	entry  *entry
+	caller *Caller
+	rest   string
+	// probe requests get the forwarding error's detail in refusals.
+	probe bool
 }
 
 type forwardKey struct{}
@@ -298,20 +428,43 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			target.RawQuery = pr.In.URL.RawQuery
 			pr.Out.URL = &target
 			pr.Out.Host = ""
-			rewriteHeaders(pr.Out.Header, s.opts.Headers, f.id, f.entry.tenant.Credential)
+			rewriteHeaders(pr.Out.Header, s.opts.Headers, f.caller, f.entry.tenant.Credential)
 		},
 		// The reason header is the shim's alone: a tenant cannot answer
-		// with one.
+		// with one. A redirect is never passed on: client-go would follow
+		// it to another workspace with the caller's credential and body
+		// (the class of CVE-2022-3172).
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(ReasonHeader)
+			if resp.StatusCode >= 300 && resp.StatusCode < 400 && resp.Header.Get("Location") != "" {
+				return fmt.Errorf("%w (HTTP %d)", errTenantRedirect, resp.StatusCode)
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			t := forwardOf(r).entry.tenant
+			f := forwardOf(r)
 			reason, code := ClassifyForwardError(err)
-			s.refuse(w, code, reason, fmt.Sprintf("forwarding to tenant %s/%s: %v", t.LogicalCluster, t.Name, err))
+			s.log.V(1).Info("forwarding failed", "logicalCluster", f.entry.tenant.LogicalCluster, "name", f.entry.tenant.Name, "reason", reason, "error", err.Error())
+			msg := forwardMessages[reason]
+			if f.probe {
+				// The provider's probe reports the detail in the
+				// TenantCluster's status, which only the workspace reads.
+				msg += ": " + err.Error()
+			}
+			s.refuse(w, code, reason, msg)
 		},
 	}
+}
+
+// forwardMessages are what callers read about a forwarding error: no
+// address, certificate name or other detail of the tenant's setup.
+var forwardMessages = map[string]string{
+	ReasonTenantCertificate: "the tenant's serving certificate did not verify",
+	ReasonTenantUnreachable: "the tenant could not be reached",
+	ReasonTenantRedirect:    "the tenant answered with a redirect, which the mount proxy does not pass on",
+	ReasonAddressNotAllowed: "the tenant's address is not allowed by the operator's address policy",
+	ReasonUnknownTenant:     "the tenant was replaced or removed",
+	ReasonTenantError:       "the tenant's answer could not be forwarded",
 }
 
 // bufferPool reuses the 32 KiB copy buffers of response bodies.
@@ -326,7 +479,7 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 
 // rewriteHeaders removes every credential and identity header the caller
 // sent and sets the tenant credential and the impersonation headers.
-func rewriteHeaders(h http.Header, names Headers, id *identity, cred Credential) {
+func rewriteHeaders(h http.Header, names Headers, c *Caller, cred Credential) {
 	for name := range h {
 		c := http.CanonicalHeaderKey(name)
 		if c == "Authorization" || c == "Proxy-Authorization" || strings.HasPrefix(c, "Impersonate-") || names.identityHeader(c) {
@@ -336,11 +489,12 @@ func rewriteHeaders(h http.Header, names Headers, id *identity, cred Credential)
 	if cred.Token != "" {
 		h.Set("Authorization", "Bearer "+cred.Token)
 	}
-	h.Set("Impersonate-User", id.user)
-	for _, g := range id.groups {
+	h.Set(HopHeader, "1")
+	h.Set("Impersonate-User", c.User)
+	for _, g := range c.Groups {
 		h.Add("Impersonate-Group", g)
 	}
-	for k, vs := range id.extra {
+	for k, vs := range c.Extra {
 		for _, v := range vs {
 			h.Add("Impersonate-Extra-"+url.PathEscape(k), v)
 		}
@@ -355,6 +509,10 @@ func ClassifyForwardError(err error) (reason string, status int) {
 	var invalid x509.CertificateInvalidError
 	var verify *tls.CertificateVerificationError
 	switch {
+	case errors.Is(err, errTenantRedirect):
+		return ReasonTenantRedirect, http.StatusBadGateway
+	case errors.Is(err, netpolicy.ErrDenied):
+		return ReasonAddressNotAllowed, http.StatusBadGateway
 	case errors.As(err, &unknownAuth), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
 		return ReasonTenantCertificate, http.StatusBadGateway
 	case errors.Is(err, context.Canceled):

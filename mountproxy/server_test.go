@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // fixture is a running shim with its CAs, a requestheader client (what
@@ -139,18 +141,20 @@ func newFixtureWith(t *testing.T, handler http.HandlerFunc, change func(*Options
 	f.writeServing(f.servingC)
 	writeFile(t, filepath.Join(f.dir, "requestheader-ca.crt"), f.headerCA.PEM)
 	f.proxy = issue(t, f.headerCA, "kcp-front-proxy")
-	f.registry = NewRegistry(t.Context())
 	f.tenant = startTenant(t, f.tenantCA, handler)
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}); err != nil {
-		t.Fatal(err)
-	}
 	opts := Options{
 		Files:        Files{ServingCert: filepath.Join(f.dir, "serving.crt"), ServingKey: filepath.Join(f.dir, "serving.key"), RequestHeaderCA: filepath.Join(f.dir, "requestheader-ca.crt")},
 		AllowedNames: []string{"kcp-front-proxy"},
-		Registry:     f.registry,
+		Registry:     NewRegistry(t.Context(), RegistryOptions{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)}),
+		Authorizer:   enterIfNotMallory,
+		Headers:      Headers{User: testUser, Group: testGroup, ExtraPrefix: testExtra},
 		ReloadEvery:  10 * time.Millisecond,
 	}
 	change(&opts)
+	f.registry = opts.Registry
+	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}); err != nil {
+		t.Fatal(err)
+	}
 	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -194,9 +198,22 @@ func (f *fixture) get(c *http.Client, path string, header http.Header) (*http.Re
 	return resp, string(b)
 }
 
+// The fixture's identity header names (what kcp-front-proxy's mapping and
+// the shim share).
+const (
+	testUser  = "X-Knotless-0123456789abcdef-User"
+	testGroup = "X-Knotless-fedcba9876543210-Group"
+	testExtra = "X-Knotless-a1b2c3d4e5f60718-Extra-"
+)
+
 func alice() http.Header {
-	return http.Header{"X-Remote-User": {"alice"}, "X-Remote-Group": {"devs", "system:authenticated"}}
+	return http.Header{testUser: {"alice"}, testGroup: {"devs", "system:authenticated"}}
 }
+
+// enterIfNotMallory lets everyone but mallory enter every workspace.
+var enterIfNotMallory = AuthorizerFunc(func(_ context.Context, _ string, c *Caller) (bool, error) {
+	return c.User != "mallory", nil
+})
 
 func TestOnlyTheProxyCertificateMayAssertAnIdentity(t *testing.T) {
 	f := newFixture(t, echoHandler)
@@ -237,7 +254,8 @@ func TestForwardsAsTheCallerWithNoCallerCredentials(t *testing.T) {
 	h.Set("Authorization", "Bearer caller-token")
 	h.Set("Impersonate-User", "system:admin")
 	h.Add("Impersonate-Group", "system:masters")
-	h.Set("X-Remote-Extra-Scopes", "read")
+	h.Set(testExtra+"Scopes", "read")
+	h.Set("X-Remote-Extra-Spoofed", "yes")
 	resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/api/v1/namespaces?watch=true&limit=5", h)
 	if resp.StatusCode != 200 || resp.Header.Get(ReasonHeader) != "" {
 		t.Fatalf("got %d: %s", resp.StatusCode, body)
@@ -348,7 +366,7 @@ func TestUpgradedStreamsPassThrough(t *testing.T) {
 	if p := conn.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
 		t.Fatalf("negotiated %q, want http/1.1", p)
 	}
-	fmt.Fprintf(conn, "POST /tenants/ws-a/shop/api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Remote-User: alice\r\nContent-Length: 0\r\n\r\n")
+	fmt.Fprintf(conn, "POST /tenants/ws-a/shop/api/v1/namespaces/default/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"+testUser+": alice\r\nContent-Length: 0\r\n\r\n")
 	rd := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(rd, nil)
 	if err != nil || resp.StatusCode != 101 {
@@ -408,7 +426,7 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 }
 
 func TestRegistryRefusesUnsafeTenants(t *testing.T) {
-	r := NewRegistry(t.Context())
+	r := NewRegistry(t.Context(), RegistryOptions{})
 	u := &url.URL{Scheme: "https", Host: "127.0.0.1:1"}
 	for _, tc := range []Tenant{
 		{LogicalCluster: "ws", Name: "t", URL: u, Credential: Credential{Token: "x"}},                                                           // no CA

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -31,6 +33,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/mountregistry"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -38,8 +41,11 @@ type options struct {
 	kubeconfig, kubecontext, workspace string
 	bindAddress                        string
 	files                              mountproxy.Files
-	allowedNames                       string
+	allowedNames, probeNames           string
 	headers                            mountproxy.Headers
+	allowedNetworks, reserved          string
+	authz                              mountproxy.SAROptions
+	responseHeaderTimeout              time.Duration
 	pathPrefix                         string
 	metricsAddr, probeAddr             string
 	connectTimeout, shutdownTimeout    time.Duration
@@ -55,10 +61,17 @@ func main() {
 	fs.StringVar(&o.files.ServingCert, "tls-cert-file", "", "serving certificate, issued by the CA kcp-front-proxy's mapping names as backend_server_ca (reloaded on change)")
 	fs.StringVar(&o.files.ServingKey, "tls-private-key-file", "", "key of --tls-cert-file")
 	fs.StringVar(&o.files.RequestHeaderCA, "requestheader-client-ca-file", "", "CA that issued kcp-front-proxy's proxy client certificate and the provider's probe certificate (reloaded on change)")
-	fs.StringVar(&o.allowedNames, "requestheader-allowed-names", "kcp-front-proxy,knotless-probe", "comma-separated common names of client certificates that may assert X-Remote-* identities (empty: any the CA issued)")
-	fs.StringVar(&o.headers.User, "requestheader-username-headers", "X-Remote-User", "header with the caller's user name (kcp-front-proxy's mapping user_header); see docs/mountproxy.md on choosing names callers cannot guess")
-	fs.StringVar(&o.headers.Group, "requestheader-group-headers", "X-Remote-Group", "header with the caller's groups (the mapping's group_header)")
-	fs.StringVar(&o.headers.ExtraPrefix, "requestheader-extra-headers-prefix", "X-Remote-Extra-", "prefix of headers with the caller's extra attributes (the mapping's extra_header_prefix)")
+	fs.StringVar(&o.allowedNames, "requestheader-allowed-names", "kcp-front-proxy,knotless-probe", "comma-separated common names of client certificates that may assert identities (empty: any the CA issued)")
+	fs.StringVar(&o.probeNames, "probe-client-names", "knotless-probe", "comma-separated common names of the provider's probe certificates: they may only read /version as "+mountproxy.ProbeUser)
+	fs.StringVar(&o.headers.User, "requestheader-username-headers", "", "header with the caller's user name (kcp-front-proxy's mapping user_header); required, a name callers cannot guess (docs/mountproxy.md)")
+	fs.StringVar(&o.headers.Group, "requestheader-group-headers", "", "header with the caller's groups (the mapping's group_header); required, unguessable")
+	fs.StringVar(&o.headers.ExtraPrefix, "requestheader-extra-headers-prefix", "", "prefix of headers with the caller's extra attributes (the mapping's extra_header_prefix); required, unguessable")
+	fs.StringVar(&o.allowedNetworks, "allow-private-networks", "", "comma-separated loopback/private CIDR ranges (or addresses) tenants may be reached at; empty allows public addresses only (link-local and metadata addresses are never reached)")
+	fs.StringVar(&o.reserved, "reserved-addresses", "", "comma-separated URLs or host:port that tenants may never be (kcp-front-proxy's, other kcp endpoints); kcp's kubeconfig server and the shim's own address are always reserved")
+	fs.DurationVar(&o.authz.AllowTTL, "authorization-cache-ttl", 10*time.Second, "how long kcp's answer that a caller may enter a workspace is reused")
+	fs.DurationVar(&o.authz.DenyTTL, "authorization-cache-denied-ttl", 5*time.Second, "how long kcp's refusal is reused")
+	fs.IntVar(&o.authz.Size, "authorization-cache-size", 10000, "most authorization answers kept")
+	fs.DurationVar(&o.responseHeaderTimeout, "tenant-response-header-timeout", 60*time.Second, "how long a tenant may take to send response headers")
 	fs.StringVar(&o.pathPrefix, "path-prefix", "/tenants/", "path prefix of tenant routes: <prefix><logical cluster>/<name>/...")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:8090", "address of the metrics endpoint (0 disables it)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "127.0.0.1:8091", "address of /healthz and /readyz (0 disables them)")
@@ -87,14 +100,45 @@ func run(ctx context.Context, o options) error {
 	if o.files.ServingCert == "" || o.files.ServingKey == "" || o.files.RequestHeaderCA == "" {
 		return errors.New("--tls-cert-file, --tls-private-key-file and --requestheader-client-ca-file are required")
 	}
-	var names []string
-	for _, n := range strings.Split(o.allowedNames, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			names = append(names, n)
-		}
+	if err := o.headers.Validate(); err != nil {
+		return fmt.Errorf("--requestheader-*-headers: %w", err)
 	}
-	registry := mountproxy.NewRegistry(ctx)
-	shim, err := mountproxy.New(mountproxy.Options{Files: o.files, AllowedNames: names, PathPrefix: o.pathPrefix, Registry: registry, Headers: o.headers, Registerer: metrics.Registry})
+	if o.authz.AllowTTL <= 0 || o.authz.DenyTTL <= 0 || o.authz.Size <= 0 || o.responseHeaderTimeout <= 0 {
+		return errors.New("--authorization-cache-ttl, --authorization-cache-denied-ttl, --authorization-cache-size and --tenant-response-header-timeout must be positive")
+	}
+	names, probes := splitList(o.allowedNames), splitList(o.probeNames)
+	allowed, err := netpolicy.ParsePrefixes(o.allowedNetworks)
+	if err != nil {
+		return fmt.Errorf("--allow-private-networks: %w", err)
+	}
+	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
+	if err != nil {
+		return err
+	}
+	// Tenants are never kcp itself, kcp-front-proxy or the shim (R18).
+	var reserved []netip.AddrPort
+	for _, target := range append([]string{cfg.Host, o.bindAddress}, splitList(o.reserved)...) {
+		addrs, err := netpolicy.Resolve(ctx, target)
+		if err != nil {
+			return fmt.Errorf("--reserved-addresses: %w", err)
+		}
+		reserved = append(reserved, addrs...)
+	}
+	registry := mountproxy.NewRegistry(ctx, mountproxy.RegistryOptions{Policy: netpolicy.New(allowed, reserved), ResponseHeaderTimeout: o.responseHeaderTimeout})
+	base, err := bootstrap.BaseURL(cfg.Host)
+	if err != nil {
+		return err
+	}
+	baseCfg := rest.CopyConfig(cfg)
+	baseCfg.Host = base
+	authz, err := mountproxy.NewSARAuthorizer(baseCfg, o.authz)
+	if err != nil {
+		return err
+	}
+	shim, err := mountproxy.New(mountproxy.Options{
+		Files: o.files, AllowedNames: names, ProbeNames: probes, PathPrefix: o.pathPrefix, Registry: registry, Authorizer: authz,
+		Headers: o.headers, Registerer: metrics.Registry, Log: logger.WithName("shim"),
+	})
 	if err != nil {
 		return err
 	}
@@ -104,10 +148,6 @@ func run(ctx context.Context, o options) error {
 	}
 	defer ln.Close()
 
-	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
-	if err != nil {
-		return err
-	}
 	if err := bootstrap.WaitForKCP(ctx, cfg, o.connectTimeout); err != nil {
 		return err
 	}
@@ -150,10 +190,21 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", mountregistry.Export)
+	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", mountregistry.Export, "allowedNetworks", o.allowedNetworks, "reservedAddresses", len(reserved))
 	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -12,12 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
-
-// ProbeUser is the identity the probe asserts to the shim, and so the user
-// the shim impersonates on the tenant for the probe.
-const ProbeUser = "system:knotless:mount-probe"
 
 // Prober asks a tenant for its version through the shim, exactly as kcp's
 // requests go: the shim's requestheader authentication, its registry
@@ -30,7 +27,7 @@ type Prober struct {
 	// PathPrefix of the shim (default /tenants/).
 	PathPrefix string
 	// UserHeader and GroupHeader are the shim's identity header names
-	// (default X-Remote-User, X-Remote-Group).
+	// (required).
 	UserHeader, GroupHeader string
 	Timeout                 time.Duration
 }
@@ -60,16 +57,11 @@ func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
 	if err != nil {
 		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: err.Error()}
 	}
-	userHeader, groupHeader := p.UserHeader, p.GroupHeader
-	if userHeader == "" {
-		userHeader = "X-Remote-User"
-	}
-	if groupHeader == "" {
-		groupHeader = "X-Remote-Group"
-	}
-	req.Header.Set(userHeader, ProbeUser)
-	req.Header.Set(groupHeader, "system:authenticated")
-	resp, err := (&http.Client{Transport: p.TLS.Transport()}).Do(req)
+	req.Header.Set(p.UserHeader, mountproxy.ProbeUser)
+	req.Header.Set(p.GroupHeader, "system:authenticated")
+	// No redirect is followed (R18): a 3xx from the shim would carry the
+	// identity headers and the probe's certificate elsewhere.
+	resp, err := (&http.Client{Transport: p.TLS.Transport(), CheckRedirect: netpolicy.NoRedirects}).Do(req)
 	if err != nil {
 		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the mount proxy did not answer the probe: " + err.Error()}
 	}
@@ -96,8 +88,17 @@ func classify(shimReason string, code int, body []byte) Result {
 		return Result{Reason: computev1alpha1.ReasonRevoked, Message: "the mount proxy refuses the tenant: it is revoked there"}
 	case mountproxy.ReasonTenantError:
 		return Result{Reason: computev1alpha1.ReasonTenantError, Message: st.Message}
+	case mountproxy.ReasonTenantRedirect:
+		return Result{Reason: computev1alpha1.ReasonTenantRedirect, Message: st.Message}
+	case mountproxy.ReasonAddressNotAllowed:
+		return Result{Reason: computev1alpha1.ReasonAddressNotAllowed, Message: st.Message}
 	default:
 		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: fmt.Sprintf("the mount proxy refused the probe (%s): %s", shimReason, st.Message)}
+	}
+	if code >= 300 && code < 400 {
+		// Not from the shim, which turns a tenant's redirect into its own
+		// refusal: whatever answered is not the shim.
+		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the mount proxy's address answered with a redirect, which the probe does not follow"}
 	}
 	if code == http.StatusOK {
 		var v version.Info

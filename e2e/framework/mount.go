@@ -36,11 +36,19 @@ type MountCerts struct {
 	ShimServing                           KeyPair
 	ShimServingCAFile, ShimRequestCAFile  string
 	FPServingCAFile                       string
-	// Identity header names kcp-front-proxy uses towards the shim, random
-	// per run: kcp v0.28.1's front proxy appends its groups and extras to
-	// any the caller sent under the same names (docs/mountproxy.md).
+	// Identity header names kcp-front-proxy uses towards the shim, each
+	// random on its own per run: kcp v0.28.1's front proxy appends its
+	// groups and extras to any the caller sent under the same names and
+	// passes requests without a client certificate on untouched, so the
+	// names are a secret of the deployment (docs/mountproxy.md).
 	UserHeader, GroupHeader, ExtraHeaderPrefix string
 }
+
+// AllowedNetworks is the --allow-private-networks of the provider and the
+// shim in e2e and make dev: every process listens on 127.0.0.1, which is
+// the only private address they may reach (R18); tests use other loopback
+// addresses (127.0.0.2) as places that must not be reached.
+const AllowedNetworks = "127.0.0.1/32"
 
 // KeyPair is a certificate and key file.
 type KeyPair struct{ Cert, Key string }
@@ -51,11 +59,14 @@ func NewMountCerts(dir string) (*MountCerts, error) {
 		return nil, err
 	}
 	m := &MountCerts{Dir: dir}
-	tag, err := randomHex(6)
-	if err != nil {
-		return nil, err
+	var tags [3]string
+	for i := range tags {
+		var err error
+		if tags[i], err = randomHex(8); err != nil {
+			return nil, err
+		}
 	}
-	m.UserHeader, m.GroupHeader, m.ExtraHeaderPrefix = "X-Knotless-"+tag+"-User", "X-Knotless-"+tag+"-Group", "X-Knotless-"+tag+"-Extra-"
+	m.UserHeader, m.GroupHeader, m.ExtraHeaderPrefix = "X-Knotless-"+tags[0]+"-User", "X-Knotless-"+tags[1]+"-Group", "X-Knotless-"+tags[2]+"-Extra-"
 	shardRH, err := NewCA("knotless-shard-requestheader")
 	if err != nil {
 		return nil, err
@@ -353,16 +364,20 @@ func (m *MountCerts) MountProxyArgs(addr, mountURL string) []string {
 }
 
 // StartMountProxy starts knotless-mountproxy on addr for the provider
-// workspace ws and waits until it is healthy.
-func StartMountProxy(ctx context.Context, g *Group, bin, dir, kubeconfig, ws, addr string, m *MountCerts) (*MountProxy, error) {
-	mp := &MountProxy{Addr: addr, Bin: bin, dir: dir, args: append([]string{"--kubeconfig", kubeconfig, "--workspace", ws}, m.ShimArgs(addr)...)}
+// workspace ws behind the front proxy at fpURL and waits until it is
+// healthy.
+func StartMountProxy(ctx context.Context, g *Group, bin, dir, kubeconfig, ws, addr, fpURL string, m *MountCerts) (*MountProxy, error) {
+	mp := &MountProxy{Addr: addr, Bin: bin, dir: dir, args: append([]string{"--kubeconfig", kubeconfig, "--workspace", ws}, m.ShimArgs(addr, fpURL)...)}
 	return mp, mp.Restart(ctx, g)
 }
 
 // ShimArgs are knotless-mountproxy's flags for serving on addr with these
-// certificates and header names.
-func (m *MountCerts) ShimArgs(addr string) []string {
+// certificates and header names, behind the front proxy at fpURL (an
+// address no tenant may have).
+func (m *MountCerts) ShimArgs(addr, fpURL string) []string {
 	return []string{
+		"--allow-private-networks", AllowedNetworks,
+		"--reserved-addresses", fpURL,
 		"--bind-address", addr,
 		"--tls-cert-file", m.ShimServing.Cert,
 		"--tls-private-key-file", m.ShimServing.Key,

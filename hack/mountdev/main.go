@@ -49,7 +49,7 @@ func run(args []string) error {
 			return err
 		}
 		printArray("shard_args", m.ShardArgs())
-		printArray("shim_args", m.ShimArgs(shimAddr))
+		printArray("shim_args", m.ShimArgs(shimAddr, fpURL))
 		printArray("provider_mount_args", m.MountProxyArgs(shimAddr, fpURL))
 		return nil
 	case len(args) == 5 && args[0] == "front-proxy":

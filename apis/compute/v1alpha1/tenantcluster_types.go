@@ -39,8 +39,15 @@ const (
 	ReasonTenantCertificateInvalid = "TenantCertificateInvalid"
 	ReasonCredentialRejected       = "CredentialRejected"
 	ReasonTenantError              = "TenantError"
-	ReasonMountProxyUnavailable    = "MountProxyUnavailable"
-	ReasonConflict                 = "Conflict"
+	// ReasonTenantRedirect: the tenant answered the probe with a redirect,
+	// which knotless never follows nor passes on.
+	ReasonTenantRedirect = "TenantRedirect"
+	// ReasonAddressNotAllowed: the tenant's address is refused by the
+	// operator's address policy (link-local, metadata, kcp's or the mount
+	// proxy's own address, or a private range the operator did not allow).
+	ReasonAddressNotAllowed     = "AddressNotAllowed"
+	ReasonMountProxyUnavailable = "MountProxyUnavailable"
+	ReasonConflict              = "Conflict"
 )
 
 // KeyRef names one key of a ConfigMap or Secret in a namespace of the
