@@ -390,13 +390,13 @@ func TestVaultTokenRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.vault.Write(ctx, "secret/data/knotless/"+lc+"/account", map[string]any{"data": map[string]any{"password": acct.AppPassword}}); err != nil {
+	if _, err := env.vault.Write(ctx, "secret/data/knotless/"+lc+"/default/account", map[string]any{"data": map[string]any{"password": acct.AppPassword}}); err != nil {
 		t.Fatal(err)
 	}
 	vaultRepo := func(name string) *atprotov1alpha1.AtprotoRepo {
 		r := secretRepo(name, acct.Handle, "")
 		r.Spec.Credential.SecretKeyRef = nil
-		r.Spec.Credential.Vault = &atprotov1alpha1.VaultKeyRef{Mount: "secret", Path: "knotless/" + lc + "/account", Key: "password"}
+		r.Spec.Credential.Vault = &atprotov1alpha1.VaultKeyRef{Mount: "secret", Path: "knotless/" + lc + "/default/account", Key: "password"}
 		return r
 	}
 	create(ctx, t, c, vaultRepo("first"))

@@ -277,10 +277,11 @@ func waitEvent(ctx context.Context, t *testing.T, c client.Client, object, reaso
 	}
 }
 
-// TestAtprotoRepoCredentials: a Vault credential under the workspace's
-// prefix works; a wrong password, an unreachable PDS, a Secret that exists
-// only in another workspace and a Vault path of another workspace are
-// refused with a reason, and nothing of the other workspace is read.
+// TestAtprotoRepoCredentials: a Vault credential under the prefix of the
+// repo's workspace and namespace works; a wrong password, an unreachable
+// PDS, a Secret that exists only in another workspace, a Vault path of
+// another workspace and one of another namespace of the same workspace
+// (R19) are refused with a reason, and none of them is read.
 func TestAtprotoRepoCredentials(t *testing.T) {
 	if env.vault == nil {
 		t.Skip("KNOTLESS_E2E_SKIP_VAULT is set")
@@ -293,17 +294,17 @@ func TestAtprotoRepoCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, lc := range []string{lcA, lcB} {
-		if _, err := env.vault.Write(ctx, "secret/data/knotless/"+lc+"/account", map[string]any{"data": map[string]any{"password": acct.AppPassword}}); err != nil {
+	for _, dir := range []string{lcA + "/default", lcB + "/default", lcA + "/other"} {
+		if _, err := env.vault.Write(ctx, "secret/data/knotless/"+dir+"/account", map[string]any{"data": map[string]any{"password": acct.AppPassword}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	create(ctx, t, cb, passwordSecret("only-in-b", acct.AppPassword))
 
-	vaultRepo := func(name, lc string) *atprotov1alpha1.AtprotoRepo {
+	vaultRepo := func(name, dir string) *atprotov1alpha1.AtprotoRepo {
 		r := secretRepo(name, acct.Handle, "")
 		r.Spec.Credential.SecretKeyRef = nil
-		r.Spec.Credential.Vault = &atprotov1alpha1.VaultKeyRef{Mount: "secret", Path: "knotless/" + lc + "/account", Key: "password"}
+		r.Spec.Credential.Vault = &atprotov1alpha1.VaultKeyRef{Mount: "secret", Path: "knotless/" + dir + "/account", Key: "password"}
 		return r
 	}
 	port, err := framework.FreePort()
@@ -315,8 +316,9 @@ func TestAtprotoRepoCredentials(t *testing.T) {
 	create(ctx, t, ca,
 		passwordSecret("cred", acct.AppPassword),
 		passwordSecret("wrong", "aaaa-bbbb-cccc-dddd"),
-		vaultRepo("from-vault", lcA),
-		vaultRepo("foreign-vault", lcB),
+		vaultRepo("from-vault", lcA+"/default"),
+		vaultRepo("foreign-vault", lcB+"/default"),
+		vaultRepo("other-namespace", lcA+"/other"),
 		secretRepo("foreign-secret", acct.Handle, "only-in-b"),
 		secretRepo("wrong-password", acct.Handle, "wrong"),
 		unreachable,
@@ -325,18 +327,23 @@ func TestAtprotoRepoCredentials(t *testing.T) {
 		t.Errorf("from-vault: DID %q, want %q", r.Status.DID, acct.DID)
 	}
 	waitRepo(ctx, t, ca, "foreign-vault", atprotov1alpha1.ReasonCredentialNotFound)
+	waitRepo(ctx, t, ca, "other-namespace", atprotov1alpha1.ReasonCredentialNotFound)
 	waitRepo(ctx, t, ca, "foreign-secret", atprotov1alpha1.ReasonCredentialNotFound)
 	waitRepo(ctx, t, ca, "wrong-password", atprotov1alpha1.ReasonAuthenticationFailed)
 	waitRepo(ctx, t, ca, "unreachable", atprotov1alpha1.ReasonPDSUnreachable)
 
-	// Nothing under B's prefix was read by the provider.
+	// Nothing under B's prefix, or under another namespace of A, was read
+	// by the provider.
 	audit, err := os.ReadFile(env.vaultAudit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(audit), "\n") {
-		if strings.Contains(line, `"type":"request"`) && strings.Contains(line, "knotless/"+lcB+"/") && strings.Contains(line, `"operation":"read"`) {
-			t.Errorf("Vault audit log shows a read under workspace B's prefix: %s", line)
+		if !strings.Contains(line, `"type":"request"`) || !strings.Contains(line, `"operation":"read"`) {
+			continue
+		}
+		if strings.Contains(line, "knotless/"+lcB+"/") || strings.Contains(line, "knotless/"+lcA+"/other/") {
+			t.Errorf("Vault audit log shows a read outside the repo's namespace prefix: %s", line)
 		}
 	}
 	// No secret in status or events.

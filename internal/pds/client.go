@@ -8,9 +8,16 @@
 // it is retried, so a restart never logs in again. An ExpiredToken answer in
 // the middle of any call refreshes once and retries once.
 //
+// Egress (R18, R19): the credential goes only to https URLs, or over plain
+// http to hosts the address policy allows (CheckURL); PDS clients dial only
+// addresses the policy allows, use no proxy from the environment, and never
+// follow a redirect (NewHTTPClient).
+//
 // Errors are typed (ErrAuthentication, ErrUnreachable, *RateLimitedError,
-// ErrInvalidSwap, ErrRecordNotFound, *InvalidRequestError, *StatusError,
-// *SpecError) and never contain the password or a token.
+// ErrInvalidSwap, ErrRecordNotFound, ErrInsecureURL, ErrRedirect,
+// *InvalidRequestError, *StatusError, *SpecError; a dial the policy
+// refused matches netpolicy.ErrDenied) and never contain the password or a
+// token.
 package pds
 
 import (
@@ -25,6 +32,8 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // DefaultTimeout is the request timeout of the HTTP client used when
@@ -35,9 +44,15 @@ const defaultUserAgent = "knotless-pds-client"
 
 // Options configures Connect.
 type Options struct {
-	// HTTPClient carries the TLS roots for the PDS and a timeout. Default: a
-	// client with DefaultTimeout (never http.DefaultClient, which has none).
+	// HTTPClient carries the TLS roots for the PDS, a timeout and the
+	// address policy (see NewHTTPClient); Connect uses a copy that never
+	// follows redirects. Default: NewHTTPClient(Policy, nil,
+	// DefaultTimeout) (never http.DefaultClient, which has no timeout).
 	HTTPClient *http.Client
+	// Policy decides which hosts may be reached over plain http (CheckURL)
+	// and, when HTTPClient is nil, which addresses may be dialled. Nil
+	// allows https to public addresses only.
+	Policy *netpolicy.Policy
 	// Store persists the session (required).
 	Store SessionStore
 	// UserAgent is sent with every request. Default "knotless-pds-client".
@@ -71,10 +86,11 @@ type Client struct {
 // (refreshing it if the access token expired); otherwise it logs in with
 // appPassword and saves the new session. When the stored session cannot be
 // checked because the PDS is unreachable or rate-limits, Connect returns that
-// error instead of spending a login.
+// error instead of spending a login. A host that CheckURL refuses gets no
+// request.
 func Connect(ctx context.Context, host, identifier, appPassword string, opts Options) (*Client, error) {
 	host = strings.TrimRight(host, "/")
-	if err := validateHost(host); err != nil {
+	if err := CheckURL(host, opts.Policy); err != nil {
 		return nil, err
 	}
 	if identifier == "" {
@@ -86,9 +102,13 @@ func Connect(ctx context.Context, host, identifier, appPassword string, opts Opt
 	if opts.Store == nil {
 		return nil, &SpecError{Field: "Options.Store", Reason: "a SessionStore is required"}
 	}
-	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{Timeout: DefaultTimeout}
+	var hc *http.Client
+	if opts.HTTPClient != nil {
+		cp := *opts.HTTPClient
+		cp.CheckRedirect = netpolicy.NoRedirects
+		hc = &cp
+	} else {
+		hc = NewHTTPClient(opts.Policy, nil, DefaultTimeout)
 	}
 	ua := opts.UserAgent
 	if ua == "" {

@@ -54,7 +54,7 @@ func (s *countingStore) stored(t *testing.T) pds.Session {
 
 func connect(t *testing.T, f *fakePDS, store pds.SessionStore) *pds.Client {
 	t.Helper()
-	c, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Store: store})
+	c, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: store})
 	if err != nil {
 		t.Fatalf("Connect: %v", err)
 	}
@@ -83,7 +83,7 @@ func TestConnectResumesStoredSessionWithoutLogin(t *testing.T) {
 
 	// A restart: new Client, same store. Also by DID.
 	connect(t, f, store)
-	if _, err := pds.Connect(context.Background(), f.srv.URL, testDID, testPassword, pds.Options{Store: store}); err != nil {
+	if _, err := pds.Connect(context.Background(), f.srv.URL, testDID, testPassword, pds.Options{Policy: local, Store: store}); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.count("com.atproto.server.createSession"); n != 1 {
@@ -154,7 +154,7 @@ func TestConnectDoesNotLogInWhenRateLimited(t *testing.T) {
 	reset := time.Now().Add(90 * time.Second).Truncate(time.Second)
 	f.setRateLimit(http.Header{"Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}, "Retry-After": {"1"}})
 
-	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Store: store})
+	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: store})
 	var rl *pds.RateLimitedError
 	if !errors.As(err, &rl) {
 		t.Fatalf("want RateLimitedError, got %v", err)
@@ -389,14 +389,14 @@ func TestApplyWrites(t *testing.T) {
 
 func TestWrongPasswordIsAuthenticationErrorWithoutSecrets(t *testing.T) {
 	f := newFakePDS(t)
-	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, "wrong-"+testPassword, pds.Options{Store: &countingStore{}})
+	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, "wrong-"+testPassword, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("want ErrAuthentication, got %v", err)
 	}
 	if strings.Contains(err.Error(), "wrong-") {
 		t.Fatalf("error leaks the password: %v", err)
 	}
-	_, err = pds.Connect(context.Background(), f.srv.URL, "nobody.test", testPassword, pds.Options{Store: &countingStore{}})
+	_, err = pds.Connect(context.Background(), f.srv.URL, "nobody.test", testPassword, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("unknown account: want ErrAuthentication, got %v", err)
 	}
@@ -422,7 +422,7 @@ func TestErrorsNeverContainSecrets(t *testing.T) {
 
 	// Stored session with dead tokens and a wrong password.
 	f.revokeAll()
-	_, err = pds.Connect(ctx, f.srv.URL, testHandle, "x-"+testPassword, pds.Options{Store: store})
+	_, err = pds.Connect(ctx, f.srv.URL, testHandle, "x-"+testPassword, pds.Options{Policy: local, Store: store})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("want ErrAuthentication, got %v", err)
 	}
@@ -446,7 +446,7 @@ func TestUnreachable(t *testing.T) {
 		}
 		addr := l.Addr().String()
 		l.Close()
-		_, err = pds.Connect(ctx, "http://"+addr, testHandle, testPassword, pds.Options{Store: &countingStore{}})
+		_, err = pds.Connect(ctx, "http://"+addr, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
@@ -459,7 +459,7 @@ func TestUnreachable(t *testing.T) {
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(block) })
 		hc := &http.Client{Timeout: 100 * time.Millisecond}
-		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Store: &countingStore{}, HTTPClient: hc})
+		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}, HTTPClient: hc})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
@@ -468,7 +468,7 @@ func TestUnreachable(t *testing.T) {
 	t.Run("untrusted TLS certificate", func(t *testing.T) {
 		srv := httptest.NewTLSServer(http.NotFoundHandler())
 		t.Cleanup(srv.Close)
-		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Store: &countingStore{}})
+		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
@@ -478,7 +478,7 @@ func TestUnreachable(t *testing.T) {
 		f := newFakePDS(t)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := pds.Connect(cctx, f.srv.URL, testHandle, testPassword, pds.Options{Store: &countingStore{}})
+		_, err := pds.Connect(cctx, f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, context.Canceled) || errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want context.Canceled, got %v", err)
 		}

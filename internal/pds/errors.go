@@ -24,6 +24,12 @@ const (
 	ErrInvalidSwap Error = "record changed since it was read (InvalidSwap)"
 	// ErrRecordNotFound: 400 RecordNotFound.
 	ErrRecordNotFound Error = "record not found"
+	// ErrInsecureURL: the PDS URL is plain http to a host the address
+	// policy does not allow for it (R19). Nothing was sent.
+	ErrInsecureURL Error = "credentials are sent only over https"
+	// ErrRedirect: the PDS answered with a 3xx (R18). The redirect was not
+	// followed.
+	ErrRedirect Error = "the PDS answered with a redirect, which knotless never follows"
 )
 
 // RateLimitedError is returned for HTTP 429. Reset is when the PDS will accept

@@ -81,7 +81,7 @@ func TestAgainstReferencePDS(t *testing.T) {
 	}
 
 	store := &countingStore{}
-	opts := pds.Options{Store: store}
+	opts := pds.Options{Policy: local, Store: store}
 	c, err := pds.Connect(ctx, server.URL, acct.Handle, acct.AppPassword, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestAgainstReferencePDS(t *testing.T) {
 	}
 
 	// Wrong app password: typed, and no secret in the text.
-	_, err = pds.Connect(ctx, server.URL, acct.Handle, "wrong-"+acct.AppPassword, pds.Options{Store: &countingStore{}})
+	_, err = pds.Connect(ctx, server.URL, acct.Handle, "wrong-"+acct.AppPassword, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("wrong password: want ErrAuthentication, got %v", err)
 	}

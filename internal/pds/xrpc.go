@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // maxErrorBody bounds how much of an error response is read.
@@ -76,23 +79,31 @@ func (l lexClient) LexDo(ctx context.Context, method, inputEncoding, endpoint st
 }
 
 // transportError classifies an error of http.Client.Do (always a *url.Error):
-// the caller's context ending is reported as such, everything else (dial,
-// DNS, TLS, timeouts, connection resets) as ErrUnreachable. Errors that are
-// not a *url.Error themselves (already typed by the auth layer, e.g. a
-// failed refresh) pass through unchanged.
+// the caller's context ending is reported as such, a dial the address
+// policy refused is returned as it is (it matches netpolicy.ErrDenied),
+// everything else (dial, DNS, TLS, timeouts, connection resets) as
+// ErrUnreachable. Errors that are not a *url.Error themselves (already
+// typed by the auth layer, e.g. a failed refresh) pass through unchanged.
 func transportError(ctx context.Context, err error) error {
 	if _, ok := err.(*url.Error); !ok {
 		return err
 	}
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		return fmt.Errorf("request aborted: %w", ctx.Err())
+	case errors.Is(err, netpolicy.ErrDenied):
+		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnreachable, err)
 }
 
-// responseError turns a non-2xx response into a typed error. Messages from
-// the PDS are redacted of this client's secrets before they go anywhere.
+// responseError turns a non-2xx response into a typed error; a 3xx (which
+// the client did not follow) is ErrRedirect. Messages from the PDS are
+// redacted of this client's secrets before they go anywhere.
 func (c *Client) responseError(resp *http.Response) error {
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		return fmt.Errorf("%w (HTTP %d)", ErrRedirect, resp.StatusCode)
+	}
 	var eb atclient.ErrorBody
 	_ = json.NewDecoder(io.LimitReader(resp.Body, maxErrorBody)).Decode(&eb)
 	name, msg := c.redact(eb.Name), c.redact(eb.Message)

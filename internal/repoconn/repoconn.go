@@ -1,15 +1,18 @@
 // Package repoconn turns an AtprotoRepo into a logged-in PDS client. It
-// resolves the repo's typed references (CA bundle, credential in a Secret
-// of the same workspace or in Vault under the workspace's prefix), keeps
+// checks the PDS URL first (https, or plain http to a host the operator
+// allowed: R19) so that no credential is read for a refused URL, resolves
+// the repo's typed references (CA bundle, credential in a Secret of the
+// same workspace and namespace or in Vault under the prefix of that
+// workspace and namespace), connects through the address policy (R18), keeps
 // the session in a Secret owned by the repo so restarts do not log in
 // again, and caches one client per repo until its inputs change. The repo
 // and record controllers share one Pool.
 package repoconn
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
@@ -26,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/vault"
 )
@@ -62,6 +66,9 @@ type Pool struct {
 	Timeout time.Duration
 	// MaxBatch is pds.Options.MaxBatch of every client.
 	MaxBatch int
+	// Policy is the address policy every PDS connection passes (R18); it
+	// also decides which hosts may be reached over plain http (R19).
+	Policy *netpolicy.Policy
 
 	mu    sync.Mutex
 	conns map[key]*entry
@@ -99,6 +106,12 @@ func (p *Pool) Forget(cluster string, uid types.UID) {
 // reusing the cached one when nothing changed. cluster is the logical
 // cluster name of the repo's workspace; c is a client of that workspace.
 func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (*pds.Client, error) {
+	if err := pds.CheckURL(repo.Spec.PDS.URL, p.Policy); err != nil {
+		if errors.Is(err, pds.ErrInsecureURL) {
+			return nil, Classify(err)
+		}
+		return nil, fail(atprotov1alpha1.ReasonInvalidSpec, err, "spec.pds.url: %v", err)
+	}
 	password, err := p.password(ctx, c, cluster, repo)
 	if err != nil {
 		return nil, err
@@ -126,7 +139,7 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 		return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, err, "CA bundle of the PDS: %v", err)
 	}
 	store := &secretStore{c: c, repo: repo}
-	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Store: store, UserAgent: "knotless", MaxBatch: p.MaxBatch})
+	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Policy: p.Policy, Store: store, UserAgent: "knotless", MaxBatch: p.MaxBatch})
 	if err != nil {
 		return nil, Classify(err)
 	}
@@ -140,13 +153,20 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 }
 
 // Classify wraps an error of a PDS call in an *Error carrying its condition
-// reason (AuthenticationFailed, PDSUnreachable, RateLimited); other errors
-// are returned as they are.
+// reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
+// PDSRedirected, PDSUnreachable, RateLimited); other errors are returned
+// as they are.
 func Classify(err error) error {
 	var rl *pds.RateLimitedError
 	switch {
 	case errors.Is(err, pds.ErrAuthentication):
 		return fail(atprotov1alpha1.ReasonAuthenticationFailed, err, "the PDS refused the credential: %v", err)
+	case errors.Is(err, pds.ErrInsecureURL):
+		return fail(atprotov1alpha1.ReasonInsecureURL, err, "spec.pds.url: %v", err)
+	case errors.Is(err, netpolicy.ErrDenied):
+		return fail(atprotov1alpha1.ReasonAddressNotAllowed, err, "the PDS's address may not be reached from knotless: %v", err)
+	case errors.Is(err, pds.ErrRedirect):
+		return fail(atprotov1alpha1.ReasonPDSRedirected, err, "%v", err)
 	case errors.Is(err, pds.ErrUnreachable):
 		return fail(atprotov1alpha1.ReasonPDSUnreachable, err, "the PDS is unreachable: %v", err)
 	case errors.As(err, &rl):
@@ -155,26 +175,23 @@ func Classify(err error) error {
 	return err
 }
 
+// httpClient is a PDS client (pds.NewHTTPClient) through the pool's
+// address policy that trusts caPEM, or the system roots when it is empty.
 func (p *Pool) httpClient(caPEM []byte) (*http.Client, error) {
-	timeout := p.Timeout
-	if timeout == 0 {
-		timeout = 20 * time.Second
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	var roots *x509.CertPool
 	if len(caPEM) > 0 {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(caPEM) {
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(caPEM) {
 			return nil, errors.New("no PEM certificate in the CA bundle")
 		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	return &http.Client{Transport: tr, Timeout: timeout}, nil
+	return pds.NewHTTPClient(p.Policy, roots, cmp.Or(p.Timeout, 20*time.Second)), nil
 }
 
 // password reads the app password from the repo's credential reference.
 // Secrets are read from the repo's own workspace and namespace only; Vault
-// paths only under the workspace's prefix (the vault package refuses
-// others before any request).
+// paths only under <prefix>/<logical cluster>/<namespace>/ (the vault
+// package refuses others before any request).
 func (p *Pool) password(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (string, error) {
 	cred := repo.Spec.Credential
 	switch {
@@ -197,7 +214,7 @@ func (p *Pool) password(ctx context.Context, c client.Client, cluster string, re
 			return "", fail(atprotov1alpha1.ReasonVaultUnavailable, vault.ErrDisabled, "the provider has no Vault connection (--vault-address)")
 		}
 		ref := cred.Vault
-		v, err := p.Vault.ReadKV(ctx, cluster, vault.KVRef{Mount: ref.Mount, Path: ref.Path, Key: ref.Key})
+		v, err := p.Vault.ReadKV(ctx, cluster, repo.Namespace, vault.KVRef{Mount: ref.Mount, Path: ref.Path, Key: ref.Key})
 		switch {
 		case err == nil:
 			return v, nil

@@ -98,6 +98,9 @@ func New(cfg Config, opts ...Option) (*Client, error) {
 	vcfg := vault.DefaultConfiguration()
 	vcfg.Address = cfg.Address
 	vcfg.RequestTimeout = cfg.Timeout
+	// No client of knotless follows a redirect (R18): a Vault standby's
+	// redirect is an error, not a second request with the token.
+	vcfg.DisableRedirects = true
 	tr, ok := vcfg.HTTPClient.Transport.(*http.Transport)
 	if !ok {
 		return nil, fmt.Errorf("vault: unexpected default transport %T", vcfg.HTTPClient.Transport)
@@ -140,13 +143,13 @@ func (c *Client) Prefix() string {
 	return c.prefix
 }
 
-// CheckRef checks ref for workspace against the client's prefix without
-// sending anything (see the package function CheckRef).
-func (c *Client) CheckRef(workspace string, ref KVRef) error {
+// CheckRef checks ref for namespace in workspace against the client's
+// prefix without sending anything (see the package function CheckRef).
+func (c *Client) CheckRef(workspace, namespace string, ref KVRef) error {
 	if c == nil {
 		return ErrDisabled
 	}
-	return CheckRef(c.prefix, workspace, ref)
+	return CheckRef(c.prefix, workspace, namespace, ref)
 }
 
 // Logins returns the number of login attempts so far: AppRole logins, or
@@ -159,17 +162,17 @@ func (c *Client) Logins() int64 {
 }
 
 // ReadKV returns the value of ref.Key in the KV v2 secret
-// <ref.Mount>/data/<ref.Path>, on behalf of workspace (the logical cluster
-// name of the workspace the reference comes from). The path must lie below
-// <prefix>/<workspace>/, otherwise a *ForbiddenPathError is returned and
-// nothing is sent. Other errors match ErrNotFound, ErrUnreachable,
+// <ref.Mount>/data/<ref.Path>, on behalf of namespace in workspace (the
+// logical cluster name of the workspace the reference comes from). The
+// path must lie below <prefix>/<workspace>/<namespace>/, otherwise a
+// *ForbiddenPathError is returned and nothing is sent. Other errors match ErrNotFound, ErrUnreachable,
 // ErrUnauthorized, ErrInvalidValue or the caller's context error; none of
 // them contains a secret value or a token.
-func (c *Client) ReadKV(ctx context.Context, workspace string, ref KVRef) (string, error) {
+func (c *Client) ReadKV(ctx context.Context, workspace, namespace string, ref KVRef) (string, error) {
 	if c == nil {
 		return "", ErrDisabled
 	}
-	v, err := c.readKV(ctx, workspace, ref)
+	v, err := c.readKV(ctx, workspace, namespace, ref)
 	c.metrics.read(result(err))
 	return v, err
 }
@@ -193,8 +196,8 @@ func result(err error) string {
 	}
 }
 
-func (c *Client) readKV(ctx context.Context, workspace string, ref KVRef) (string, error) {
-	if err := CheckRef(c.prefix, workspace, ref); err != nil {
+func (c *Client) readKV(ctx context.Context, workspace, namespace string, ref KVRef) (string, error) {
+	if err := CheckRef(c.prefix, workspace, namespace, ref); err != nil {
 		return "", err
 	}
 	tok, err := c.acquire(ctx, "")

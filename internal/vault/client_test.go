@@ -31,10 +31,11 @@ import (
 
 const (
 	ws          = "2x7uf0bml0q9ms3b"
+	ns          = "shop"
 	secretValue = "s3cr3t-VALUE-do-not-leak"
 )
 
-var repoRef = KVRef{Mount: "secret", Path: "knotless/" + ws + "/repo", Key: "password"}
+var repoRef = KVRef{Mount: "secret", Path: "knotless/" + ws + "/" + ns + "/repo", Key: "password"}
 
 // logSink collects log lines for leak checks.
 type logSink struct {
@@ -111,7 +112,7 @@ func readN(t *testing.T, c *Client, n int) []error {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			v, err := c.ReadKV(context.Background(), ws, repoRef)
+			v, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 			if err == nil && v != secretValue {
 				err = fmt.Errorf("got a wrong value")
 			}
@@ -168,12 +169,12 @@ func TestForbiddenReadLogsInAgainAndRetriesOnce(t *testing.T) {
 	c := newAppRoleClient(t, fv, nil)
 	ctx := context.Background()
 
-	if _, err := c.ReadKV(ctx, ws, repoRef); err != nil {
+	if _, err := c.ReadKV(ctx, ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	fv.revokeAll() // the token goes stale behind the client's back
 	reads := fv.reads.Load()
-	v, err := c.ReadKV(ctx, ws, repoRef)
+	v, err := c.ReadKV(ctx, ws, ns, repoRef)
 	if err != nil || v != secretValue {
 		t.Fatalf("read after revocation: %v", err)
 	}
@@ -200,7 +201,7 @@ func TestForbiddenAfterRetryIsUnauthorized(t *testing.T) {
 	// read is refused, the client logs in once more, and the retry is
 	// refused as well.
 	fv.set(func(f *fakeVault) { f.ttl = time.Nanosecond })
-	_, err := c.ReadKV(context.Background(), ws, repoRef)
+	_, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 	if !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("err = %v, want ErrUnauthorized", err)
 	}
@@ -215,12 +216,12 @@ func TestPolicyDenialDoesNotLogInAgain(t *testing.T) {
 	fv.put("secret/"+repoRef.Path, map[string]any{"password": secretValue})
 	c := newAppRoleClient(t, fv, nil)
 	ctx := context.Background()
-	if _, err := c.ReadKV(ctx, ws, repoRef); err != nil {
+	if _, err := c.ReadKV(ctx, ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	// The fake policy covers only the mount "secret".
 	for range 3 {
-		_, err := c.ReadKV(ctx, ws, KVRef{Mount: "other", Path: repoRef.Path, Key: "password"})
+		_, err := c.ReadKV(ctx, ws, ns, KVRef{Mount: "other", Path: repoRef.Path, Key: "password"})
 		if !errors.Is(err, ErrUnauthorized) {
 			t.Fatalf("err = %v, want ErrUnauthorized", err)
 		}
@@ -243,13 +244,13 @@ func TestLeaderContextEndsFollowerLogsIn(t *testing.T) {
 	leaderCtx, cancel := context.WithCancel(context.Background())
 	leaderErr := make(chan error, 1)
 	go func() {
-		_, err := c.ReadKV(leaderCtx, ws, repoRef)
+		_, err := c.ReadKV(leaderCtx, ws, ns, repoRef)
 		leaderErr <- err
 	}()
 	waitFor(t, "the leader's login to reach the server", func() bool { return fv.loginsStarted.Load() == 1 })
 	followerErr := make(chan error, 1)
 	go func() {
-		_, err := c.ReadKV(context.Background(), ws, repoRef)
+		_, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 		followerErr <- err
 	}()
 	waitFor(t, "the follower to wait for the flight", func() bool {
@@ -279,12 +280,12 @@ func TestRenewalAtTwoThirdsOfTTL(t *testing.T) {
 	c := newAppRoleClient(t, fv, nil, WithMetrics(m))
 	startClient(t, c)
 
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	// Three renewals take ~6 s; the 3 s token is still the first one.
 	waitFor(t, "three renewals", func() bool { return fv.renewals.Load() >= 3 })
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	if got := fv.logins.Load(); got != 1 {
@@ -303,7 +304,7 @@ func TestNotRenewableTokenIsForgotten(t *testing.T) {
 	c := newAppRoleClient(t, fv, nil)
 	startClient(t, c)
 
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the token to be forgotten", func() bool {
@@ -311,7 +312,7 @@ func TestNotRenewableTokenIsForgotten(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.tok == nil
 	})
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	if l, r := fv.logins.Load(), fv.renewals.Load(); l != 2 || r != 0 {
@@ -329,7 +330,7 @@ func TestFailedRenewalForgetsToken(t *testing.T) {
 	c := newAppRoleClient(t, fv, nil, WithMetrics(m))
 	startClient(t, c)
 
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a renewal attempt", func() bool { return fv.renewals.Load() >= 1 })
@@ -338,7 +339,7 @@ func TestFailedRenewalForgetsToken(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.tok == nil
 	})
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	if got := fv.logins.Load(); got != 2 {
@@ -373,7 +374,7 @@ func TestStaticToken(t *testing.T) {
 		t.Errorf("Logins() = %d, want 1 (one lookup-self)", got)
 	}
 	fv.revokeAll()
-	_, err := c.ReadKV(context.Background(), ws, repoRef)
+	_, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 	if !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("err = %v, want ErrUnauthorized", err)
 	}
@@ -392,7 +393,7 @@ func TestStaticTokenRenewalFailureKeepsToken(t *testing.T) {
 	var skew atomic.Int64
 	c.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	startClient(t, c)
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	// Jump to the renewal point.
@@ -404,7 +405,7 @@ func TestStaticTokenRenewalFailureKeepsToken(t *testing.T) {
 		defer c.mu.Unlock()
 		return c.tok != nil && c.tok.noRenew
 	})
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatalf("static token must stay in use: %v", err)
 	}
 	if got := c.Logins(); got != 1 {
@@ -419,11 +420,11 @@ func TestStaticTokenRenewal(t *testing.T) {
 	fv.addToken("hvs.static", 3*time.Second, true)
 	c := newStaticClient(t, fv, "hvs.static", nil)
 	startClient(t, c)
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "two renewals", func() bool { return fv.renewals.Load() >= 2 })
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -432,40 +433,44 @@ func TestTenancyRefusals(t *testing.T) {
 	t.Parallel()
 	fv := newFakeVault(t)
 	c := newAppRoleClient(t, fv, nil)
-	mine := "knotless/" + ws + "/"
+	mine := "knotless/" + ws + "/" + ns + "/"
 	cases := []struct {
-		name      string
-		workspace string
-		ref       KVRef
+		name, workspace, namespace string
+		ref                        KVRef
 	}{
-		{"foreign workspace prefix", ws, KVRef{"secret", "knotless/otherws/repo", "password"}},
-		{"dot-dot into a foreign workspace", ws, KVRef{"secret", mine + "../otherws/repo", "password"}},
-		{"dot-dot at the end", ws, KVRef{"secret", mine + "repo/..", "password"}},
-		{"dot segment", ws, KVRef{"secret", mine + "./repo", "password"}},
-		{"absolute path", ws, KVRef{"secret", "/" + mine + "repo", "password"}},
-		{"empty key", ws, KVRef{"secret", mine + "repo", ""}},
-		{"empty mount", ws, KVRef{"", mine + "repo", "password"}},
-		{"mount with slash", ws, KVRef{"secret/data", mine + "repo", "password"}},
-		{"mount dot-dot", ws, KVRef{"..", mine + "repo", "password"}},
-		{"empty segment", ws, KVRef{"secret", "knotless//" + ws + "/repo", "password"}},
-		{"trailing slash", ws, KVRef{"secret", mine + "repo/", "password"}},
-		{"workspace prefix only", ws, KVRef{"secret", "knotless/" + ws, "password"}},
-		{"workspace prefix with slash", ws, KVRef{"secret", mine, "password"}},
-		{"other tenancy prefix", ws, KVRef{"secret", "other/" + ws + "/repo", "password"}},
-		{"no prefix", ws, KVRef{"secret", ws + "/repo", "password"}},
-		{"encoded dot-dot", ws, KVRef{"secret", mine + "%2e%2e/x", "password"}},
-		{"query", ws, KVRef{"secret", mine + "repo?version=1", "password"}},
-		{"fragment", ws, KVRef{"secret", mine + "repo#x", "password"}},
-		{"backslash", ws, KVRef{"secret", mine + `..\x`, "password"}},
-		{"space", ws, KVRef{"secret", mine + "re po", "password"}},
-		{"empty path", ws, KVRef{"secret", "", "password"}},
-		{"empty workspace", "", KVRef{"secret", "knotless//repo", "password"}},
-		{"workspace dot-dot", "..", KVRef{"secret", "knotless/../repo", "password"}},
-		{"workspace with colon path", "root:org", KVRef{"secret", "knotless/root:org/repo", "password"}},
+		{"foreign workspace prefix", ws, ns, KVRef{"secret", "knotless/otherws/" + ns + "/repo", "password"}},
+		{"other namespace of the workspace", ws, ns, KVRef{"secret", "knotless/" + ws + "/other/repo", "password"}},
+		{"workspace-wide path without namespace", ws, ns, KVRef{"secret", "knotless/" + ws + "/repo", "password"}},
+		{"dot-dot into a foreign workspace", ws, ns, KVRef{"secret", mine + "../../otherws/repo", "password"}},
+		{"dot-dot into another namespace", ws, ns, KVRef{"secret", mine + "../other/repo", "password"}},
+		{"dot-dot at the end", ws, ns, KVRef{"secret", mine + "repo/..", "password"}},
+		{"dot segment", ws, ns, KVRef{"secret", mine + "./repo", "password"}},
+		{"absolute path", ws, ns, KVRef{"secret", "/" + mine + "repo", "password"}},
+		{"empty key", ws, ns, KVRef{"secret", mine + "repo", ""}},
+		{"empty mount", ws, ns, KVRef{"", mine + "repo", "password"}},
+		{"mount with slash", ws, ns, KVRef{"secret/data", mine + "repo", "password"}},
+		{"mount dot-dot", ws, ns, KVRef{"..", mine + "repo", "password"}},
+		{"empty segment", ws, ns, KVRef{"secret", "knotless//" + ws + "/" + ns + "/repo", "password"}},
+		{"trailing slash", ws, ns, KVRef{"secret", mine + "repo/", "password"}},
+		{"namespace prefix only", ws, ns, KVRef{"secret", "knotless/" + ws + "/" + ns, "password"}},
+		{"namespace prefix with slash", ws, ns, KVRef{"secret", mine, "password"}},
+		{"other tenancy prefix", ws, ns, KVRef{"secret", "other/" + ws + "/" + ns + "/repo", "password"}},
+		{"no prefix", ws, ns, KVRef{"secret", ws + "/" + ns + "/repo", "password"}},
+		{"encoded dot-dot", ws, ns, KVRef{"secret", mine + "%2e%2e/x", "password"}},
+		{"query", ws, ns, KVRef{"secret", mine + "repo?version=1", "password"}},
+		{"fragment", ws, ns, KVRef{"secret", mine + "repo#x", "password"}},
+		{"backslash", ws, ns, KVRef{"secret", mine + `..\x`, "password"}},
+		{"space", ws, ns, KVRef{"secret", mine + "re po", "password"}},
+		{"empty path", ws, ns, KVRef{"secret", "", "password"}},
+		{"empty workspace", "", ns, KVRef{"secret", "knotless//" + ns + "/repo", "password"}},
+		{"workspace dot-dot", "..", ns, KVRef{"secret", "knotless/../" + ns + "/repo", "password"}},
+		{"workspace with colon path", "root:org", ns, KVRef{"secret", "knotless/root:org/" + ns + "/repo", "password"}},
+		{"empty namespace", ws, "", KVRef{"secret", "knotless/" + ws + "//repo", "password"}},
+		{"namespace dot-dot", ws, "..", KVRef{"secret", "knotless/" + ws + "/../repo", "password"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := c.ReadKV(context.Background(), tc.workspace, tc.ref)
+			_, err := c.ReadKV(context.Background(), tc.workspace, tc.namespace, tc.ref)
 			var fe *ForbiddenPathError
 			if !errors.As(err, &fe) || !errors.Is(err, ErrForbiddenPath) {
 				t.Fatalf("err = %v, want a *ForbiddenPathError", err)
@@ -479,10 +484,10 @@ func TestTenancyRefusals(t *testing.T) {
 		t.Fatalf("%d requests reached Vault for refused references, want 0", got)
 	}
 	// Control: the workspace's own path passes the check.
-	if err := CheckRef("knotless", ws, repoRef); err != nil {
+	if err := CheckRef("knotless", ws, ns, repoRef); err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckRef("/org/knotless/", ws, KVRef{"kv", "org/knotless/" + ws + "/a/b", "k"}); err != nil {
+	if err := CheckRef("/org/knotless/", ws, ns, KVRef{"kv", "org/knotless/" + ws + "/" + ns + "/a/b", "k"}); err != nil {
 		t.Fatalf("multi-segment prefix: %v", err)
 	}
 }
@@ -502,34 +507,34 @@ func TestErrorsAndLogsNeverCarrySecrets(t *testing.T) {
 		errs = append(errs, err)
 	}
 
-	if v, err := c.ReadKV(ctx, ws, repoRef); err != nil || v != secretValue {
+	if v, err := c.ReadKV(ctx, ws, ns, repoRef); err != nil || v != secretValue {
 		t.Fatal(err)
 	}
-	_, err := c.ReadKV(ctx, ws, KVRef{"secret", repoRef.Path, "missing"})
+	_, err := c.ReadKV(ctx, ws, ns, KVRef{"secret", repoRef.Path, "missing"})
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `"missing"`) || !strings.Contains(err.Error(), repoRef.Path) {
 		t.Errorf("missing key: %v (want ErrNotFound naming path and key)", err)
 	}
 	collect("missing key", err)
-	_, err = c.ReadKV(ctx, ws, KVRef{"secret", "knotless/" + ws + "/absent", "password"})
+	_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", "knotless/" + ws + "/" + ns + "/absent", "password"})
 	if !errors.Is(err, ErrNotFound) {
 		t.Errorf("missing secret: %v", err)
 	}
 	collect("missing secret", err)
-	_, err = c.ReadKV(ctx, ws, KVRef{"secret", repoRef.Path, "nested"})
+	_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", repoRef.Path, "nested"})
 	if !errors.Is(err, ErrInvalidValue) {
 		t.Errorf("object value: %v", err)
 	}
 	collect("object value", err)
-	_, err = c.ReadKV(ctx, ws, KVRef{"secret", "knotless/otherws/repo", "password"})
+	_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", "knotless/otherws/repo", "password"})
 	collect("forbidden", err)
-	_, err = c.ReadKV(ctx, ws, KVRef{"other", repoRef.Path, "password"})
+	_, err = c.ReadKV(ctx, ws, ns, KVRef{"other", repoRef.Path, "password"})
 	collect("policy", err)
 
 	// A server that echoes the secret ID in its error.
 	fv.revokeAll()
 	fv.set(func(f *fakeVault) { f.echoSecret = true })
 	c.approle.SecretID = fv.secretID + "-wrong"
-	_, err = c.ReadKV(ctx, ws, repoRef)
+	_, err = c.ReadKV(ctx, ws, ns, repoRef)
 	if !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("bad secret ID: %v", err)
 	}
@@ -545,7 +550,7 @@ func TestErrorsAndLogsNeverCarrySecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c2.ReadKV(ctx, ws, repoRef)
+	_, err = c2.ReadKV(ctx, ws, ns, repoRef)
 	if !errors.Is(err, ErrUnreachable) {
 		t.Errorf("500: %v", err)
 	}
@@ -568,6 +573,29 @@ func TestErrorsAndLogsNeverCarrySecrets(t *testing.T) {
 	}
 }
 
+// TestRedirectsAreNotFollowed: a Vault (or something at its address) that
+// redirects gets no second request carrying the token elsewhere (R18).
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer target.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	c, err := New(Config{Address: srv.URL, Token: "hvs.redirected", Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err == nil {
+		t.Fatal("a redirected read succeeded")
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the redirect target got %d requests", n)
+	}
+}
+
 func TestUnreachable(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -580,7 +608,7 @@ func TestUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.ReadKV(context.Background(), ws, repoRef)
+	_, err = c.ReadKV(context.Background(), ws, ns, repoRef)
 	if !errors.Is(err, ErrUnreachable) || Reason(err) != ReasonUnreachable {
 		t.Fatalf("err = %v, want ErrUnreachable", err)
 	}
@@ -592,7 +620,7 @@ func TestDisabled(t *testing.T) {
 	if err != nil || c != nil {
 		t.Fatalf("New without address = %v, %v; want nil, nil", c, err)
 	}
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); !errors.Is(err, ErrDisabled) {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); !errors.Is(err, ErrDisabled) {
 		t.Fatalf("nil client ReadKV: %v", err)
 	}
 	if err := c.Start(context.Background()); err != nil {
@@ -682,7 +710,7 @@ func TestCAFileReloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.ReadKV(context.Background(), ws, repoRef); !errors.Is(err, ErrUnreachable) {
+	if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); !errors.Is(err, ErrUnreachable) {
 		t.Fatalf("with a foreign CA: %v, want ErrUnreachable", err)
 	}
 	if fv.requests.Load() != 0 {
@@ -692,7 +720,7 @@ func TestCAFileReloads(t *testing.T) {
 	if err := os.WriteFile(caFile, good, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := c.ReadKV(context.Background(), ws, repoRef); err != nil || v != secretValue {
+	if v, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil || v != secretValue {
 		t.Fatalf("after the CA file changed: %v", err)
 	}
 }
@@ -730,9 +758,9 @@ func TestMetrics(t *testing.T) {
 	}
 	c := newAppRoleClient(t, fv, nil, WithMetrics(m))
 	ctx := context.Background()
-	_, _ = c.ReadKV(ctx, ws, repoRef)
-	_, _ = c.ReadKV(ctx, ws, KVRef{"secret", repoRef.Path, "nope"})
-	_, _ = c.ReadKV(ctx, "other", repoRef)
+	_, _ = c.ReadKV(ctx, ws, ns, repoRef)
+	_, _ = c.ReadKV(ctx, ws, ns, KVRef{"secret", repoRef.Path, "nope"})
+	_, _ = c.ReadKV(ctx, "other", ns, repoRef)
 	if got := testutil.ToFloat64(m.Logins); got != 1 {
 		t.Errorf("logins_total = %v", got)
 	}

@@ -49,8 +49,9 @@ type Config struct {
 	TokenFile string
 	// AppRole selects AppRole authentication when RoleID is set.
 	AppRole AppRoleConfig
-	// Prefix is the tenancy prefix (default "knotless"): a workspace may
-	// only read paths below <Prefix>/<logical cluster name>/.
+	// Prefix is the tenancy prefix (default "knotless"): a namespace of a
+	// workspace may only read paths below
+	// <Prefix>/<logical cluster name>/<namespace>/.
 	Prefix string
 	// Timeout of each request to Vault (default 10s).
 	Timeout time.Duration
@@ -64,7 +65,7 @@ func BindFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.AppRole.RoleID, "vault-approle-role-id", cfg.AppRole.RoleID, "AppRole role ID; selects AppRole authentication")
 	fs.StringVar(&cfg.AppRole.SecretIDFile, "vault-approle-secret-id-file", cfg.AppRole.SecretIDFile, "file holding the AppRole secret ID (re-read before every login)")
 	fs.StringVar(&cfg.AppRole.MountPath, "vault-approle-mount", orDefault(cfg.AppRole.MountPath, DefaultAppRoleMount), "mount path of the AppRole auth method")
-	fs.StringVar(&cfg.Prefix, "vault-prefix", orDefault(cfg.Prefix, DefaultPrefix), "tenancy prefix: a workspace may read only <mount>/<prefix>/<logical cluster>/...")
+	fs.StringVar(&cfg.Prefix, "vault-prefix", orDefault(cfg.Prefix, DefaultPrefix), "tenancy prefix: a namespace of a workspace may read only <mount>/<prefix>/<logical cluster>/<namespace>/...")
 	timeout := cfg.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout

@@ -22,18 +22,20 @@
 // token with auth/token/renew-self and checks it with
 // auth/token/lookup-self, which "default" allows.
 //
-// The provider enforces the per-workspace sub-prefix itself: a reference
-// coming from the workspace whose logical cluster name is
-// "2x7uf0bml0q9ms3b" may only name paths below "knotless/2x7uf0bml0q9ms3b/".
-// ReadKV checks the reference (no "..", ".", empty segments, absolute
-// paths, mounts containing "/", characters outside [A-Za-z0-9._@+=,~-])
-// before anything is sent to Vault and returns a *ForbiddenPathError
-// otherwise. The policy alone cannot do this: Vault does not know which
-// workspace a reference comes from.
+// The provider enforces the per-namespace sub-prefix itself (R19): a
+// reference coming from namespace "shop" of the workspace whose logical
+// cluster name is "2x7uf0bml0q9ms3b" may only name paths below
+// "knotless/2x7uf0bml0q9ms3b/shop/", so that whoever may create objects in
+// one namespace cannot read the secrets of another. ReadKV checks the
+// reference (no "..", ".", empty segments, absolute paths, mounts
+// containing "/", characters outside [A-Za-z0-9._@+=,~-]) before anything
+// is sent to Vault and returns a *ForbiddenPathError otherwise. The policy
+// alone cannot do this: Vault does not know which workspace and namespace
+// a reference comes from.
 //
 // Workspace owners (or whoever provisions secrets for them) therefore write
-// to <mount>/data/<prefix>/<logical cluster>/..., for example with a policy
-// of their own that grants create/update on that sub-tree.
+// to <mount>/data/<prefix>/<logical cluster>/<namespace>/..., for example
+// with a policy of their own that grants create/update on that sub-tree.
 //
 // # Tokens
 //

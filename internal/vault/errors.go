@@ -16,9 +16,9 @@ var (
 	// ErrDisabled: the provider runs without a Vault address. Methods of a
 	// nil *Client return it.
 	ErrDisabled = errors.New("vault is not configured (no --vault-address)")
-	// ErrForbiddenPath: the reference lies outside the workspace's prefix
-	// or is malformed. Nothing was sent to Vault.
-	ErrForbiddenPath = errors.New("reference is outside the workspace's Vault prefix")
+	// ErrForbiddenPath: the reference lies outside the prefix of its
+	// workspace and namespace, or is malformed. Nothing was sent to Vault.
+	ErrForbiddenPath = errors.New("reference is outside the namespace's Vault prefix")
 	// ErrNotFound: the secret, or the key in it, does not exist.
 	ErrNotFound = errors.New("not found")
 	// ErrUnreachable: Vault did not answer, answered with a server error
@@ -69,13 +69,14 @@ func Reason(err error) string {
 // errors.Is(err, ErrForbiddenPath) holds for it.
 type ForbiddenPathError struct {
 	Workspace string
+	Namespace string
 	Ref       KVRef
-	// Reason says what is wrong, e.g. `path must start with "knotless/ws/"`.
+	// Reason says what is wrong, e.g. `path must start with "knotless/ws/ns/"`.
 	Reason string
 }
 
 func (e *ForbiddenPathError) Error() string {
-	return fmt.Sprintf("vault reference %s of workspace %q rejected: %s", e.Ref, e.Workspace, e.Reason)
+	return fmt.Sprintf("vault reference %s of workspace %q, namespace %q rejected: %s", e.Ref, e.Workspace, e.Namespace, e.Reason)
 }
 
 // Is makes errors.Is(err, ErrForbiddenPath) true.

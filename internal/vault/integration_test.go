@@ -149,9 +149,10 @@ func TestRealVault(t *testing.T) {
 	dv.write(t, "sys/auth/approle", map[string]any{"type": "approle"})
 	dv.write(t, "sys/policies/acl/knotless", map[string]any{"policy": policy})
 	dv.write(t, "sys/mounts/kv2", map[string]any{"type": "kv", "options": map[string]any{"version": "2"}})
-	dv.write(t, "secret/data/knotless/"+ws+"/repo", map[string]any{"data": map[string]any{"password": value, "port": 8080}})
+	dv.write(t, "secret/data/"+repoRef.Path, map[string]any{"data": map[string]any{"password": value, "port": 8080}})
 	dv.write(t, "secret/data/knotless/otherws/repo", map[string]any{"data": map[string]any{"password": "other"}})
-	dv.write(t, "kv2/data/knotless/"+ws+"/repo", map[string]any{"data": map[string]any{"password": value}})
+	dv.write(t, "secret/data/knotless/"+ws+"/other/repo", map[string]any{"data": map[string]any{"password": "other"}})
+	dv.write(t, "kv2/data/"+repoRef.Path, map[string]any{"data": map[string]any{"password": value}})
 
 	roleID, secretID := dv.appRole(t, "knotless-provider", "1h")
 	secretIDFile := filepath.Join(t.TempDir(), "secret-id")
@@ -180,14 +181,14 @@ func TestRealVault(t *testing.T) {
 		startClient(t, c)
 		ctx := context.Background()
 
-		got, err := c.ReadKV(ctx, ws, repoRef)
+		got, err := c.ReadKV(ctx, ws, ns, repoRef)
 		if err != nil || got != value {
 			t.Fatalf("ReadKV: %q, %v", got, err)
 		}
 		if n := c.Logins(); n != 1 {
 			t.Fatalf("Logins() = %d, want 1", n)
 		}
-		if got, err := c.ReadKV(ctx, ws, KVRef{"secret", repoRef.Path, "port"}); err != nil || got != "8080" {
+		if got, err := c.ReadKV(ctx, ws, ns, KVRef{"secret", repoRef.Path, "port"}); err != nil || got != "8080" {
 			t.Errorf("number value: %q, %v", got, err)
 		}
 
@@ -196,7 +197,7 @@ func TestRealVault(t *testing.T) {
 		c.mu.Unlock()
 		dv.write(t, "auth/token/revoke", map[string]any{"token": tok})
 
-		got, err = c.ReadKV(ctx, ws, repoRef)
+		got, err = c.ReadKV(ctx, ws, ns, repoRef)
 		if err != nil || got != value {
 			t.Fatalf("ReadKV after revocation: %v", err)
 		}
@@ -204,20 +205,24 @@ func TestRealVault(t *testing.T) {
 			t.Fatalf("Logins() after revocation = %d, want 2", n)
 		}
 
-		_, err = c.ReadKV(ctx, ws, KVRef{"secret", repoRef.Path, "absent"})
+		_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", repoRef.Path, "absent"})
 		if !errors.Is(err, ErrNotFound) {
 			t.Errorf("missing key: %v", err)
 		}
-		_, err = c.ReadKV(ctx, ws, KVRef{"secret", "knotless/" + ws + "/absent", "password"})
+		_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", "knotless/" + ws + "/" + ns + "/absent", "password"})
 		if !errors.Is(err, ErrNotFound) {
 			t.Errorf("missing secret: %v", err)
 		}
-		_, err = c.ReadKV(ctx, ws, KVRef{"secret", "knotless/otherws/repo", "password"})
+		_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", "knotless/otherws/repo", "password"})
 		if !errors.Is(err, ErrForbiddenPath) {
 			t.Errorf("foreign workspace: %v", err)
 		}
+		_, err = c.ReadKV(ctx, ws, ns, KVRef{"secret", "knotless/" + ws + "/other/repo", "password"})
+		if !errors.Is(err, ErrForbiddenPath) {
+			t.Errorf("other namespace of the same workspace: %v", err)
+		}
 		// kv2 is not in the policy: a denial, not a stale token.
-		_, err = c.ReadKV(ctx, ws, KVRef{"kv2", repoRef.Path, "password"})
+		_, err = c.ReadKV(ctx, ws, ns, KVRef{"kv2", repoRef.Path, "password"})
 		if !errors.Is(err, ErrUnauthorized) {
 			t.Errorf("path outside the policy: %v", err)
 		}
@@ -240,7 +245,7 @@ func TestRealVault(t *testing.T) {
 		for range 100 {
 			go func() {
 				<-start
-				v, err := c.ReadKV(context.Background(), ws, repoRef)
+				v, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 				if err == nil && v != value {
 					err = errors.New("wrong value")
 				}
@@ -267,11 +272,11 @@ func TestRealVault(t *testing.T) {
 		m, _ := NewMetrics(prometheus.NewRegistry())
 		c := newClient(t, shortRole, f, WithMetrics(m))
 		startClient(t, c)
-		if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+		if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "three renewals", func() bool { return testutil.ToFloat64(m.Renewals) >= 3 })
-		if _, err := c.ReadKV(context.Background(), ws, repoRef); err != nil {
+		if _, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil {
 			t.Fatal(err)
 		}
 		if n := c.Logins(); n != 1 {
@@ -284,7 +289,7 @@ func TestRealVault(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v, err := c.ReadKV(context.Background(), ws, repoRef); err != nil || v != value {
+		if v, err := c.ReadKV(context.Background(), ws, ns, repoRef); err != nil || v != value {
 			t.Fatalf("ReadKV: %v", err)
 		}
 	})
@@ -296,7 +301,7 @@ func TestRealVault(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := newClient(t, roleID, f)
-		_, err := c.ReadKV(context.Background(), ws, repoRef)
+		_, err := c.ReadKV(context.Background(), ws, ns, repoRef)
 		if !errors.Is(err, ErrUnauthorized) || bytes.Contains([]byte(err.Error()), []byte(wrong)) {
 			t.Fatalf("err = %v, want ErrUnauthorized without the secret ID", err)
 		}

@@ -12,7 +12,7 @@ type KVRef struct {
 	// Mount of the KV v2 engine, e.g. "secret" (one segment, no "/").
 	Mount string
 	// Path of the secret below the mount, without "data/", e.g.
-	// "knotless/<logical cluster>/pds".
+	// "knotless/<logical cluster>/<namespace>/pds".
 	Path string
 	// Key in the secret's data.
 	Key string
@@ -23,25 +23,29 @@ func (r KVRef) String() string {
 	return fmt.Sprintf("mount=%s path=%s key=%s", strconv.Quote(r.Mount), strconv.Quote(r.Path), strconv.Quote(r.Key))
 }
 
-// WorkspacePrefix returns the path prefix (with a trailing "/") below which
-// a workspace's references must lie.
-func WorkspacePrefix(prefix, workspace string) string {
-	return strings.Trim(prefix, "/") + "/" + workspace + "/"
+// NamespacePrefix returns the path prefix (with a trailing "/") below which
+// the references of a namespace of a workspace must lie:
+// <prefix>/<workspace>/<namespace>/.
+func NamespacePrefix(prefix, workspace, namespace string) string {
+	return strings.Trim(prefix, "/") + "/" + workspace + "/" + namespace + "/"
 }
 
-// CheckRef checks that ref may be read on behalf of workspace (its logical
-// cluster name) under the tenancy prefix: its path must lie below
-// <prefix>/<workspace>/ after cleaning, with no "..", "." or empty
+// CheckRef checks that ref may be read on behalf of namespace in workspace
+// (its logical cluster name) under the tenancy prefix: its path must lie
+// below <prefix>/<workspace>/<namespace>/, with no "..", "." or empty
 // segments, no leading "/", only the characters [A-Za-z0-9._@+=,~-], a
 // one-segment mount and a non-empty key. It returns a *ForbiddenPathError
 // otherwise.
-func CheckRef(prefix, workspace string, ref KVRef) error {
+func CheckRef(prefix, workspace, namespace string, ref KVRef) error {
 	fail := func(format string, args ...any) error {
-		return &ForbiddenPathError{Workspace: workspace, Ref: ref, Reason: fmt.Sprintf(format, args...)}
+		return &ForbiddenPathError{Workspace: workspace, Namespace: namespace, Ref: ref, Reason: fmt.Sprintf(format, args...)}
 	}
 	prefix = strings.Trim(prefix, "/")
 	if err := checkSegment(workspace); err != nil {
 		return fail("workspace name: %v", err)
+	}
+	if err := checkSegment(namespace); err != nil {
+		return fail("namespace: %v", err)
 	}
 	if ref.Mount == "" {
 		return fail("mount is empty")
@@ -55,7 +59,7 @@ func CheckRef(prefix, workspace string, ref KVRef) error {
 	if ref.Key == "" {
 		return fail("key is empty")
 	}
-	want := WorkspacePrefix(prefix, workspace)
+	want := NamespacePrefix(prefix, workspace, namespace)
 	switch {
 	case ref.Path == "":
 		return fail("path is empty")
@@ -69,7 +73,7 @@ func CheckRef(prefix, workspace string, ref KVRef) error {
 		}
 	}
 	pre := strings.Split(prefix, "/")
-	if len(segs) < len(pre)+2 {
+	if len(segs) < len(pre)+3 {
 		return fail("path must name a secret below %q", want)
 	}
 	for i, p := range pre {
@@ -79,6 +83,9 @@ func CheckRef(prefix, workspace string, ref KVRef) error {
 	}
 	if segs[len(pre)] != workspace {
 		return fail("path belongs to workspace %q, not %q; it must start with %q", segs[len(pre)], workspace, want)
+	}
+	if segs[len(pre)+1] != namespace {
+		return fail("path belongs to namespace %q, not %q; it must start with %q", segs[len(pre)+1], namespace, want)
 	}
 	return nil
 }

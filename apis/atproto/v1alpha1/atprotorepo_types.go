@@ -20,6 +20,15 @@ const (
 	ReasonInvalidSpec          = "InvalidSpec"
 	ReasonRepoNotReady         = "RepoNotReady"
 	ReasonWriteFailed          = "WriteFailed"
+	// ReasonInsecureURL: spec.pds.url is plain http to a host the operator
+	// did not allow for it; credentials go only over https (R19).
+	ReasonInsecureURL = "InsecureURL"
+	// ReasonAddressNotAllowed: the PDS's address is one knotless may not
+	// reach (loopback, private, link-local, metadata or reserved, R18).
+	ReasonAddressNotAllowed = "AddressNotAllowed"
+	// ReasonPDSRedirected: the PDS answered with a redirect, which is
+	// never followed (R18).
+	ReasonPDSRedirected = "PDSRedirected"
 )
 
 // PDS says where a repo lives.
