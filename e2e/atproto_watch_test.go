@@ -219,10 +219,10 @@ func TestAtprotoRecordWatch(t *testing.T) {
 	if w.Status.LastResync == nil || w.Status.LastResync.Reason != "Initial" {
 		t.Fatalf("lastResync %+v, want the Initial listing", w.Status.LastResync)
 	}
-	if got := metricValue(t, "knotless_firehose_subscriptions", env.pds.URL); got != "2" {
+	if got := metricValue(t, "knotless_firehose_subscriptions", pdsMetricSource()); got != "2" {
 		t.Fatalf("subscriptions on the PDS: %q, want 2 (two workspaces)", got)
 	}
-	if got := metricValue(t, "knotless_firehose_connected", env.pds.URL); got != "1" {
+	if got := metricValue(t, "knotless_firehose_connected", pdsMetricSource()); got != "1" {
 		t.Fatalf("connections to the PDS: %q, want 1 shared by both watches", got)
 	}
 
@@ -390,7 +390,11 @@ func TestAtprotoRecordWatchPDSRestart(t *testing.T) {
 	if w.Status.Matched != 10 || w.Status.Errors != 0 {
 		t.Fatalf("matched %d errors %d, want 10 and 0", w.Status.Matched, w.Status.Errors)
 	}
-	if got := metricValue(t, "knotless_firehose_reconnects_total", env.pds.URL); got == "" {
+	if got := metricValue(t, "knotless_firehose_reconnects_total", pdsMetricSource()); got == "" {
 		t.Fatal("no reconnect counted")
 	}
 }
+
+// pdsMetricSource is the PDS's label in the firehose metrics: its
+// host:port, which the suite's provider names in --firehose-metric-sources.
+func pdsMetricSource() string { return strings.TrimPrefix(env.pds.URL, "http://") }

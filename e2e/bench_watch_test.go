@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -22,7 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 const benchCollection = "dev.knotless.bench.event"
@@ -82,7 +85,8 @@ func TestWatchThroughput(t *testing.T) {
 	dir := identity.NewCacheDirectory(&identity.BaseDirectory{PLCURL: env.plc.URL, SkipHandleVerification: true}, 10000, time.Hour, time.Minute, time.Minute)
 	// Gather (the wait for more subscriptions before the first connection)
 	// is not what is measured.
-	hub, err := firehose.NewHub(firehose.Options{Directory: dir, Log: logr.Discard(), Gather: time.Millisecond})
+	hub, err := firehose.NewHub(firehose.Options{Directory: dir, Log: logr.Discard(), Gather: time.Millisecond,
+		Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix(framework.AllowedNetworks)}, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

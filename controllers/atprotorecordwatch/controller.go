@@ -10,6 +10,7 @@ package atprotorecordwatch
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -36,6 +37,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -267,18 +269,30 @@ func buildStatus(obj *atprotov1alpha1.AtprotoRecordWatch, prev *atprotov1alpha1.
 	}
 	cond := metav1.Condition{Type: atprotov1alpha1.ConditionReady, ObservedGeneration: obj.Generation, Status: metav1.ConditionFalse}
 	switch {
+	case health.Connected && health.ResyncErr != nil:
+		cond.Reason, cond.Message = failure(atprotov1alpha1.ReasonResyncing, health.ResyncErr)
 	case health.Connected && health.Resyncing:
 		cond.Reason, cond.Message = atprotov1alpha1.ReasonResyncing, "listing records from "+obj.Spec.Source.URL
 	case health.Connected:
 		cond.Status, cond.Reason = metav1.ConditionTrue, atprotov1alpha1.ReasonFollowing
 		cond.Message = "following " + obj.Spec.Source.URL
 	case health.Err != nil:
-		cond.Reason, cond.Message = atprotov1alpha1.ReasonSourceUnreachable, health.Err.Error()
+		cond.Reason, cond.Message = failure(atprotov1alpha1.ReasonSourceUnreachable, health.Err)
 	default:
 		cond.Reason, cond.Message = atprotov1alpha1.ReasonConnecting, "connecting to "+obj.Spec.Source.URL
 	}
 	meta.SetStatusCondition(&out.Conditions, cond)
 	return out
+}
+
+// failure is the Ready reason and message of a connection or listing
+// error: AddressNotAllowed when the address policy refused it, otherwise
+// reason.
+func failure(reason string, err error) (string, string) {
+	if errors.Is(err, netpolicy.ErrDenied) {
+		reason = atprotov1alpha1.ReasonAddressNotAllowed
+	}
+	return reason, err.Error()
 }
 
 // stateFromStatus is the state a status was written from.

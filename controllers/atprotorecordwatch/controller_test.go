@@ -2,6 +2,9 @@ package atprotorecordwatch
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 func TestValidateNamesTheField(t *testing.T) {
@@ -73,5 +77,30 @@ func TestStatusRoundTrip(t *testing.T) {
 	down := buildStatus(obj, status, st, firehose.Health{Err: errors.New("dial tcp: connection refused")})
 	if c := down.Conditions[0]; c.Reason != atprotov1alpha1.ReasonSourceUnreachable || !strings.Contains(c.Message, "connection refused") {
 		t.Fatalf("condition while down %+v", c)
+	}
+}
+
+// An address the policy refuses, for the connection or for a listing, is
+// named as such on Ready; other listing failures stay Resyncing with the
+// error.
+func TestRefusedAddressesShowOnReady(t *testing.T) {
+	obj := &atprotov1alpha1.AtprotoRecordWatch{}
+	obj.Spec.Source.URL = "http://pds"
+	denied := fmt.Errorf("connecting to http://pds: %w", &net.OpError{Op: "dial", Net: "tcp", Err: &netpolicy.DeniedError{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Reason: "private"}})
+	for _, tc := range []struct {
+		health firehose.Health
+		reason string
+	}{
+		{firehose.Health{Err: denied}, atprotov1alpha1.ReasonAddressNotAllowed},
+		{firehose.Health{Connected: true, Resyncing: true, ResyncErr: denied}, atprotov1alpha1.ReasonAddressNotAllowed},
+		{firehose.Health{Connected: true, Resyncing: true, ResyncErr: errors.New("API request failed (HTTP 302)")}, atprotov1alpha1.ReasonResyncing},
+	} {
+		c := buildStatus(obj, &obj.Status, firehose.State{}, tc.health).Conditions[0]
+		if c.Status != metav1.ConditionFalse || c.Reason != tc.reason || c.Message == "" {
+			t.Fatalf("health %+v: condition %+v, want %s", tc.health, c, tc.reason)
+		}
+		if !strings.Contains(c.Message, "not allowed") && !strings.Contains(c.Message, "302") {
+			t.Fatalf("message %q does not name the failure", c.Message)
+		}
 	}
 }

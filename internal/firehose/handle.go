@@ -102,7 +102,7 @@ func (s *stream) reject(subs []*Subscription, did string, seq int64, err error) 
 		return
 	}
 	s.log.Info("rejected an event that failed verification", "did", did, "seq", seq, "err", err)
-	s.hub.opts.Metrics.rejected(s.source)
+	s.hub.opts.Metrics.rejected(s.label)
 	for _, sub := range subs {
 		sub.rejected()
 	}

@@ -125,7 +125,7 @@ func TestForgedAndCorruptCommitsAreRejectedAndCounted(t *testing.T) {
 	if len(st.Records) != 0 || st.Errors != 3 {
 		t.Fatalf("records %v errors %d; want none and 3", st.Records, st.Errors)
 	}
-	if got := counterValue(t, s.hub.opts.Metrics.Rejected.WithLabelValues(s.source)); got != 3 {
+	if got := counterValue(t, s.hub.opts.Metrics.Rejected.WithLabelValues(otherSource)); got != 3 {
 		t.Fatalf("rejected metric %v, want 3", got)
 	}
 }

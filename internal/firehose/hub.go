@@ -15,6 +15,11 @@
 // that could not be verified for want of the DID's identity), the records
 // are listed again from the repo's PDS (com.atproto.repo.listRecords
 // between two equal com.atproto.sync.getLatestCommit revs).
+//
+// Sources and the PDSes of their repos are chosen by tenants: every
+// connection passes the operator's address policy and no redirect is
+// followed (R18), and metrics are labelled from a set the operator bounds
+// (R19).
 package firehose
 
 import (
@@ -32,6 +37,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // Options configure a Hub. Zero fields take defaults.
@@ -39,9 +45,13 @@ type Options struct {
 	// Directory resolves DIDs to signing keys and PDS endpoints (use a
 	// cached directory pointed at the right PLC). Required.
 	Directory identity.Directory
-	// HTTPClient is used for resync listings (default: 30 s timeout).
+	// HTTPClient is used for resync listings (default: 30 s timeout,
+	// dialling through Policy, no proxy). It never follows a redirect: its
+	// CheckRedirect is replaced, and a 3xx answer is an error.
 	HTTPClient *http.Client
-	// Dialer opens the websocket (default: 10 s handshake timeout).
+	// Dialer opens the websocket (default: 10 s handshake timeout,
+	// dialling through Policy, no proxy). A websocket dialer never follows
+	// a redirect: a 3xx answer to the handshake fails it.
 	Dialer *websocket.Dialer
 	// Backoff between reconnects (default 1s..30s, reset after 1 min).
 	Backoff backoff.Backoff
@@ -56,16 +66,33 @@ type Options struct {
 	Gather  time.Duration
 	Metrics *Metrics
 	Log     logr.Logger
+	// Policy is the address policy every connection to a source or a
+	// repo's PDS passes (R18) unless HTTPClient and Dialer are given; nil
+	// allows public addresses only.
+	Policy *netpolicy.Policy
+	// MetricSources are the source hosts (host or host:port, as in the
+	// source URL) whose metrics carry their host as the source label;
+	// every other source's are labelled "other", so tenants cannot grow
+	// the metrics' label set (R19).
+	MetricSources []string
 }
 
+// otherSource is the source label of every source not in
+// Options.MetricSources.
+const otherSource = "other"
+
 func (o Options) withDefaults() Options {
+	dial := o.Policy.Dialer(10 * time.Second).DialContext
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Timeout: 30 * time.Second}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.Proxy, t.DialContext = nil, dial
+		o.HTTPClient = &http.Client{Timeout: 30 * time.Second, Transport: t}
 	}
+	c := *o.HTTPClient
+	c.CheckRedirect = netpolicy.NoRedirects
+	o.HTTPClient = &c
 	if o.Dialer == nil {
-		d := *websocket.DefaultDialer
-		d.HandshakeTimeout = 10 * time.Second
-		o.Dialer = &d
+		o.Dialer = &websocket.Dialer{NetDialContext: dial, HandshakeTimeout: 10 * time.Second}
 	}
 	o.Backoff = o.Backoff.WithDefaults()
 	if o.Workers <= 0 {
@@ -85,10 +112,17 @@ func (o Options) withDefaults() Options {
 type Hub struct {
 	opts Options
 
+	// named are the hosts of Options.MetricSources.
+	named map[string]bool
+
 	mu      sync.Mutex
 	ctx     context.Context
 	streams map[string]*stream
-	wg      sync.WaitGroup
+	// labels counts the streams of each metric label that may still write
+	// metrics: from their creation until they left streams and their
+	// goroutine (if any) ended.
+	labels map[string]int
+	wg     sync.WaitGroup
 }
 
 // NewHub returns a hub; opts.Directory is required.
@@ -96,7 +130,42 @@ func NewHub(opts Options) (*Hub, error) {
 	if opts.Directory == nil {
 		return nil, errors.New("firehose: a directory is required")
 	}
-	return &Hub{opts: opts.withDefaults(), streams: map[string]*stream{}}, nil
+	h := &Hub{opts: opts.withDefaults(), named: map[string]bool{}, streams: map[string]*stream{}, labels: map[string]int{}}
+	for _, host := range opts.MetricSources {
+		host = strings.ToLower(strings.TrimSpace(host))
+		if host == "" || strings.ContainsAny(host, "/?#@") {
+			return nil, fmt.Errorf("firehose: metric source %q: want host or host:port", host)
+		}
+		h.named[host] = true
+	}
+	return h, nil
+}
+
+// metricLabel is the source label of a normalized source's metrics: the
+// entry of Options.MetricSources that names its host:port or host, or
+// "other".
+func (h *Hub) metricLabel(source string) string {
+	u, err := url.Parse(source)
+	switch {
+	case err != nil:
+	case h.named[u.Host]:
+		return u.Host
+	case h.named[u.Hostname()]:
+		return u.Hostname()
+	}
+	return otherSource
+}
+
+// release ends a stream's hold on its metric label (h.mu is held): the
+// series of a named source go with the last stream that held them.
+func (h *Hub) release(s *stream) {
+	if h.labels[s.label]--; h.labels[s.label] > 0 {
+		return
+	}
+	delete(h.labels, s.label)
+	if s.label != otherSource {
+		h.opts.Metrics.forget(s.label)
+	}
 }
 
 // Start runs the streams until ctx ends and waits for all of them.
@@ -112,7 +181,8 @@ func (h *Hub) Start(ctx context.Context) error {
 	return nil
 }
 
-// run starts s's goroutine; h.mu is held and h.ctx is set.
+// run starts s's goroutine; h.mu is held and h.ctx is set. s.stop is set
+// while the goroutine runs.
 func (h *Hub) run(s *stream) {
 	ctx, cancel := context.WithCancel(h.ctx)
 	s.stop = cancel
@@ -120,6 +190,13 @@ func (h *Hub) run(s *stream) {
 	go func() {
 		defer h.wg.Done()
 		s.run(ctx)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		s.stop = nil
+		cancel()
+		if h.streams[s.source] != s {
+			h.release(s)
+		}
 	}()
 }
 
@@ -160,6 +237,7 @@ func (h *Hub) Subscribe(source string, filter Filter, maxRecords int, initial St
 	if s == nil {
 		s = newStream(h, src)
 		h.streams[src] = s
+		h.labels[s.label]++
 		if h.ctx != nil {
 			h.run(s)
 		}
@@ -177,10 +255,12 @@ func (h *Hub) Unsubscribe(sub *Subscription) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := sub.stream
-	if s.remove(sub) == 0 {
-		if s.stop != nil {
-			s.stop()
-		}
+	if left, ok := s.remove(sub); ok && left == 0 {
 		delete(h.streams, s.source)
+		if s.stop != nil {
+			s.stop() // its goroutine releases the label when it ends
+		} else {
+			h.release(s)
+		}
 	}
 }

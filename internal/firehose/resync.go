@@ -112,14 +112,14 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		if err == nil {
 			schedule = backoff.NewSchedule(s.hub.opts.Backoff)
 			req.sub.resynced(req.did, req.reason)
-			s.hub.opts.Metrics.resync(s.source, req.reason)
+			s.hub.opts.Metrics.resync(s.label, req.reason)
 			s.log.V(1).Info("resynced", "did", req.did, "reason", req.reason)
 			continue
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		req.sub.rejected()
+		req.sub.resyncFailed(err)
 		delay := schedule.Next(time.Since(started))
 		s.log.Info("resync failed; retrying", "did", req.did, "reason", req.reason, "in", delay, "err", err)
 		s.resync.add(req.sub, req.did, req.reason)

@@ -35,8 +35,11 @@ var errRewind = errors.New("a subscription needs events the connection has passe
 type stream struct {
 	hub    *Hub
 	source string
-	log    logr.Logger
-	stop   context.CancelFunc
+	// label is the source label of the stream's metrics.
+	label string
+	log   logr.Logger
+	// stop ends the stream's goroutine; set (under hub.mu) while it runs.
+	stop context.CancelFunc
 
 	mu   sync.Mutex
 	subs map[*Subscription]struct{}
@@ -54,7 +57,7 @@ type stream struct {
 
 func newStream(h *Hub, source string) *stream {
 	return &stream{
-		hub: h, source: source, subs: map[*Subscription]struct{}{},
+		hub: h, source: source, label: h.metricLabel(source), subs: map[*Subscription]struct{}{},
 		log:     h.opts.Log.WithValues("source", source),
 		tracker: newCursorTracker(0),
 		resync:  resyncQueue{wake: make(chan struct{}, 1)},
@@ -68,7 +71,7 @@ func (s *stream) add(sub *Subscription) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.subs[sub] = struct{}{}
-	s.hub.opts.Metrics.subscriptions(s.source, len(s.subs))
+	s.hub.opts.Metrics.subscriptions(s.label, 1)
 	if !s.connected {
 		return
 	}
@@ -86,13 +89,18 @@ func (s *stream) add(sub *Subscription) {
 	}
 }
 
-func (s *stream) remove(sub *Subscription) int {
+// remove unregisters sub. It returns how many subscriptions are left and
+// whether sub was registered.
+func (s *stream) remove(sub *Subscription) (int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.subs[sub]; !ok {
+		return len(s.subs), false
+	}
 	delete(s.subs, sub)
 	s.resync.drop(sub)
-	s.hub.opts.Metrics.subscriptions(s.source, len(s.subs))
-	return len(s.subs)
+	s.hub.opts.Metrics.subscriptions(s.label, -1)
+	return len(s.subs), true
 }
 
 // position returns the safe cursor and generation of the current
@@ -125,7 +133,7 @@ func (s *stream) connectLoop(ctx context.Context) {
 		var se *StreamError
 		switch {
 		case errors.Is(err, errRewind):
-			s.hub.opts.Metrics.reconnect(s.source, "rewind")
+			s.hub.opts.Metrics.reconnect(s.label, "rewind")
 			continue
 		case errors.As(err, &se) && se.Name == "FutureCursor":
 			// The source does not have our cursor yet (it lost data or is
@@ -137,7 +145,7 @@ func (s *stream) connectLoop(ctx context.Context) {
 			})
 		}
 		delay := schedule.Next(time.Since(started))
-		s.hub.opts.Metrics.reconnect(s.source, cause)
+		s.hub.opts.Metrics.reconnect(s.label, cause)
 		s.log.Info("firehose connection ended; reconnecting", "in", delay, "attempt", schedule.Attempt(), "err", err)
 		if !backoff.Sleep(ctx, delay) {
 			return
@@ -197,6 +205,10 @@ func (s *stream) connect(ctx context.Context) error {
 		_ = resp.Body.Close()
 	}
 	if err != nil {
+		if resp != nil {
+			// A failed handshake (a redirect, too, is not followed).
+			err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
+		}
 		err = fmt.Errorf("connecting to %s: %w", s.source, err)
 		s.mu.Lock()
 		s.lastErr = err
@@ -223,8 +235,8 @@ func (s *stream) connect(ctx context.Context) error {
 	}
 	tracker := s.tracker
 	s.mu.Unlock()
-	s.hub.opts.Metrics.connected(s.source, true)
-	defer s.hub.opts.Metrics.connected(s.source, false)
+	s.hub.opts.Metrics.connected(s.label, true)
+	defer s.hub.opts.Metrics.connected(s.label, false)
 	s.log.V(1).Info("firehose connected", "cursor", cursor, "generation", gen)
 
 	idle := s.hub.opts.IdleTimeout
@@ -330,7 +342,7 @@ func (sc *scheduler) AddWork(ctx context.Context, repo string, ev *events.XRPCSt
 	if !ok || !sc.tracker.Start(seq) {
 		return nil
 	}
-	sc.s.hub.opts.Metrics.event(sc.s.source, eventTime(ev))
+	sc.s.hub.opts.Metrics.event(sc.s.label, eventTime(ev))
 	j := job{ev: ev, seq: seq, subs: sc.s.dispatch(sc.gen, seq)}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(repo))

@@ -106,6 +106,8 @@ type Health struct {
 	Err error
 	// Resyncing is true while the subscription's records are being listed.
 	Resyncing bool
+	// ResyncErr is the last failed listing's error while Resyncing.
+	ResyncErr error
 }
 
 // Subscription is one consumer of a stream (an AtprotoRecordWatch).
@@ -130,6 +132,8 @@ type Subscription struct {
 	holding bool
 	pending map[string]bool
 	order   int64
+	// resyncErr is the last listing's error (nil once one succeeds).
+	resyncErr error
 }
 
 func newSubscription(filter Filter, maxRecords int, initial State) *Subscription {
@@ -180,6 +184,9 @@ func (s *Subscription) Snapshot() (State, Health, uint64) {
 		st.Cursor = max(s.state.Cursor, s.hold)
 	}
 	health.Resyncing = s.full || len(s.pending) > 0
+	if health.Resyncing {
+		health.ResyncErr = s.resyncErr
+	}
 	return st, health, s.version
 }
 
@@ -302,6 +309,15 @@ func (s *Subscription) rejected() {
 	s.version++
 }
 
+// resyncFailed counts a failed listing and keeps its error for Health.
+func (s *Subscription) resyncFailed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state.Errors++
+	s.resyncErr = err
+	s.version++
+}
+
 func (s *Subscription) join(gen uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -408,5 +424,6 @@ func (s *Subscription) resynced(did, reason string) {
 		}
 	}
 	s.state.LastResync = &Resync{Reason: reason, Time: time.Now(), DID: did}
+	s.resyncErr = nil
 	s.version++
 }
