@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -156,7 +157,8 @@ func run(m *testing.M) (code int) {
 	s.providerWS = logicalcluster.NewPath("root:" + s.prefix + "-org:knotless")
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
-	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s"}, vaultArgs...)
+	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s", "--allow-private-networks", framework.AllowedNetworks,
+		"--firehose-metric-sources", strings.TrimPrefix(s.pds.URL, "http://")}, vaultArgs...)
 	args = append(args, mountArgs...)
 	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String(), args...); err != nil {
 		return fail(err)
@@ -168,7 +170,7 @@ func run(m *testing.M) (code int) {
 		if err != nil {
 			return fail(err)
 		}
-		if s.mountProxy, err = framework.StartMountProxy(ctx, s.group, shimBin, dir, s.kcp.Kubeconfig, s.providerWS.String(), shimAddr, s.certs); err != nil {
+		if s.mountProxy, err = framework.StartMountProxy(ctx, s.group, shimBin, dir, s.kcp.Kubeconfig, s.providerWS.String(), shimAddr, s.frontProxy.URL, s.certs); err != nil {
 			return fail(err)
 		}
 		fmt.Printf("e2e: knotless-mountproxy ready in %s at %s\n", time.Since(start).Round(time.Millisecond), shimAddr)

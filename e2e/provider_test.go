@@ -115,6 +115,9 @@ current-context: c
 `, port)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	probeFiles := []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443",
+		"--mountproxy-ca-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-cert-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-key-file", filepath.Join(dir, "nope.key")}
+	user, group := "X-Knotless-0123456789abcdef-User", "X-Knotless-fedcba9876543210-Group"
 	expectBadFlags(t, env.provider.Bin, nil, []badFlags{
 		{"malformed kubeconfig", []string{"--kubeconfig", malformed}, "is malformed"},
 		{"missing kubeconfig", []string{"--kubeconfig", filepath.Join(dir, "nope")}, "no such file"},
@@ -126,8 +129,12 @@ current-context: c
 		{"no watch flush interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--watch-flush-interval", "0s"}, "--watch-flush-interval must be positive"},
 		{"mount proxy over http", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "http://127.0.0.1:9443"}, "must be https://host:port"},
 		{"mount proxy without the probe's TLS files", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443"}, "needs --mountproxy-ca-file"},
-		{"mount proxy CA file missing", []string{"--kubeconfig", env.kcp.Kubeconfig, "--mountproxy-url", "https://127.0.0.1:9443",
-			"--mountproxy-ca-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-cert-file", filepath.Join(dir, "nope.crt"), "--mountproxy-client-key-file", filepath.Join(dir, "nope.key")}, "mount proxy client TLS"},
+		{"mount proxy CA file missing", append(probeFiles, "--mountproxy-user-header", user, "--mountproxy-group-header", group), "mount proxy client TLS"},
+		{"mount proxy headers missing", probeFiles, "--mountproxy-user-header is required"},
+		{"standard mount proxy user header", append(probeFiles, "--mountproxy-user-header", "X-Remote-User", "--mountproxy-group-header", group), "standard name"},
+		{"guessable mount proxy group header", append(probeFiles, "--mountproxy-user-header", user, "--mountproxy-group-header", "X-Group"), "shorter than"},
+		{"public range allowed as private", []string{"--kubeconfig", env.kcp.Kubeconfig, "--allow-private-networks", "0.0.0.0/0"}, "--allow-private-networks"},
+		{"metadata range allowed", []string{"--kubeconfig", env.kcp.Kubeconfig, "--allow-private-networks", "169.254.0.0/16"}, "only loopback, private and shared ranges"},
 		{"no probe interval", []string{"--kubeconfig", env.kcp.Kubeconfig, "--tenant-probe-interval", "0s"}, "--tenant-probe-interval must be positive"},
 	})
 }

@@ -161,7 +161,7 @@ bin/knotless-provider --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPA
   --metrics-bind-address "127.0.0.1:$metrics_port" --health-probe-bind-address "127.0.0.1:$probe_port" \
   --vault-address "$vault_addr" --vault-approle-role-id "$role_id" \
   --vault-approle-secret-id-file "$dev/vault-secret-id" --vault-prefix knotless \
-  --plc-url "http://127.0.0.1:$plc_port" "${provider_mount_args[@]}" \
+  --plc-url "http://127.0.0.1:$plc_port" --allow-private-networks 127.0.0.1/32 "${provider_mount_args[@]}" \
   >>"$dev/provider.log" 2>&1 &
 started knotless-provider "$dev/provider.log"
 wait_until knotless-provider 120 port_busy "$probe_port"
@@ -236,14 +236,15 @@ then follows every create, update and delete of the two collections:
     \$pds/xrpc/com.atproto.repo.createRecord; echo
   sleep 3; kubectl get atprotorecordwatch notes -o yaml   # status.records, cursor, counts
 
-The same app password in Vault, below the workspace's prefix
-secret/knotless/<logical cluster>/, and a repo that references it:
+The same app password in Vault, below the prefix of the repo's workspace
+and namespace, secret/knotless/<logical cluster>/<namespace>/, and a repo
+that references it:
 
   kubectl ws use :root
   lc=\$(kubectl get workspace shop -o jsonpath='{.spec.cluster}')
   kubectl ws use shop
   export VAULT_ADDR=$vault_addr VAULT_TOKEN=\$(cat $dev/vault-root-token)
-  vault kv put -mount=secret knotless/\$lc/alice-pds password="\$app_pw"
+  vault kv put -mount=secret knotless/\$lc/default/alice-pds password="\$app_pw"
   $apply_vault_repo
   kubectl wait --for=condition=Ready atprotorepo/alice-vault --timeout=60s
   kubectl get atprotorepos

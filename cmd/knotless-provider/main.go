@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -43,6 +44,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/vault"
@@ -66,6 +68,11 @@ type options struct {
 	watchFlush      time.Duration
 	vault           vault.Config
 	mount           mountOptions
+	// allowedNetworks are the loopback/private ranges outbound
+	// connections may reach (R18).
+	allowedNetworks string
+	// metricSources are the firehose sources whose host labels metrics.
+	metricSources string
 }
 
 // mountOptions configure the TenantCluster controller's view of the shim.
@@ -97,9 +104,11 @@ func main() {
 	fs.StringVar(&o.mount.caFile, "mountproxy-ca-file", "", "CA bundle that verifies knotless-mountproxy's serving certificate (reloaded on change)")
 	fs.StringVar(&o.mount.certFile, "mountproxy-client-cert-file", "", "client certificate of the probe, issued by the shim's requestheader CA (reloaded on change)")
 	fs.StringVar(&o.mount.keyFile, "mountproxy-client-key-file", "", "key of --mountproxy-client-cert-file")
-	fs.StringVar(&o.mount.userHeader, "mountproxy-user-header", "X-Remote-User", "the shim's user header (its --requestheader-username-headers)")
-	fs.StringVar(&o.mount.groupHeader, "mountproxy-group-header", "X-Remote-Group", "the shim's group header (its --requestheader-group-headers)")
+	fs.StringVar(&o.mount.userHeader, "mountproxy-user-header", "", "the shim's user header (its --requestheader-username-headers); required with --mountproxy-url")
+	fs.StringVar(&o.mount.groupHeader, "mountproxy-group-header", "", "the shim's group header (its --requestheader-group-headers); required with --mountproxy-url")
 	fs.DurationVar(&o.mount.probeInterval, "tenant-probe-interval", 30*time.Second, "how often a TenantCluster's tenant is probed through the shim")
+	fs.StringVar(&o.allowedNetworks, "allow-private-networks", "", "comma-separated loopback/private CIDR ranges (or addresses) that PDS and firehose connections may reach, and where plain http may carry credentials; empty allows public addresses only (link-local and metadata addresses, kcp's and the mount proxy's are never reached)")
+	fs.StringVar(&o.metricSources, "firehose-metric-sources", "", "comma-separated host or host:port of firehose sources whose metrics carry their own source label; every other source is labelled \"other\" (metric labels come from a bounded set)")
 	vault.BindFlags(fs, &o.vault)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
@@ -136,6 +145,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
+	if err != nil {
+		return err
+	}
+	policy, err := egressPolicy(ctx, o, cfg.Host)
 	if err != nil {
 		return err
 	}
@@ -189,7 +202,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.atprotoMaxBatch}
+	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.atprotoMaxBatch, Policy: policy}
 	if err := application.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
@@ -202,7 +215,7 @@ func run(ctx context.Context, o options) error {
 	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
-	hub, err := newHub(o.plcURL, logger)
+	hub, err := newHub(o.plcURL, policy, splitList(o.metricSources), logger)
 	if err != nil {
 		return err
 	}
@@ -275,6 +288,12 @@ func newProber(o mountOptions) (*tenantcluster.Prober, error) {
 	if o.caFile == "" || o.certFile == "" || o.keyFile == "" {
 		return nil, errors.New("--mountproxy-url needs --mountproxy-ca-file, --mountproxy-client-cert-file and --mountproxy-client-key-file")
 	}
+	if err := mountproxy.ValidateHeaderName("--mountproxy-user-header", o.userHeader); err != nil {
+		return nil, err
+	}
+	if err := mountproxy.ValidateHeaderName("--mountproxy-group-header", o.groupHeader); err != nil {
+		return nil, err
+	}
 	tlsFiles, err := mountproxy.NewClientTLS(o.certFile, o.keyFile, o.caFile, 0)
 	if err != nil {
 		return nil, fmt.Errorf("mount proxy client TLS: %w", err)
@@ -282,22 +301,46 @@ func newProber(o mountOptions) (*tenantcluster.Prober, error) {
 	return &tenantcluster.Prober{ShimURL: "https://" + u.Host, TLS: tlsFiles, UserHeader: o.userHeader, GroupHeader: o.groupHeader}, nil
 }
 
+// egressPolicy is the address policy of PDS and firehose connections: the
+// operator's allowed ranges, and never kcp's own address or the mount
+// proxy's (R18).
+func egressPolicy(ctx context.Context, o options, kcpURL string) (*netpolicy.Policy, error) {
+	allowed, err := netpolicy.ParsePrefixes(o.allowedNetworks)
+	if err != nil {
+		return nil, fmt.Errorf("--allow-private-networks: %w", err)
+	}
+	var reserved []netip.AddrPort
+	for _, u := range []string{kcpURL, o.mount.shimURL, o.mount.mountURL} {
+		if u == "" {
+			continue
+		}
+		addrs, err := netpolicy.Resolve(ctx, u)
+		if err != nil {
+			return nil, fmt.Errorf("reserving kcp's and the mount proxy's addresses: %w", err)
+		}
+		reserved = append(reserved, addrs...)
+	}
+	return netpolicy.New(allowed, reserved), nil
+}
+
 // newHub returns the firehose hub shared by every AtprotoRecordWatch. DIDs
 // resolve through plcURL, cached (1 h for found identities, 1 min for
 // failures).
-func newHub(plcURL string, logger logr.Logger) (*firehose.Hub, error) {
+func newHub(plcURL string, policy *netpolicy.Policy, metricSources []string, logger logr.Logger) (*firehose.Hub, error) {
 	base := &identity.BaseDirectory{
 		PLCURL:                 plcURL,
 		SkipHandleVerification: true,
-		HTTPClient:             http.Client{Timeout: 10 * time.Second},
-		UserAgent:              "knotless-provider",
+		// The PLC URL is the operator's, but the client follows no
+		// redirect either (R18).
+		HTTPClient: http.Client{Timeout: 10 * time.Second, CheckRedirect: netpolicy.NoRedirects},
+		UserAgent:  "knotless-provider",
 	}
 	dir := identity.NewCacheDirectory(base, 100_000, time.Hour, time.Minute, time.Minute)
 	m, err := firehose.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, err
 	}
-	return firehose.NewHub(firehose.Options{Directory: dir, Metrics: m, Log: logger.WithName("firehose")})
+	return firehose.NewHub(firehose.Options{Directory: dir, Metrics: m, Log: logger.WithName("firehose"), Policy: policy, MetricSources: metricSources})
 }
 
 // newVault connects to Vault when --vault-address is set.
@@ -335,4 +378,15 @@ func registerMetrics(reg prometheus.Registerer, p *engage.Provider) error {
 		}
 	}
 	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }
