@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify test test-unit e2e dev bench-engage bench-records clean
+.PHONY: bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records clean
 
 all: build
 
@@ -27,18 +27,24 @@ stack-deps:
 codegen-tools:
 	hack/tool.sh codegen sigs.k8s.io/controller-tools/cmd/controller-gen github.com/kcp-dev/sdk/cmd/apigen
 
-## generate: Go types -> deepcopy + CRDs (controller-gen) -> APIResourceSchemas + APIExports (apigen)
+## generate: Go types -> deepcopy + CRDs (controller-gen) -> APIResourceSchemas (apigen) + the one APIExport (hack/mergeexports)
 generate: codegen-tools
 	$(BIN)/controller-gen object:headerFile=hack/boilerplate.go.txt paths=./apis/...
 	rm -rf apis/crds
 	$(BIN)/controller-gen crd paths=./apis/... output:crd:artifacts:config=apis/crds
 	$(BIN)/apigen --input-dir apis/crds --output-dir exports
+	go run ./hack/mergeexports exports knotless.dev
 
 ## verify: fail when generated files are stale
 verify: generate
 	@changed=$$(git status --porcelain -- apis exports); \
 	if [ -n "$$changed" ]; then echo "generated files are stale; run make generate and commit:"; echo "$$changed"; git diff --stat -- apis exports; exit 1; fi
 	@echo "generated files are up to date"
+
+## lint: golangci-lint (pinned in hack/tools/golangci-lint) with .golangci.yml
+lint:
+	hack/tool.sh golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	$(BIN)/golangci-lint run ./...
 
 ## test: unit tests, then the e2e suite against a real kcp (or $$KNOTLESS_E2E_KUBECONFIG)
 test: test-unit e2e

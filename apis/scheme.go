@@ -11,6 +11,11 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 )
 
+// Export is the name of the one APIExport that serves every knotless group
+// (and of its APIExportEndpointSlice): a workspace that binds it is one
+// engaged cluster.
+const Export = "knotless.dev"
+
 // AddToScheme registers every knotless group. A group added under apis/
 // must be added here; the schema completeness test (R14) fails otherwise.
 func AddToScheme(s *runtime.Scheme) error {

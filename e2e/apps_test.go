@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -382,7 +383,7 @@ func statusManagers(t *testing.T, mfs []metav1.ManagedFieldsEntry) map[string][]
 			continue
 		}
 		var fields map[string]map[string]any
-		if err := json.Unmarshal(mf.FieldsV1.Raw, &fields); err != nil {
+		if err := json.Unmarshal(mf.FieldsV1.GetRawBytes(), &fields); err != nil {
 			t.Fatal(err)
 		}
 		for f := range fields["f:status"] {
@@ -553,4 +554,64 @@ func TestComponentBadInput(t *testing.T) {
 			t.Fatalf("the invalid Application created Component %s", comp.Name)
 		}
 	}
+}
+
+// TestProviderKilledWhileApplicationsAreCreated: five rounds of creating an
+// Application (a repo and three records as Components) and kill -9 of the
+// provider at a different moment of its progress each round; after every
+// restart the Application is Ready and the PDS holds exactly the records
+// of its spec. It reports how many rounds converged.
+func TestProviderKilledWhileApplicationsAreCreated(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	const rounds = 5
+	c, _ := appWorkspace(ctx, t, env.prefix+"-kill-rounds")
+	converged := 0
+	for i := range rounds {
+		ok := t.Run(fmt.Sprintf("round %d", i), func(t *testing.T) {
+			ns := fmt.Sprintf("round-%d", i)
+			acct, err := env.pds.CreateAccount(ctx, fmt.Sprintf("%skr%d.test", env.prefix, i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			app := shopApp(acct.Handle, "a", "one", "b", "two", "c", "three")
+			app.Namespace = ns
+			secret := passwordSecret("cred", acct.AppPassword)
+			secret.Namespace = ns
+			create(ctx, t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, secret)
+			if err := c.Create(ctx, app, client.FieldOwner(userManager)); err != nil {
+				t.Fatal(err)
+			}
+			// Kill at a different point of the progress every round: right
+			// away, then 0.5 s, 1 s, ... after the create.
+			time.Sleep(time.Duration(i) * 500 * time.Millisecond)
+			env.provider.Kill9()
+			if err := env.provider.Restart(ctx, env.group); err != nil {
+				t.Fatal(err)
+			}
+			if err := framework.Eventually(ctx, 3*time.Minute, "Application "+ns+"/shop Ready", func(ctx context.Context) (bool, string, error) {
+				got := &appsv1alpha1.Application{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(app), got); err != nil {
+					return false, err.Error(), nil
+				}
+				return got.Status.Phase == appsv1alpha1.ApplicationReady && got.Status.ObservedGeneration == got.Generation, string(got.Status.Phase), nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			records := listRecords(ctx, t, acct.DID)
+			want := map[string]string{"a": "one", "b": "two", "c": "three"}
+			if len(records) != len(want) {
+				t.Fatalf("the PDS holds %d records, want %d: %v", len(records), len(want), records)
+			}
+			for rkey, text := range want {
+				if r, found := records[rkey]; !found || !strings.Contains(string(r.Value), text) {
+					t.Errorf("record %s on the PDS: %+v, want text %q", rkey, r, text)
+				}
+			}
+		})
+		if ok {
+			converged++
+		}
+	}
+	t.Logf("FIGURE provider killed while applications were created: %d of %d rounds converged", converged, rounds)
 }

@@ -241,7 +241,7 @@ func TestAtprotoRecordWatch(t *testing.T) {
 		}
 	}
 	wantAlice := alice.only(watchCollection)
-	w = waitWatch(ctx, t, c1, "alice-notes", "alice's notes after the writes", time.Minute, sameRecords(wantAlice))
+	waitWatch(ctx, t, c1, "alice-notes", "alice's notes after the writes", time.Minute, sameRecords(wantAlice))
 	// create n1, update n1, create n2, delete n2, update n1: applied in
 	// order, each once (the last update wins, n2 is gone).
 	w = waitWatch(ctx, t, c1, "alice-notes", "5 matched operations", 30*time.Second, func(w *atprotov1alpha1.AtprotoRecordWatch) (bool, string) {
@@ -313,10 +313,10 @@ func TestAtprotoRecordWatchSurvivesProviderKill(t *testing.T) {
 		defer close(errs)
 		for i := range n {
 			var err error
-			switch {
-			case i%10 == 9: // delete an earlier record
+			switch i % 10 {
+			case 9: // delete an earlier record
 				err = wr.del(ctx, testCollection, fmt.Sprintf("k%03d", i-5))
-			case i%10 == 7: // update an earlier record
+			case 7: // update an earlier record
 				err = wr.put(ctx, testCollection, fmt.Sprintf("k%03d", i-3), fmt.Sprintf("update %d", i))
 			default:
 				err = wr.put(ctx, testCollection, fmt.Sprintf("k%03d", i), fmt.Sprintf("v%d", i))
@@ -344,8 +344,8 @@ func TestAtprotoRecordWatchSurvivesProviderKill(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	w := waitWatch(ctx, t, c, "notes", "exactly the records written", 2*time.Minute, sameRecords(wr.only(testCollection)))
-	w = waitWatch(ctx, t, c, "notes", "each operation matched once", 30*time.Second, func(w *atprotov1alpha1.AtprotoRecordWatch) (bool, string) {
+	waitWatch(ctx, t, c, "notes", "exactly the records written", 2*time.Minute, sameRecords(wr.only(testCollection)))
+	w := waitWatch(ctx, t, c, "notes", "each operation matched once", 30*time.Second, func(w *atprotov1alpha1.AtprotoRecordWatch) (bool, string) {
 		return w.Status.Matched == int64(wr.ops), fmt.Sprintf("matched %d, operations %d", w.Status.Matched, wr.ops)
 	})
 	if w.Status.LastResync == nil || w.Status.LastResync.Reason != "Initial" || w.Status.Errors != 0 {

@@ -219,15 +219,7 @@ func kcpRequests(t *testing.T) int {
 		t.Logf("reading provider metrics: %v", err)
 		return 0
 	}
-	total := 0
-	for _, l := range strings.Split(m, "\n") {
-		if strings.HasPrefix(l, "rest_client_requests_total{") {
-			f := strings.Fields(l)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			total += int(v)
-		}
-	}
-	return total
+	return int(framework.MetricSum(m, "rest_client_requests_total"))
 }
 
 // createRetrying creates obj, retrying for a minute while kcp answers with

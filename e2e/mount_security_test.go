@@ -4,14 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,7 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
@@ -196,20 +193,7 @@ func TestMountRedirects(t *testing.T) {
 		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusMovedPermanently)
 	}))
 	t.Cleanup(tenant.Close)
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tenant.Certificate().Raw})
-	shop := env.prefix + "-mount-redirect"
-	c, _ := appWorkspace(ctx, t, shop)
-	tenantCluster(ctx, t, c, "redirector", tenant.URL, caPEM, "tenant-token")
-	waitTenant(ctx, t, c, "redirector", computev1alpha1.ReasonReady, 2*time.Minute)
-
-	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("redirector").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Timeout: 15 * time.Second}
-	if hc.Transport, err = rest.TransportFor(cfg); err != nil {
-		t.Fatal(err)
-	}
+	c, cfg, hc := mountTestServer(ctx, t, tenant, env.prefix+"-mount-redirect", "redirector")
 	// A client that follows redirects, as client-go does. kcp-front-proxy
 	// routes the mount once the mount workspace is Ready.
 	send := func(ctx context.Context, method, path string) (*http.Response, string) {
@@ -313,13 +297,5 @@ func shimRequests(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, line := range strings.Split(m, "\n") {
-		if strings.HasPrefix(line, "knotless_mountproxy_requests_total{") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			total += int(v)
-		}
-	}
-	return total
+	return int(framework.MetricSum(m, "knotless_mountproxy_requests_total"))
 }

@@ -467,6 +467,27 @@ func (rt *recordingTenant) last() http.Header {
 	return rt.headers[len(rt.headers)-1]
 }
 
+// mountTestServer mounts a TLS test server as TenantCluster name (token
+// "tenant-credential-token") in a new workspace ws, waits until it is
+// Ready, and returns the workspace's client, alice's config for the mount
+// workspace through kcp-front-proxy and an HTTP client with it.
+func mountTestServer(ctx context.Context, t *testing.T, srv *httptest.Server, ws, name string) (client.Client, *rest.Config, *http.Client) {
+	t.Helper()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	c, _ := appWorkspace(ctx, t, ws)
+	tenantCluster(ctx, t, c, name, srv.URL, caPEM, "tenant-credential-token")
+	waitTenant(ctx, t, c, name, computev1alpha1.ReasonReady, 2*time.Minute)
+	cfg, err := env.frontProxy.UserConfig("alice", root.Join(ws).Join(name).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 15 * time.Second}
+	if hc.Transport, err = rest.TransportFor(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return c, cfg, hc
+}
+
 // TestMountHeaders sends a request with every kind of credential and
 // identity header through kcp-front-proxy and the shim to a recording
 // tenant: only the tenant credential and the impersonation of the kcp user
@@ -479,20 +500,7 @@ func TestMountHeaders(t *testing.T) {
 		t.Skip("the mount topology runs only with a kcp the suite starts")
 	}
 	rt := newRecordingTenant(t)
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rt.Certificate().Raw})
-	shop := env.prefix + "-mount-headers"
-	c, _ := appWorkspace(ctx, t, shop)
-	tenantCluster(ctx, t, c, "recorder", rt.URL, caPEM, "tenant-credential-token")
-	waitTenant(ctx, t, c, "recorder", computev1alpha1.ReasonReady, 2*time.Minute)
-
-	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("recorder").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := &http.Client{Timeout: 10 * time.Second}
-	if hc.Transport, err = rest.TransportFor(cfg); err != nil {
-		t.Fatal(err)
-	}
+	_, cfg, hc := mountTestServer(ctx, t, rt.Server, env.prefix+"-mount-headers", "recorder")
 	if err := framework.Eventually(ctx, time.Minute, "a request through the mount to reach the recorder", func(ctx context.Context) (bool, string, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/api/v1/namespaces", nil)
 		for k, v := range map[string]string{
@@ -725,7 +733,7 @@ func TestMountProxyThroughput(t *testing.T) {
 		t.Skip("set KNOTLESS_E2E_MOUNT_BENCH=N (make bench-mountproxy) to run")
 	}
 	var n int
-	fmt.Sscan(os.Getenv("KNOTLESS_E2E_MOUNT_BENCH"), &n)
+	_, _ = fmt.Sscan(os.Getenv("KNOTLESS_E2E_MOUNT_BENCH"), &n) // not a number: the minimum
 	n = max(n, 200)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

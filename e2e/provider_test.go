@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,7 +17,9 @@ import (
 	apisv1alpha2 "github.com/kcp-dev/sdk/apis/apis/v1alpha2"
 	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -26,6 +29,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	"github.com/knotless-dev/knotless/apis"
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
@@ -158,8 +162,8 @@ func expectBadFlags(t *testing.T, bin string, extra []string, cases []badFlags) 
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			err := cmd.Run()
-			ee, ok := err.(*exec.ExitError)
-			if !ok || ee.ExitCode() != 1 {
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 				t.Fatalf("want exit code 1, got %v; stderr:\n%s", err, stderr.String())
 			}
 			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
@@ -194,7 +198,7 @@ func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
 		return engage.ProbeVirtualWorkspace(ctx, cfg, url)
 	}
 	scheme := framework.Scheme()
-	p, err := engage.New(wsCfg, []string{"apps.knotless.dev"}, engage.Options{
+	p, err := engage.New(wsCfg, apis.Export, engage.Options{
 		Scheme: scheme, Probe: flaky, Backoff: backoff.Backoff{Initial: 100 * time.Millisecond},
 	})
 	if err != nil {
@@ -206,7 +210,7 @@ func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
 	}
 	seen := make(chan string, 100)
 	err = mcbuilder.ControllerManagedBy(mgr).Named("e2e-recover").
-		For(&appsv1alpha1.Application{}, engage.ForExport("apps.knotless.dev")).
+		For(&appsv1alpha1.Application{}).
 		Complete(mcreconcile.Func(func(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 			select {
 			case seen <- string(req.ClusterName):
@@ -228,11 +232,11 @@ func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
 	}()
 	select {
 	case cluster := <-seen:
-		t.Logf("engaged %s after %d probes, %d restarts", cluster, probes.Load(), p.Restarts()["apps.knotless.dev"])
+		t.Logf("engaged %s after %d probes, %d restarts", cluster, probes.Load(), p.Restarts())
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("no workspace engaged after %d probes", probes.Load())
 	}
-	if r := p.Restarts()["apps.knotless.dev"]; r < 1 {
+	if r := p.Restarts(); r < 1 {
 		t.Errorf("want at least one restart of the export's provider, got %d", r)
 	}
 }
@@ -251,4 +255,77 @@ func metaItems(l client.ObjectList) ([]client.Object, error) {
 		out = append(out, co)
 	}
 	return out, nil
+}
+
+// TestProviderReportsBindingsToExportsItNoLongerServes: a workspace bound
+// to a per-group export of an earlier knotless (here apps.knotless.dev,
+// made again for the test) is named in one start-up line.
+func TestProviderReportsBindingsToExportsItNoLongerServes(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	pc, err := framework.ClientFor(env.admin, env.providerWS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := &apisv1alpha2.APIExport{}
+	if err := pc.Get(ctx, client.ObjectKey{Name: apis.Export}, served); err != nil {
+		t.Fatal(err)
+	}
+	legacy := &apisv1alpha2.APIExport{ObjectMeta: metav1.ObjectMeta{Name: "apps.knotless.dev"}}
+	for _, r := range served.Spec.Resources {
+		if r.Group == appsv1alpha1.GroupVersion.Group {
+			legacy.Spec.Resources = append(legacy.Spec.Resources, r)
+		}
+	}
+	if err := pc.Create(ctx, legacy); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pc.Delete(context.WithoutCancel(ctx), legacy) }()
+
+	name := env.prefix + "-legacy"
+	if err := framework.CreateWorkspace(ctx, env.admin, root, name, root.Join("universal")); err != nil {
+		t.Fatal(err)
+	}
+	wc, err := framework.ClientFor(env.admin, root.Join(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newBinding := func() *apisv1alpha2.APIBinding {
+		return &apisv1alpha2.APIBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "legacy"},
+			Spec: apisv1alpha2.APIBindingSpec{Reference: apisv1alpha2.BindingReference{
+				Export: &apisv1alpha2.ExportBindingReference{Path: env.providerWS.String(), Name: legacy.Name},
+			}},
+		}
+	}
+	binding := newBinding()
+	if err := framework.Eventually(ctx, 2*time.Minute, "the legacy binding to be Bound", func(ctx context.Context) (bool, string, error) {
+		if err := wc.Create(ctx, newBinding()); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		if err := wc.Get(ctx, client.ObjectKeyFromObject(binding), binding); err != nil {
+			return false, err.Error(), nil
+		}
+		return binding.Status.Phase == apisv1alpha2.APIBindingPhaseBound, string(binding.Status.Phase), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lc := binding.Annotations["kcp.io/cluster"]
+	var out []byte
+	if err := framework.Eventually(ctx, time.Minute, "bootstrap to name the legacy binding", func(ctx context.Context) (bool, string, error) {
+		out, err = exec.CommandContext(ctx, env.provider.Bin, "--kubeconfig", env.kcp.Kubeconfig,
+			"--workspace", env.providerWS.String(), "--bootstrap-only").CombinedOutput()
+		if err != nil {
+			return false, "", fmt.Errorf("bootstrap-only run failed: %w\n%s", err, out)
+		}
+		return strings.Contains(string(out), "no longer serves") && strings.Contains(string(out), lc), string(out), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "no longer serves") {
+			t.Logf("start-up line: %s", line)
+		}
+	}
+	_ = wc.Delete(ctx, binding)
 }

@@ -3,16 +3,51 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/knotless-dev/knotless/e2e/framework"
 )
 
+// memory is what the provider holds at one moment: RSS, live heap (after a
+// garbage collection) and goroutines.
+type memory struct {
+	rss, heap  int64
+	goroutines int
+}
+
+// providerMemory forces a garbage collection (by taking a heap profile,
+// saved as heap-<label>.pprof among the suite's logs) and reads RSS, the
+// in-use heap and the goroutine count.
+func providerMemory(t *testing.T, label string) memory {
+	t.Helper()
+	if err := env.provider.HeapProfile(filepath.Join(env.dir, "heap-"+label+".pprof")); err != nil {
+		t.Fatal(err)
+	}
+	var m memory
+	var err error
+	if m.rss, err = env.provider.RSS(); err != nil {
+		t.Fatal(err)
+	}
+	text, err := env.provider.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.heap = int64(framework.MetricSum(text, "go_memstats_heap_inuse_bytes"))
+	m.goroutines = int(framework.MetricSum(text, "go_goroutines"))
+	return m
+}
+
 // TestEngagementAtScale reports engagement time and provider memory for N
-// workspaces (KNOTLESS_E2E_SCALE=N; `make bench-engage`). It prints
-// figures and asserts only that every Application became Ready.
+// workspaces (KNOTLESS_E2E_SCALE=N; `make bench-engage`): RSS, live heap
+// and goroutines at N=0 and N, and their share per engaged workspace. It
+// prints figures and asserts only that every Application became Ready.
+// Heap profiles at both points are kept among the suite's logs
+// (go tool pprof -base heap-0.pprof heap-N.pprof).
 func TestEngagementAtScale(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("KNOTLESS_E2E_SCALE"))
 	if n <= 0 {
@@ -20,10 +55,7 @@ func TestEngagementAtScale(t *testing.T) {
 	}
 	defer failWithLogs(t)
 	ctx := t.Context()
-	before, err := env.provider.RSS()
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := providerMemory(t, "0")
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(10)
@@ -37,11 +69,11 @@ func TestEngagementAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	elapsed := time.Since(start)
-	after, err := env.provider.RSS()
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := providerMemory(t, strconv.Itoa(n))
+	per := func(a, b int64) float64 { return float64(a-b) / 1024 / float64(n) }
 	t.Logf("FIGURE %d workspaces created and engaged (Application Ready) in %s (%.2f workspaces/s)", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
-	t.Logf("FIGURE provider RSS %.1f MiB before, %.1f MiB after; %.1f KiB per engaged workspace",
-		float64(before)/(1<<20), float64(after)/(1<<20), float64(after-before)/1024/float64(n))
+	t.Logf("FIGURE provider RSS %.1f MiB at N=0, %.1f MiB at N=%d: %.1f KiB per engaged workspace", float64(before.rss)/(1<<20), float64(after.rss)/(1<<20), n, per(after.rss, before.rss))
+	t.Logf("FIGURE provider live heap %.1f MiB at N=0, %.1f MiB at N=%d: %.1f KiB per engaged workspace", float64(before.heap)/(1<<20), float64(after.heap)/(1<<20), n, per(after.heap, before.heap))
+	t.Logf("FIGURE provider goroutines %d at N=0, %d at N=%d: %.1f per engaged workspace", before.goroutines, after.goroutines, n, float64(after.goroutines-before.goroutines)/float64(n))
+	t.Logf("heap profiles: %s/heap-0.pprof and heap-%d.pprof", env.dir, n)
 }

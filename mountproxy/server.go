@@ -273,7 +273,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
-		<-errc
+		<-errc //nolint:errcheck // waits for ServeTLS to return; it returns http.ErrServerClosed after Shutdown
 		return nil
 	}
 }

@@ -1,7 +1,7 @@
 // Command knotless-mountproxy is the shim between kcp and tenant
 // apiservers (rule R16): it serves the mount paths kcp-front-proxy forwards
 // mounted workspaces' requests to, and keeps its tenants equal to the
-// TenantClusters it reads through the provider's compute APIExport.
+// TenantClusters it reads through the provider's APIExport.
 package main
 
 import (
@@ -14,7 +14,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -56,7 +55,7 @@ func main() {
 	fs := flag.NewFlagSet("knotless-mountproxy", flag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of kcp (an admin of the provider workspace)")
 	fs.StringVar(&o.kubecontext, "context", "", "kubeconfig context (default: the current one)")
-	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace that holds the compute.knotless.dev APIExport")
+	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace that holds the "+apis.Export+" APIExport")
 	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1:9443", "address the shim serves HTTPS on")
 	fs.StringVar(&o.files.ServingCert, "tls-cert-file", "", "serving certificate, issued by the CA kcp-front-proxy's mapping names as backend_server_ca (reloaded on change)")
 	fs.StringVar(&o.files.ServingKey, "tls-private-key-file", "", "key of --tls-cert-file")
@@ -106,7 +105,7 @@ func run(ctx context.Context, o options) error {
 	if o.authz.AllowTTL <= 0 || o.authz.DenyTTL <= 0 || o.authz.Size <= 0 || o.responseHeaderTimeout <= 0 {
 		return errors.New("--authorization-cache-ttl, --authorization-cache-denied-ttl, --authorization-cache-size and --tenant-response-header-timeout must be positive")
 	}
-	names, probes := splitList(o.allowedNames), splitList(o.probeNames)
+	names, probes := bootstrap.SplitList(o.allowedNames), bootstrap.SplitList(o.probeNames)
 	allowed, err := netpolicy.ParsePrefixes(o.allowedNetworks)
 	if err != nil {
 		return fmt.Errorf("--allow-private-networks: %w", err)
@@ -117,7 +116,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Tenants are never kcp itself, kcp-front-proxy or the shim (R18).
 	var reserved []netip.AddrPort
-	for _, target := range append([]string{cfg.Host, o.bindAddress}, splitList(o.reserved)...) {
+	for _, target := range append([]string{cfg.Host, o.bindAddress}, bootstrap.SplitList(o.reserved)...) {
 		addrs, err := netpolicy.Resolve(ctx, target)
 		if err != nil {
 			return fmt.Errorf("--reserved-addresses: %w", err)
@@ -157,7 +156,7 @@ func run(ctx context.Context, o options) error {
 	}
 	scheme := apis.NewScheme()
 	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
-	provider, err := engage.New(wsCfg, []string{mountregistry.Export}, engage.Options{Scheme: scheme})
+	provider, err := engage.New(wsCfg, apis.Export, engage.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
@@ -170,7 +169,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	if err := mountregistry.SetupWithManager(ctx, mgr, &mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry}); err != nil {
+	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the registry controller: %w", err)
 	}
 	// The shim's listener is a runnable of the manager: it starts and is
@@ -190,21 +189,10 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", mountregistry.Export, "allowedNetworks", o.allowedNetworks, "reservedAddresses", len(reserved))
+	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", apis.Export, "allowedNetworks", o.allowedNetworks, "reservedAddresses", len(reserved))
 	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	logger.Info("stopped")
 	return nil
-}
-
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, n := range strings.Split(s, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
 }

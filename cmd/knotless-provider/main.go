@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -58,6 +59,7 @@ type options struct {
 	workspace       string
 	metricsAddr     string
 	probeAddr       string
+	pprofAddr       string
 	connectTimeout  time.Duration
 	shutdownTimeout time.Duration
 	bootstrapOnly   bool
@@ -91,6 +93,7 @@ func main() {
 	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace, created if missing")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address of the metrics endpoint (0 disables it)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz (0 disables them)")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "address of net/http/pprof (heap and goroutine profiles; 0 disables it)")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
 	fs.BoolVar(&o.bootstrapOnly, "bootstrap-only", false, "apply the provider workspace's objects and exit")
@@ -180,7 +183,10 @@ func run(ctx context.Context, o options) error {
 	}
 	scheme := apis.NewScheme()
 	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
-	provider, err := engage.New(wsCfg, res.Exports, engage.Options{Scheme: scheme})
+	if !slices.Equal(res.Exports, []string{apis.Export}) {
+		return fmt.Errorf("the provider serves the one APIExport %s, but exports/ holds %v (run make generate)", apis.Export, res.Exports)
+	}
+	provider, err := engage.New(wsCfg, apis.Export, engage.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
@@ -188,6 +194,7 @@ func run(ctx context.Context, o options) error {
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		GracefulShutdownTimeout: &o.shutdownTimeout,
 	})
 	if err != nil {
@@ -203,26 +210,26 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.atprotoMaxBatch, Policy: policy}
-	if err := application.SetupWithManager(mgr); err != nil {
+	if err := (&application.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
-	if err := component.SetupWithManager(ctx, mgr, &component.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme}); err != nil {
+	if err := (&component.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the component controller: %w", err)
 	}
-	if err := atprotorepo.SetupWithManager(ctx, mgr, &atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}); err != nil {
+	if err := (&atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
 	}
-	if err := atprotorecord.SetupWithManager(mgr, &atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}); err != nil {
+	if err := (&atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
-	hub, err := newHub(o.plcURL, policy, splitList(o.metricSources), logger)
+	hub, err := newHub(o.plcURL, policy, bootstrap.SplitList(o.metricSources), logger)
 	if err != nil {
 		return err
 	}
 	if err := mgr.GetLocalManager().Add(hub); err != nil {
 		return err
 	}
-	if err := atprotorecordwatch.SetupWithManager(mgr, &atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.watchFlush}); err != nil {
+	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.watchFlush}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
 	// The cluster-aware client adds /clusters/<workspace> to the server's
@@ -245,9 +252,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := tenantcluster.SetupWithManager(ctx, mgr, &tenantcluster.Reconciler{
+	if err := (&tenantcluster.Reconciler{
 		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.mount.probeInterval, Owner: owner,
-	}); err != nil {
+	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
@@ -364,29 +371,13 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 // registerMetrics adds the engaged-workspace gauge and the provider
 // restart counter.
 func registerMetrics(reg prometheus.Registerer, p *engage.Provider) error {
-	for export := range p.Engaged() {
-		labels := prometheus.Labels{"export": export}
-		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "knotless_engaged_workspaces", Help: "Workspaces engaged through an APIExport.", ConstLabels: labels,
-		}, func() float64 { return float64(p.Engaged()[export]) })); err != nil {
-			return err
-		}
-		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "knotless_engage_restarts_total", Help: "Restarts of an APIExport's provider after an endpoint that did not serve.", ConstLabels: labels,
-		}, func() float64 { return float64(p.Restarts()[export]) })); err != nil {
-			return err
-		}
+	labels := prometheus.Labels{"export": apis.Export}
+	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "knotless_engaged_workspaces", Help: "Workspaces engaged through the APIExport.", ConstLabels: labels,
+	}, func() float64 { return float64(p.Engaged()) })); err != nil {
+		return err
 	}
-	return nil
-}
-
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, n := range strings.Split(s, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
+	return reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "knotless_engage_restarts_total", Help: "Restarts of the APIExport's provider after an endpoint that did not serve.", ConstLabels: labels,
+	}, func() float64 { return float64(p.Restarts()) }))
 }

@@ -37,7 +37,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
@@ -48,8 +47,6 @@ const (
 	// FieldManager owns Application status (except status.market) and the
 	// Components' metadata and spec.template.
 	FieldManager = "knotless-application"
-	// Export is the APIExport that serves Application.
-	Export = "apps.knotless.dev"
 )
 
 // Reconciler reconciles Applications in every engaged workspace.
@@ -58,14 +55,12 @@ type Reconciler struct {
 	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
 }
 
-// SetupWithManager registers the controller for the workspaces bound to
-// the apps export.
-func SetupWithManager(mgr mcmanager.Manager) error {
-	r := &Reconciler{GetCluster: mgr.GetCluster}
+// SetupWithManager registers the controller for every engaged workspace.
+func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.PhaseChanged())), engage.ForExport(Export)).
-		Owns(&appsv1alpha1.Component{}, engage.ForExport(Export)).
+		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.PhaseChanged()))).
+		Owns(&appsv1alpha1.Component{}).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),

@@ -37,7 +37,6 @@ import (
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
@@ -72,13 +71,13 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller. The repo controller's
 // SetupWithManager registers the index of records by repo.
-func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(atprotorepo.Export)).
-		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), engage.ForExport(atprotorepo.Export)).
+		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo()).
 		// A Component's suspend or resume reaches the record it owns.
-		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())), engage.ForExport(appsExport)).
+		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged()))).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
@@ -89,20 +88,16 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		Complete(r)
 }
 
-// appsExport serves Component.
-const appsExport = "apps.knotless.dev"
-
 // componentToRecord maps a Component whose template is a record to that
 // record (named like the Component) in the same workspace.
 func componentToRecord() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
 	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		_, lc, _ := engage.SplitClusterName(name)
 		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
 			comp, ok := o.(*appsv1alpha1.Component)
 			if !ok || comp.Spec.Template.AtprotoRecord == nil {
 				return nil
 			}
-			return []mcreconcile.Request{{ClusterName: engage.ClusterName(atprotorepo.Export, lc), Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
 		})
 	}
 }
@@ -119,7 +114,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	lc := string(req.ClusterName)
 	c := cl.GetClient()
 	rec := &atprotov1alpha1.AtprotoRecord{}
 	if err := c.Get(ctx, req.NamespacedName, rec); err != nil {
@@ -161,7 +156,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, err
 	}
 	// Suspended (by the record's Component or Application): write nothing.
-	state, err := suspend.Effective(ctx, suspend.InWorkspace(s.r.GetCluster, s.cluster), s.r.Scheme, rec)
+	state, err := suspend.Effective(ctx, s.c, s.r.Scheme, rec)
 	var chain *suspend.ChainError
 	switch {
 	case errors.As(err, &chain):
@@ -193,7 +188,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	res, err := pc.Ensure(ctx, rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw)
 	if errors.Is(err, pds.ErrInvalidSwap) {
 		// Another writer kept moving the repo: read again later.
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	if err != nil {
 		return s.failed(ctx, err)
@@ -207,7 +202,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		s.events.Eventf(rec, nil, corev1.EventTypeWarning, "Restored", "Sync", "the record was %s on the PDS behind knotless's back; restoring it from spec", what)
 	}
 	if res.After == nil {
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
 		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev})
@@ -284,7 +279,7 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 	}
 	err = ssa.RemoveFinalizer(ctx, s.c, rec, Finalizer)
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	return reconcile.Result{}, err
 }

@@ -34,8 +34,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/atprotorepo"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -78,7 +76,7 @@ type watch struct {
 }
 
 // SetupWithManager registers the controller and its shutdown flush.
-func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	if err := mgr.GetLocalManager().Add(r); err != nil {
 		return err
 	}
@@ -86,7 +84,7 @@ func SetupWithManager(mgr mcmanager.Manager, r *Reconciler) error {
 		Named(Name).
 		// Status writes (ours) do not change the generation: they do not
 		// come back as reconciles; the periodic requeue flushes.
-		For(&atprotov1alpha1.AtprotoRecordWatch{}, mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{}), engage.ForExport(atprotorepo.Export)).
+		For(&atprotov1alpha1.AtprotoRecordWatch{}, mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			ReconciliationTimeout:   time.Minute,

@@ -30,7 +30,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
@@ -43,8 +42,6 @@ const (
 	Name = "atprotorepo"
 	// FieldManager owns AtprotoRepo status and the repo finalizer.
 	FieldManager = "knotless-atprotorepo"
-	// Export serves the atproto kinds.
-	Export = "atproto.knotless.dev"
 	// Finalizer makes a deleted repo delete its records (from the PDS)
 	// before it goes.
 	Finalizer = "atproto.knotless.dev/records"
@@ -64,7 +61,7 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller and the indexes it uses.
-func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRepo{}, refIndex, refsOf); err != nil {
 		return err
 	}
@@ -75,9 +72,9 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRepo{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
-		Watches(&corev1.Secret{}, enqueueReferrers("Secret"), engage.ForExport(Export)).
-		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap"), engage.ForExport(Export)).
+		For(&atprotov1alpha1.AtprotoRepo{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		Watches(&corev1.Secret{}, enqueueReferrers("Secret")).
+		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap")).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			// A reconcile never waits forever: a read from a workspace whose cache
@@ -113,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	lc := string(req.ClusterName)
 	c := cl.GetClient()
 	rec := cl.GetEventRecorder(Name)
 
@@ -219,7 +216,7 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster stri
 	}
 	if err := ssa.RemoveFinalizer(ctx, c, repo, Finalizer); err != nil {
 		if apierrors.IsConflict(err) {
-			return reconcile.Result{Requeue: true}, nil
+			return reconcile.Result{RequeueAfter: time.Second}, nil
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}

@@ -38,7 +38,6 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
@@ -51,10 +50,6 @@ const (
 	Name = "component"
 	// FieldManager owns Component status and the children's spec.
 	FieldManager = "knotless-component"
-	// Export serves Component and Application.
-	Export = "apps.knotless.dev"
-	// ChildExport serves the child kinds of this release.
-	ChildExport = "atproto.knotless.dev"
 	// OwnerIndex indexes Components by the name of their controller owner.
 	OwnerIndex = "apps.knotless.dev/controller-owner"
 )
@@ -75,7 +70,7 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller and the index of Components by
 // controller owner.
-func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &appsv1alpha1.Component{}, OwnerIndex, func(o client.Object) []string {
 		if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "Application" {
 			return []string{ref.Name}
@@ -86,11 +81,11 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged(), predicates.PhaseChanged())), engage.ForExport(Export)).
+		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged(), predicates.PhaseChanged()))).
 		// The Application's suspend reaches its Components at once.
-		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{}), engage.ForExport(Export)).
-		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent(), engage.ForExport(ChildExport)).
-		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent(), engage.ForExport(ChildExport)).
+		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent()).
+		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
@@ -107,17 +102,16 @@ func applicationToComponents() mchandler.TypedEventHandlerFunc[client.Object, mc
 		func(o client.Object) string { return o.GetName() })
 }
 
-// childToComponent maps a child, seen through the child export, to its
-// controlling Component in the same workspace, seen through the apps export.
+// childToComponent maps a child to its controlling Component in the same
+// workspace.
 func childToComponent() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
 	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
-		_, lc, _ := engage.SplitClusterName(name)
 		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
 			ref := metav1.GetControllerOf(o)
 			if ref == nil || ref.Kind != "Component" || ref.APIVersion != appsv1alpha1.GroupVersion.String() {
 				return nil
 			}
-			return []mcreconcile.Request{{ClusterName: engage.ClusterName(Export, lc), Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}}}}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}}}}
 		})
 	}
 }
@@ -128,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	lc := string(req.ClusterName)
 	c := cl.GetClient()
 	comp := &appsv1alpha1.Component{}
 	if err := c.Get(ctx, req.NamespacedName, comp); err != nil {
@@ -156,7 +150,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	fail := func(reason, msg string, child *appsv1alpha1.ChildRef) (reconcile.Result, error) {
 		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentFailed, metav1.ConditionFalse, reason, msg, suspend.State{}, child)
 	}
-	state, err := suspend.Effective(ctx, suspend.InWorkspace(s.r.GetCluster, s.lc), s.r.Scheme, comp)
+	state, err := suspend.Effective(ctx, s.c, s.r.Scheme, comp)
 	var chain *suspend.ChainError
 	switch {
 	case errors.As(err, &chain):
@@ -176,11 +170,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if err != nil {
 		return fail(appsv1alpha1.ReasonInvalidSpec, err.Error(), nil)
 	}
-	ccl, err := engage.Sibling(ctx, s.r.GetCluster, ChildExport, s.lc)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	cc := ccl.GetClient()
+	cc := s.c
 	existing, ok := child.DeepCopyObject().(client.Object)
 	if !ok {
 		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", child)

@@ -25,7 +25,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -33,8 +32,6 @@ import (
 const (
 	// Name is the controller's name.
 	Name = "mountregistry"
-	// Export serves TenantCluster.
-	Export = "compute.knotless.dev"
 )
 
 // Reconciler registers TenantClusters with the shim's registry.
@@ -44,15 +41,15 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller and its reference index.
-func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&computev1alpha1.TenantCluster{}, engage.ForExport(Export)).
-		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret"), engage.ForExport(Export)).
-		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap"), engage.ForExport(Export)).
+		For(&computev1alpha1.TenantCluster{}).
+		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret")).
+		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap")).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout: time.Minute,
@@ -62,7 +59,7 @@ func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler)
 
 // Reconcile implements mcreconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
-	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	lc := string(req.ClusterName)
 	cl, err := r.GetCluster(ctx, req.ClusterName)
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)

@@ -32,7 +32,6 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/tenant"
@@ -43,12 +42,16 @@ const (
 	Name = "tenantcluster"
 	// FieldManager owns TenantCluster status and its finalizer.
 	FieldManager = "knotless-tenantcluster"
-	// Export serves TenantCluster.
-	Export = "compute.knotless.dev"
 	// Finalizer makes a deleted TenantCluster delete its mount workspace
 	// first.
 	Finalizer = "compute.knotless.dev/mount"
 )
+
+// TenantProber probes the tenant of a TenantCluster (its logical cluster
+// and name) through the mount proxy. *Prober is the one knotless uses.
+type TenantProber interface {
+	Probe(ctx context.Context, lc, name string) Result
+}
 
 // Reconciler reconciles TenantClusters in every engaged workspace.
 type Reconciler struct {
@@ -56,9 +59,9 @@ type Reconciler struct {
 	// KCP creates and deletes the mount workspaces, which the APIExport's
 	// virtual workspace does not serve.
 	KCP kcpclientset.ClusterInterface
-	// Prober probes tenants through the shim; nil reports
-	// MountProxyUnavailable.
-	Prober *Prober
+	// Prober probes tenants through the shim (a *Prober; tests use a
+	// stub); nil, or a nil *Prober, reports MountProxyUnavailable.
+	Prober TenantProber
 	// MountURL is the base of status.URL: where kcp's clients reach the
 	// shim's /tenants/ path (kcp-front-proxy's mapping for it).
 	MountURL string
@@ -70,15 +73,15 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller and its reference index.
-func SetupWithManager(ctx context.Context, mgr mcmanager.Manager, r *Reconciler) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
 	return mcbuilder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&computev1alpha1.TenantCluster{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged()), engage.ForExport(Export)).
-		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret"), engage.ForExport(Export)).
-		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap"), engage.ForExport(Export)).
+		For(&computev1alpha1.TenantCluster{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret")).
+		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap")).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout: time.Minute,
@@ -92,7 +95,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	_, lc, _ := engage.SplitClusterName(req.ClusterName)
+	lc := string(req.ClusterName)
 	c := cl.GetClient()
 	tc := &computev1alpha1.TenantCluster{}
 	if err := c.Get(ctx, req.NamespacedName, tc); err != nil {
@@ -132,7 +135,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	case err != nil:
 		return reconcile.Result{}, err
 	case r.Prober == nil:
-		res = Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the provider has no mount proxy configured (--mountproxy-url)"}
+		res = noMountProxy()
 		st.Phase = computev1alpha1.PhaseUnknown
 	default:
 		res = r.Prober.Probe(ctx, lc, tc.Name)

@@ -32,6 +32,11 @@ type Prober struct {
 	Timeout                 time.Duration
 }
 
+// noMountProxy is the result when the provider has no mount proxy.
+func noMountProxy() Result {
+	return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the provider has no mount proxy configured (--mountproxy-url)"}
+}
+
 // Result is what a probe found: a phase-independent reason, its message,
 // and the tenant's version on success.
 type Result struct {
@@ -42,7 +47,11 @@ type Result struct {
 // from the shim's reason header when the shim answered itself (it names
 // the forwarding error's type), or from the tenant's own Status answer;
 // an HTTP status alone never decides it (R16).
+// A nil *Prober (no mount proxy configured) reports MountProxyUnavailable.
 func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
+	if p == nil {
+		return noMountProxy()
+	}
 	prefix := p.PathPrefix
 	if prefix == "" {
 		prefix = "/tenants/"

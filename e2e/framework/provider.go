@@ -20,7 +20,7 @@ func Build(ctx context.Context, repoRoot, dir, name string) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/"+name)
 	cmd.Dir = repoRoot
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building %s: %v\n%s", name, err, b)
+		return "", fmt.Errorf("building %s: %w\n%s", name, err, b)
 	}
 	return out, nil
 }
@@ -33,6 +33,7 @@ type Provider struct {
 	Workspace  string
 	ProbePort  int
 	MetricPort int
+	PprofPort  int
 	// Args are extra flags.
 	Args []string
 	dir  string
@@ -56,7 +57,11 @@ func (p *Provider) Restart(ctx context.Context, g *Group) error {
 	if p.MetricPort, err = FreePort(); err != nil {
 		return err
 	}
+	if p.PprofPort, err = FreePort(); err != nil {
+		return err
+	}
 	proc, err := Start(p.dir, "knotless-provider", p.Bin, append([]string{
+		"--pprof-bind-address", "127.0.0.1:" + strconv.Itoa(p.PprofPort),
 		"--kubeconfig", p.Kubeconfig,
 		"--workspace", p.Workspace,
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(p.ProbePort),
@@ -91,6 +96,24 @@ func (p *Provider) Metrics() (string, error) {
 	return string(b), err
 }
 
+// HeapProfile writes the provider's heap profile, after a garbage
+// collection, to path.
+func (p *Provider) HeapProfile(path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", p.PprofPort))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
 // CPU returns the CPU time (user and system) the process has used.
 func (p *Process) CPU() (time.Duration, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
@@ -122,4 +145,18 @@ func (p *Process) RSS() (int64, error) {
 		return 0, err
 	}
 	return resident * int64(os.Getpagesize()), nil
+}
+
+// MetricSum is the sum of every series of the metric name in Prometheus
+// text (0 when there is none).
+func MetricSum(text, name string) float64 {
+	total := 0.0
+	for _, line := range strings.Split(text, "\n") {
+		if line == name || strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total
 }

@@ -48,7 +48,7 @@ func EnsureStack(ctx context.Context, repoRoot string) error {
 	cmd.Dir = repoRoot
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("installing the test stack (hack/stack/install.sh, or `make stack-deps`) failed: %v\n%s", err, tailBytes(out, 40))
+		return fmt.Errorf("installing the test stack (hack/stack/install.sh, or `make stack-deps`) failed: %w\n%s", err, tailBytes(out, 40))
 	}
 	if _, err := os.Stat(NodeBin(repoRoot)); err != nil {
 		return fmt.Errorf("hack/stack/install.sh succeeded but %s is missing: %w", NodeBin(repoRoot), err)
@@ -148,7 +148,7 @@ func StartPDS(ctx context.Context, g *Group, repoRoot, dir string, plcURL string
 // Restart starts the PDS again on the same port with the same data (after
 // Kill9 or Stop) and waits until it serves.
 func (p *PDS) Restart(ctx context.Context, g *Group) error {
-	if p.Process != nil && !p.Process.Exited() {
+	if p.Process != nil && !p.Exited() {
 		return fmt.Errorf("PDS (pid %d) is still running; Stop or Kill9 it before Restart", p.PID())
 	}
 	proc, err := Start(p.logDir, "pds", NodeBin(p.repoRoot), []string{

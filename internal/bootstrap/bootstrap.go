@@ -95,7 +95,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{}
 	for _, obj := range schemas {
-		if err := apply(ctx, c, obj); err != nil {
+		if err := createSchema(ctx, c, obj); err != nil {
 			return nil, err
 		}
 	}
@@ -109,6 +109,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Exports = append(res.Exports, obj.GetName())
 	}
 	o.Log.Info("applied APIs", "workspace", o.Workspace.String(), "schemas", len(schemas), "exports", res.Exports)
+	reportStaleBindings(ctx, o, cfg, c, res.Exports)
 
 	res.InitializerPermissions, err = hasInitializerPermissions(cfg)
 	if err != nil {
@@ -231,6 +232,24 @@ func apply(ctx context.Context, c client.Client, obj *unstructured.Unstructured)
 	return nil
 }
 
+// createSchema creates an APIResourceSchema that does not exist yet.
+// Schemas are immutable in kcp and apigen names a changed schema anew, so
+// an existing one is left alone: applying it again would write it once
+// more (kcp stores its OpenAPI schema in another form than the YAML), and
+// a second bootstrap would not be a no-op.
+func createSchema(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
+	existing := &unstructured.Unstructured{}
+	existing.SetGroupVersionKind(obj.GroupVersionKind())
+	err := c.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	switch {
+	case err == nil:
+		return nil
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	return apply(ctx, c, obj)
+}
+
 // waitForDefaultExports checks, with backoff, that every export a
 // WorkspaceType binds by default exists. A type whose exports are missing
 // would leave every new workspace in Initializing (R15).
@@ -264,7 +283,7 @@ func waitForDefaultExports(ctx context.Context, o Options, c client.Client, wt *
 			return lastErr == nil, nil
 		})
 		if err != nil {
-			return fmt.Errorf("WorkspaceType %s binds APIExport %s|%s, which does not exist (%v); not applying the type", wt.GetName(), where, name, lastErr)
+			return fmt.Errorf("WorkspaceType %s binds APIExport %s|%s, which does not exist (%w); not applying the type", wt.GetName(), where, name, lastErr)
 		}
 	}
 	return nil

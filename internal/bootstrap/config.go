@@ -79,7 +79,7 @@ func WaitForKCP(ctx context.Context, cfg *rest.Config, timeout time.Duration) er
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kcp at %s is unreachable after %s: %v", cfg.Host, timeout, err)
+			return fmt.Errorf("kcp at %s is unreachable after %s: %w", cfg.Host, timeout, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -87,4 +87,15 @@ func WaitForKCP(ctx context.Context, cfg *rest.Config, timeout time.Duration) er
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// SplitList splits a comma-separated flag value, dropping empty items.
+func SplitList(s string) []string {
+	var out []string
+	for _, n := range strings.Split(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -11,14 +11,18 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 
+	mcpcache "github.com/kcp-dev/multicluster-provider/pkg/cache"
+	mcrecorder "github.com/kcp-dev/multicluster-provider/pkg/events/recorder"
 	mcpprovider "github.com/kcp-dev/multicluster-provider/pkg/provider"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
@@ -175,11 +179,26 @@ func (e *exportProvider) runOnce(ctx context.Context, aware multicluster.Aware) 
 
 	// The library logs whole objects at info level; keep them at V(1).
 	logger := e.log.WithName("kcp-provider").V(1)
+	// One fanout per wildcard cache (one per virtual workspace URL), so
+	// a workspace costs no event handler of its own on shared informers.
+	var fanoutsMu sync.Mutex
+	fanouts := map[mcpcache.WildcardCache]*fanout{}
+	newCluster := func(cfg *rest.Config, lc logicalcluster.Name, wildcard mcpcache.WildcardCache, scheme *runtime.Scheme, recorders mcrecorder.EventRecorderGetter) (*mcpcache.ScopedCluster, error) {
+		fanoutsMu.Lock()
+		f, ok := fanouts[wildcard]
+		if !ok {
+			f = newFanout(wildcard, scheme)
+			fanouts[wildcard] = f
+		}
+		fanoutsMu.Unlock()
+		return mcpcache.NewScopedCluster(cfg, lc, f.forCluster(lc), scheme, recorders)
+	}
 	inner, err := mcpprovider.NewProvider(e.cfg, e.name, mcpprovider.Options{
 		Scheme:                       e.opts.Scheme,
 		EndpointSliceObject:          &apisv1alpha1.APIExportEndpointSlice{},
 		ExtractURLsFromEndpointSlice: extract,
 		ObjectToWatch:                &apisv1alpha1.APIBinding{},
+		NewCluster:                   newCluster,
 		AddFilter:                    mcpprovider.ConditionReadyFunc("Ready"),
 		UpdateFilter:                 mcpprovider.ConditionReadyFunc("Ready"),
 		Log:                          &logger,

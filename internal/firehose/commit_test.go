@@ -113,7 +113,7 @@ func (r *testRepo) commit(ops ...testOp) *comatproto.SyncSubscribeRepos_Commit {
 		}
 	}
 	ctx := context.Background()
-	bs := blockstore.NewBlockstore(datastore.NewMapDatastore())
+	bs := blockstore.NewBlockstore(datastore.NewMapDatastore()) //nolint:staticcheck // SA1019: indigo's mst.Tree.WriteDiffBlocks takes this package's Blockstore
 	dataCID, err := full.WriteDiffBlocks(ctx, bs)
 	if err != nil {
 		r.t.Fatal(err)

@@ -129,7 +129,7 @@ func verifyCommit(ctx context.Context, dir identity.Directory, msg *comatproto.S
 	}
 	ident, err := dir.LookupDID(ctx, syntax.DID(msg.Repo))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", errIdentity, msg.Repo, err)
+		return nil, fmt.Errorf("%w: %s: %w", errIdentity, msg.Repo, err)
 	}
 	key, err := ident.PublicKey()
 	if err != nil {

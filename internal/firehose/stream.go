@@ -176,17 +176,17 @@ func (s *stream) subscribers() []*Subscription {
 func (s *stream) connectCursor() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var min int64
+	var lowest int64
 	for sub := range s.subs {
 		c, full := sub.cursor()
 		if full || c == 0 {
 			continue
 		}
-		if min == 0 || c < min {
-			min = c
+		if lowest == 0 || c < lowest {
+			lowest = c
 		}
 	}
-	return min
+	return lowest
 }
 
 func (s *stream) wsURL(cursor int64) string {

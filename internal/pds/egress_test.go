@@ -14,12 +14,13 @@ import (
 
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 )
 
 // local allows the loopback address the test servers listen on.
 var local = netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)
 
-// countingServer counts requests and those that carried testPassword.
+// countingServer counts requests and those that carried pdstest.Password.
 type countingServer struct {
 	*httptest.Server
 	requests, passwords atomic.Int32
@@ -31,7 +32,7 @@ func newCountingServer(t *testing.T, answer http.HandlerFunc) *countingServer {
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		s.requests.Add(1)
-		if strings.Contains(string(b), testPassword) {
+		if strings.Contains(string(b), pdstest.Password) {
 			s.passwords.Add(1)
 		}
 		answer(w, r)
@@ -66,7 +67,7 @@ func TestCheckURL(t *testing.T) {
 	} {
 		err := pds.CheckURL(tc.url, tc.policy)
 		var spec *pds.SpecError
-		switch want := tc.want.(type) {
+		switch want := tc.want.(type) { //nolint:errorlint // tc.want names the expected error kind; it is not an error being handled
 		case nil:
 			if err != nil {
 				t.Errorf("CheckURL(%s) = %v, want nil", tc.url, err)
@@ -99,7 +100,7 @@ func TestConnectSendsCredentialsOverHTTPOnlyToAllowedHosts(t *testing.T) {
 	}}
 	ctx := context.Background()
 	for _, host := range []string{"http://pds.example.com", "http://127.0.0.2:2583"} {
-		_, err := pds.Connect(ctx, host, testHandle, testPassword, pds.Options{Store: &countingStore{}, HTTPClient: anywhere, Policy: local})
+		_, err := pds.Connect(ctx, host, pdstest.Handle, pdstest.Password, pds.Options{Store: &countingStore{}, HTTPClient: anywhere, Policy: local})
 		if !errors.Is(err, pds.ErrInsecureURL) {
 			t.Fatalf("%s: want ErrInsecureURL, got %v", host, err)
 		}
@@ -108,7 +109,7 @@ func TestConnectSendsCredentialsOverHTTPOnlyToAllowedHosts(t *testing.T) {
 		t.Fatalf("%d requests reached the server over plain http", n)
 	}
 	// Control: localhost is allowed, so the same client logs in there.
-	_, err := pds.Connect(ctx, "http://localhost:1", testHandle, testPassword, pds.Options{Store: &countingStore{}, HTTPClient: anywhere, Policy: local})
+	_, err := pds.Connect(ctx, "http://localhost:1", pdstest.Handle, pdstest.Password, pds.Options{Store: &countingStore{}, HTTPClient: anywhere, Policy: local})
 	if !errors.Is(err, pds.ErrAuthentication) || srv.passwords.Load() != 1 {
 		t.Fatalf("control: want the login to arrive, got %v and %d logins", err, srv.passwords.Load())
 	}
@@ -127,7 +128,7 @@ func TestConnectNeverFollowsRedirects(t *testing.T) {
 		"caller's client": {Policy: local, HTTPClient: &http.Client{}},
 	} {
 		opts.Store = &countingStore{}
-		_, err := pds.Connect(context.Background(), redirector.URL, testHandle, testPassword, opts)
+		_, err := pds.Connect(context.Background(), redirector.URL, pdstest.Handle, pdstest.Password, opts)
 		if !errors.Is(err, pds.ErrRedirect) {
 			t.Fatalf("%s: want ErrRedirect, got %v", name, err)
 		}
@@ -149,7 +150,7 @@ func TestConnectDialRefusedByPolicy(t *testing.T) {
 		"public only":      nil,
 		"reserved address": local.With(netip.MustParseAddrPort(srv.Listener.Addr().String())),
 	} {
-		_, err := pds.Connect(context.Background(), srv.URL, testHandle, testPassword, pds.Options{Store: &countingStore{}, Policy: policy})
+		_, err := pds.Connect(context.Background(), srv.URL, pdstest.Handle, pdstest.Password, pds.Options{Store: &countingStore{}, Policy: policy})
 		if !errors.Is(err, netpolicy.ErrDenied) || errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("%s: want netpolicy.ErrDenied (and not ErrUnreachable), got %v", name, err)
 		}

@@ -92,7 +92,7 @@ func TestAgainstReferencePDS(t *testing.T) {
 	first := store.stored(t)
 
 	// A restart resumes: no login, so the stored tokens stay the same.
-	if c, err = pds.Connect(ctx, server.URL, acct.Handle, acct.AppPassword, opts); err != nil {
+	if _, err = pds.Connect(ctx, server.URL, acct.Handle, acct.AppPassword, opts); err != nil {
 		t.Fatal(err)
 	}
 	if store.stored(t) != first {

@@ -85,7 +85,8 @@ func (l lexClient) LexDo(ctx context.Context, method, inputEncoding, endpoint st
 // ErrUnreachable. Errors that are not a *url.Error themselves (already
 // typed by the auth layer, e.g. a failed refresh) pass through unchanged.
 func transportError(ctx context.Context, err error) error {
-	if _, ok := err.(*url.Error); !ok {
+	if _, ok := err.(*url.Error); !ok { //nolint:errorlint // only an error of http.Client.Do itself; errors wrapped by the auth layer are already typed
+
 		return err
 	}
 	switch {

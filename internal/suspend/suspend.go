@@ -20,10 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/cluster"
-	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
-
-	"github.com/knotless-dev/knotless/internal/engage"
 )
 
 // ConditionType is the condition every kind under an Application sets
@@ -52,23 +48,6 @@ type Requester interface {
 	SuspendRequested() bool
 }
 
-// Reader returns a reader for objects of an API group in the workspace of
-// the object being checked.
-type Reader func(ctx context.Context, group string) (client.Reader, error)
-
-// InWorkspace returns the Reader of a logical cluster in a provider whose
-// APIExports are named after the group they serve (knotless's convention):
-// group G is read through the engaged cluster "G#<logical cluster>".
-func InWorkspace(get func(context.Context, multicluster.ClusterName) (cluster.Cluster, error), logicalCluster string) Reader {
-	return func(ctx context.Context, group string) (client.Reader, error) {
-		cl, err := engage.Sibling(ctx, get, group, logicalCluster)
-		if err != nil {
-			return nil, err
-		}
-		return cl.GetClient(), nil
-	}
-}
-
 // State is the effective suspend of an object.
 type State struct {
 	// Suspended is true when the object or an owner asks to be suspended.
@@ -93,7 +72,9 @@ func (e *ChainError) Error() string { return e.Message }
 // reports whether obj is suspended. Owners of kinds that scheme does not
 // know end the walk (they cannot ask knotless to suspend). A missing owner
 // or a cycle is a *ChainError; reading errors are returned as they are.
-func Effective(ctx context.Context, read Reader, scheme *runtime.Scheme, obj client.Object) (State, error) {
+// r reads obj's workspace (every knotless kind of a workspace is served by
+// the one export, so one reader sees the whole chain).
+func Effective(ctx context.Context, r client.Reader, scheme *runtime.Scheme, obj client.Object) (State, error) {
 	var st State
 	cur := obj
 	seen := map[string]bool{}
@@ -127,10 +108,6 @@ func Effective(ctx context.Context, read Reader, scheme *runtime.Scheme, obj cli
 		if !ok {
 			st.Root = cur
 			return st, nil
-		}
-		r, err := read(ctx, gv.Group)
-		if err != nil {
-			return st, err
 		}
 		if err := r.Get(ctx, client.ObjectKey{Namespace: cur.GetNamespace(), Name: ref.Name}, owner); err != nil {
 			if apierrors.IsNotFound(err) {

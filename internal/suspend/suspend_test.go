@@ -62,8 +62,7 @@ func TestEffective(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objs...).Build()
-			read := func(context.Context, string) (client.Reader, error) { return c, nil }
-			st, err := suspend.Effective(context.Background(), read, scheme, tc.obj)
+			st, err := suspend.Effective(context.Background(), c, scheme, tc.obj)
 			var ce *suspend.ChainError
 			if tc.reason != "" {
 				if !errors.As(err, &ce) || ce.Reason != tc.reason {

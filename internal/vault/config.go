@@ -95,7 +95,7 @@ func (c Config) complete() (Config, error) {
 	}
 	c.AppRole.MountPath = strings.Trim(c.AppRole.MountPath, "/")
 	if err := checkMountPath(c.AppRole.MountPath); err != nil {
-		return c, fmt.Errorf("vault: AppRole mount %q: %v", c.AppRole.MountPath, err)
+		return c, fmt.Errorf("vault: AppRole mount %q: %w", c.AppRole.MountPath, err)
 	}
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
@@ -103,7 +103,7 @@ func (c Config) complete() (Config, error) {
 	c.Prefix = strings.Trim(c.Prefix, "/")
 	for _, s := range strings.Split(c.Prefix, "/") {
 		if err := checkSegment(s); err != nil {
-			return c, fmt.Errorf("vault: prefix %q: %v", c.Prefix, err)
+			return c, fmt.Errorf("vault: prefix %q: %w", c.Prefix, err)
 		}
 	}
 

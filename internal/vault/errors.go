@@ -195,5 +195,5 @@ func redactAll(s string, secrets []string) string {
 // isDenied reports whether err is Vault refusing a token or a path.
 func isDenied(err error) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Kind == ErrUnauthorized && (e.Status == http.StatusForbidden || e.Status == http.StatusUnauthorized)
+	return errors.As(err, &e) && errors.Is(e.Kind, ErrUnauthorized) && (e.Status == http.StatusForbidden || e.Status == http.StatusUnauthorized)
 }

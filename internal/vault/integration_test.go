@@ -72,7 +72,7 @@ func startDevVault(t *testing.T) *devVault {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		<-exited
+		<-exited //nolint:errcheck // waits for the exit; the error is "signal: killed"
 		logFile.Close()
 		if t.Failed() {
 			raw, _ := os.ReadFile(logPath)
