@@ -10,18 +10,17 @@ import (
 	"time"
 
 	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 )
 
 func TestEnsureBatchesConcurrentCallsOfOneRepo(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 
 	// The first call's batch waits in getLatestCommit while 49 more arrive.
 	hold := make(chan struct{})
-	f.mu.Lock()
-	f.hold = hold
-	f.mu.Unlock()
+	f.HoldNextLatestCommit(hold)
 	const n = 50
 	results := make([]*pds.EnsureResult, n)
 	errs := make([]error, n)
@@ -32,7 +31,7 @@ func TestEnsureBatchesConcurrentCallsOfOneRepo(t *testing.T) {
 	}
 	wg.Add(n)
 	go ensure(0)
-	for f.count("com.atproto.sync.getLatestCommit") == 0 {
+	for f.Calls("com.atproto.sync.getLatestCommit") == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	for i := 1; i < n; i++ {
@@ -52,9 +51,7 @@ func TestEnsureBatchesConcurrentCallsOfOneRepo(t *testing.T) {
 			t.Fatalf("k%02d: result %+v, PDS has %+v (%v)", i, r, got, err)
 		}
 	}
-	f.mu.Lock()
-	batches := append([]int(nil), f.applyBatches...)
-	f.mu.Unlock()
+	batches := f.ApplyBatches()
 	if len(batches) != 2 || batches[0] != 1 || batches[1] != n-1 {
 		t.Fatalf("applyWrites batches %v, want [1 %d]", batches, n-1)
 	}
@@ -62,7 +59,7 @@ func TestEnsureBatchesConcurrentCallsOfOneRepo(t *testing.T) {
 
 func TestEnsureWritesOnlyWhatDiffersAndDeletes(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 
 	first, err := c.Ensure(ctx, coll, "a", json.RawMessage(`{"n":1}`))
@@ -88,7 +85,7 @@ func TestEnsureWritesOnlyWhatDiffersAndDeletes(t *testing.T) {
 	if err != nil || gone.Wrote {
 		t.Fatalf("delete of a missing record: %+v, %v", gone, err)
 	}
-	if got := f.count("com.atproto.repo.applyWrites"); got != 3 {
+	if got := f.Calls("com.atproto.repo.applyWrites"); got != 3 {
 		t.Fatalf("%d applyWrites calls, want 3 (create, update, delete)", got)
 	}
 	// Invalid input is refused before anything is sent.
@@ -100,50 +97,41 @@ func TestEnsureWritesOnlyWhatDiffersAndDeletes(t *testing.T) {
 
 func TestEnsureRereadsWhenTheRepoMovesUnderIt(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 	if _, err := c.Ensure(ctx, coll, "a", json.RawMessage(`{"n":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	// Another client rewrites the record between Ensure's read and write.
 	other := json.RawMessage(`{"$type":"` + coll + `","n":99}`)
-	f.mu.Lock()
-	f.beforeApply = func() {
-		f.records[coll+"/a"] = fakeRecord{value: other, cid: cidOf(other)}
-		f.rev++
-	}
-	f.mu.Unlock()
+	f.RaceNextApply(coll, "a", other)
 	res, err := c.Ensure(ctx, coll, "a", json.RawMessage(`{"n":2}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Before == nil || res.Before.CID != cidOf(other) {
-		t.Fatalf("Before = %+v, want the other client's record %s", res.Before, cidOf(other))
+	if res.Before == nil || res.Before.CID != pdstest.CIDOf(other) {
+		t.Fatalf("Before = %+v, want the other client's record %s", res.Before, pdstest.CIDOf(other))
 	}
 	got, _ := c.GetRecord(ctx, coll, "a")
 	if res.After.CID != got.CID || string(got.Value) == string(other) {
 		t.Fatalf("After %+v, PDS has %+v", res.After, got)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.applyBatches) != 3 { // create, refused swap, retry
-		t.Fatalf("applyWrites calls %v, want 3", f.applyBatches)
+	if batches := f.ApplyBatches(); len(batches) != 3 { // create, refused swap, retry
+		t.Fatalf("applyWrites calls %v, want 3", batches)
 	}
 }
 
 func TestEnsureInvalidRecordFailsAloneInItsBatch(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 	hold := make(chan struct{})
-	f.mu.Lock()
-	f.hold = hold
-	f.mu.Unlock()
+	f.HoldNextLatestCommit(hold)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	wg.Add(4)
 	go func() { defer wg.Done(); _, errs[0] = c.Ensure(ctx, coll, "first", json.RawMessage(`{"n":0}`)) }()
-	for f.count("com.atproto.sync.getLatestCommit") == 0 {
+	for f.Calls("com.atproto.sync.getLatestCommit") == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	go func() { defer wg.Done(); _, errs[1] = c.Ensure(ctx, coll, "good1", json.RawMessage(`{"n":1}`)) }()
@@ -167,7 +155,7 @@ func TestEnsureInvalidRecordFailsAloneInItsBatch(t *testing.T) {
 }
 
 func TestEnsureCallersThatGiveUpDoNotStallOthers(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 	hold := make(chan struct{})
 	defer func() {
@@ -177,16 +165,14 @@ func TestEnsureCallersThatGiveUpDoNotStallOthers(t *testing.T) {
 			close(hold)
 		}
 	}()
-	f.mu.Lock()
-	f.hold = hold
-	f.mu.Unlock()
+	f.HoldNextLatestCommit(hold)
 
 	// A leads and is stuck in the PDS; B and C wait behind it.
 	ctxA, cancelA := context.WithCancel(context.Background())
 	ctxB, cancelB := context.WithCancel(context.Background())
 	errA, errB, errC := make(chan error, 1), make(chan error, 1), make(chan error, 1)
 	go func() { _, err := c.Ensure(ctxA, coll, "a", json.RawMessage(`{"n":1}`)); errA <- err }()
-	for f.count("com.atproto.sync.getLatestCommit") == 0 {
+	for f.Calls("com.atproto.sync.getLatestCommit") == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	go func() { _, err := c.Ensure(ctxB, coll, "b", json.RawMessage(`{"n":2}`)); errB <- err }()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 )
 
 const coll = "dev.knotless.test.thing"
@@ -52,9 +53,9 @@ func (s *countingStore) stored(t *testing.T) pds.Session {
 	return *sess
 }
 
-func connect(t *testing.T, f *fakePDS, store pds.SessionStore) *pds.Client {
+func connect(t *testing.T, f *pdstest.PDS, store pds.SessionStore) *pds.Client {
 	t.Helper()
-	c, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: store})
+	c, err := pds.Connect(context.Background(), f.URL(), pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: store})
 	if err != nil {
 		t.Fatalf("Connect: %v", err)
 	}
@@ -67,29 +68,29 @@ func checkNoSecrets(t *testing.T, err error) {
 	if err == nil {
 		return
 	}
-	if s := err.Error(); strings.Contains(s, testPassword) || strings.Contains(s, "jwt-") {
+	if s := err.Error(); strings.Contains(s, pdstest.Password) || strings.Contains(s, "jwt-") {
 		t.Fatalf("error leaks a secret: %s", s)
 	}
 }
 
 func TestConnectResumesStoredSessionWithoutLogin(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	c := connect(t, f, store)
-	if did, handle := c.Info(); did != testDID || handle != testHandle {
+	if did, handle := c.Info(); did != pdstest.DID || handle != pdstest.Handle {
 		t.Fatalf("Info() = %s, %s", did, handle)
 	}
 	first := store.stored(t)
 
 	// A restart: new Client, same store. Also by DID.
 	connect(t, f, store)
-	if _, err := pds.Connect(context.Background(), f.srv.URL, testDID, testPassword, pds.Options{Policy: local, Store: store}); err != nil {
+	if _, err := pds.Connect(context.Background(), f.URL(), pdstest.DID, pdstest.Password, pds.Options{Policy: local, Store: store}); err != nil {
 		t.Fatal(err)
 	}
-	if n := f.count("com.atproto.server.createSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.createSession"); n != 1 {
 		t.Fatalf("createSession called %d times, want 1", n)
 	}
-	if n := f.count("com.atproto.server.getSession"); n != 2 {
+	if n := f.Calls("com.atproto.server.getSession"); n != 2 {
 		t.Fatalf("getSession called %d times, want 2", n)
 	}
 	if got := store.stored(t); got != first {
@@ -98,63 +99,63 @@ func TestConnectResumesStoredSessionWithoutLogin(t *testing.T) {
 }
 
 func TestConnectLogsInForAnotherHostOrAccount(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	connect(t, f, store)
 	s := store.stored(t)
 	s.Host = "https://other.example"
 	_ = store.Save(context.Background(), &s)
 	connect(t, f, store)
-	if n := f.count("com.atproto.server.createSession"); n != 2 {
+	if n := f.Calls("com.atproto.server.createSession"); n != 2 {
 		t.Fatalf("createSession called %d times, want 2 (stored session was for another host)", n)
 	}
-	if got := store.stored(t); got.Host != f.srv.URL {
+	if got := store.stored(t); got.Host != f.URL() {
 		t.Fatalf("stored host %q", got.Host)
 	}
 }
 
 func TestConnectRefreshesExpiredStoredSessionAndSavesIt(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	connect(t, f, store)
 	old := store.stored(t)
-	f.expireAccess()
+	f.ExpireAccess()
 
 	connect(t, f, store)
-	if n := f.count("com.atproto.server.createSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.createSession"); n != 1 {
 		t.Fatalf("createSession called %d times, want 1", n)
 	}
-	if n := f.count("com.atproto.server.refreshSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.refreshSession"); n != 1 {
 		t.Fatalf("refreshSession called %d times, want 1", n)
 	}
 	got := store.stored(t)
-	if got.AccessJWT == old.AccessJWT || got.RefreshJWT == old.RefreshJWT || !f.accessValid(got.AccessJWT) {
+	if got.AccessJWT == old.AccessJWT || got.RefreshJWT == old.RefreshJWT || !f.AccessValid(got.AccessJWT) {
 		t.Fatalf("refreshed tokens were not saved")
 	}
 }
 
 func TestConnectLogsInWhenRefreshTokenIsRevoked(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	connect(t, f, store)
-	f.revokeAll()
+	f.RevokeAll()
 	connect(t, f, store)
-	if n := f.count("com.atproto.server.createSession"); n != 2 {
+	if n := f.Calls("com.atproto.server.createSession"); n != 2 {
 		t.Fatalf("createSession called %d times, want 2", n)
 	}
-	if !f.accessValid(store.stored(t).AccessJWT) {
+	if !f.AccessValid(store.stored(t).AccessJWT) {
 		t.Fatal("new session not saved")
 	}
 }
 
 func TestConnectDoesNotLogInWhenRateLimited(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	connect(t, f, store)
 	reset := time.Now().Add(90 * time.Second).Truncate(time.Second)
-	f.setRateLimit(http.Header{"Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}, "Retry-After": {"1"}})
+	f.SetRateLimit(http.Header{"Ratelimit-Reset": {strconv.FormatInt(reset.Unix(), 10)}, "Retry-After": {"1"}})
 
-	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: store})
+	_, err := pds.Connect(context.Background(), f.URL(), pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: store})
 	var rl *pds.RateLimitedError
 	if !errors.As(err, &rl) {
 		t.Fatalf("want RateLimitedError, got %v", err)
@@ -162,15 +163,15 @@ func TestConnectDoesNotLogInWhenRateLimited(t *testing.T) {
 	if !rl.Reset.Equal(reset) {
 		t.Fatalf("Reset = %v, want %v (from RateLimit-Reset)", rl.Reset, reset)
 	}
-	if n := f.count("com.atproto.server.createSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.createSession"); n != 1 {
 		t.Fatalf("createSession called %d times, want 1", n)
 	}
 }
 
 func TestRateLimitedWriteUsesRetryAfter(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
-	f.setRateLimit(http.Header{"Retry-After": {"30"}})
+	f.SetRateLimit(http.Header{"Retry-After": {"30"}})
 	before := time.Now()
 	_, err := c.PutRecord(context.Background(), coll, "a", json.RawMessage(`{"n":1}`), nil)
 	var rl *pds.RateLimitedError
@@ -183,11 +184,11 @@ func TestRateLimitedWriteUsesRetryAfter(t *testing.T) {
 }
 
 func TestWriteWithExpiredTokenRefreshesOnceRetriesOnceAndPersists(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	c := connect(t, f, store)
 	old := store.stored(t)
-	f.expireAccess()
+	f.ExpireAccess()
 
 	res, err := c.PutRecord(context.Background(), coll, "a", json.RawMessage(`{"n":1}`), nil)
 	if err != nil {
@@ -196,22 +197,22 @@ func TestWriteWithExpiredTokenRefreshesOnceRetriesOnceAndPersists(t *testing.T) 
 	if !res.Changed() || res.CID == "" {
 		t.Fatalf("result %+v", res)
 	}
-	if n := f.count("com.atproto.server.refreshSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.refreshSession"); n != 1 {
 		t.Fatalf("refreshSession called %d times, want 1", n)
 	}
-	if n := f.count("com.atproto.repo.putRecord"); n != 2 {
+	if n := f.Calls("com.atproto.repo.putRecord"); n != 2 {
 		t.Fatalf("putRecord called %d times, want 2 (expired + retry)", n)
 	}
 	got := store.stored(t)
-	if got.RefreshJWT == old.RefreshJWT || !f.accessValid(got.AccessJWT) {
+	if got.RefreshJWT == old.RefreshJWT || !f.AccessValid(got.AccessJWT) {
 		t.Fatal("refreshed session was not persisted")
 	}
 }
 
 func TestConcurrentWritesWithExpiredTokenRefreshOnce(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
-	f.expireAccess()
+	f.ExpireAccess()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for i := range 8 {
@@ -227,16 +228,16 @@ func TestConcurrentWritesWithExpiredTokenRefreshOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := f.count("com.atproto.server.refreshSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.refreshSession"); n != 1 {
 		t.Fatalf("refreshSession called %d times, want 1", n)
 	}
 }
 
 func TestRefreshThatCannotBeSavedBlocksWritesUntilSaved(t *testing.T) {
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	c := connect(t, f, store)
-	f.expireAccess()
+	f.ExpireAccess()
 	store.setFail(true)
 	_, err := c.PutRecord(context.Background(), coll, "a", json.RawMessage(`{"n":1}`), nil)
 	if err == nil || !strings.Contains(err.Error(), "saving session") {
@@ -250,17 +251,17 @@ func TestRefreshThatCannotBeSavedBlocksWritesUntilSaved(t *testing.T) {
 	if _, err := c.PutRecord(context.Background(), coll, "a", json.RawMessage(`{"n":1}`), nil); err != nil {
 		t.Fatal(err)
 	}
-	if !f.accessValid(store.stored(t).AccessJWT) {
+	if !f.AccessValid(store.stored(t).AccessJWT) {
 		t.Fatal("current session not persisted")
 	}
-	if n := f.count("com.atproto.server.refreshSession"); n != 1 {
+	if n := f.Calls("com.atproto.server.refreshSession"); n != 1 {
 		t.Fatalf("refreshSession called %d times, want 1", n)
 	}
 }
 
 func TestRecordLifecycle(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 
 	if _, err := c.GetRecord(ctx, coll, "a"); !errors.Is(err, pds.ErrRecordNotFound) {
@@ -272,14 +273,14 @@ func TestRecordLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Unconditional put must not send swapRecord (null would mean create-only).
-	if _, sent := f.putBodies[0]["swapRecord"]; sent {
-		t.Fatalf("unconditional put sent swapRecord: %s", f.putBodies[0]["swapRecord"])
+	if _, sent := f.PutBodies()[0]["swapRecord"]; sent {
+		t.Fatalf("unconditional put sent swapRecord: %s", f.PutBodies()[0]["swapRecord"])
 	}
 	got, err := c.GetRecord(ctx, coll, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.CID != put.CID || got.URI != "at://"+testDID+"/"+coll+"/a" {
+	if got.CID != put.CID || got.URI != "at://"+pdstest.DID+"/"+coll+"/a" {
 		t.Fatalf("read back %+v, put %+v", got, put)
 	}
 	var value map[string]any
@@ -330,7 +331,7 @@ func TestRecordLifecycle(t *testing.T) {
 
 func TestApplyWrites(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
 
 	res, err := c.ApplyWrites(ctx, []pds.Write{
@@ -388,15 +389,15 @@ func TestApplyWrites(t *testing.T) {
 }
 
 func TestWrongPasswordIsAuthenticationErrorWithoutSecrets(t *testing.T) {
-	f := newFakePDS(t)
-	_, err := pds.Connect(context.Background(), f.srv.URL, testHandle, "wrong-"+testPassword, pds.Options{Policy: local, Store: &countingStore{}})
+	f := pdstest.New(t)
+	_, err := pds.Connect(context.Background(), f.URL(), pdstest.Handle, "wrong-"+pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("want ErrAuthentication, got %v", err)
 	}
 	if strings.Contains(err.Error(), "wrong-") {
 		t.Fatalf("error leaks the password: %v", err)
 	}
-	_, err = pds.Connect(context.Background(), f.srv.URL, "nobody.test", testPassword, pds.Options{Policy: local, Store: &countingStore{}})
+	_, err = pds.Connect(context.Background(), f.URL(), "nobody.test", pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("unknown account: want ErrAuthentication, got %v", err)
 	}
@@ -405,15 +406,13 @@ func TestWrongPasswordIsAuthenticationErrorWithoutSecrets(t *testing.T) {
 
 func TestErrorsNeverContainSecrets(t *testing.T) {
 	ctx := context.Background()
-	f := newFakePDS(t)
+	f := pdstest.New(t)
 	store := &countingStore{}
 	c := connect(t, f, store)
 
 	// The PDS echoes the Authorization header in an InvalidToken message.
-	f.mu.Lock()
-	f.echoAuth = true
-	f.access = map[string]bool{} // access token no longer valid, not expired
-	f.mu.Unlock()
+	f.SetEchoAuth(true)
+	f.InvalidateAccess() // access token no longer valid, not expired
 	_, err := c.PutRecord(ctx, coll, "a", json.RawMessage(`{"n":1}`), nil)
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("want ErrAuthentication, got %v", err)
@@ -421,8 +420,8 @@ func TestErrorsNeverContainSecrets(t *testing.T) {
 	checkNoSecrets(t, err)
 
 	// Stored session with dead tokens and a wrong password.
-	f.revokeAll()
-	_, err = pds.Connect(ctx, f.srv.URL, testHandle, "x-"+testPassword, pds.Options{Policy: local, Store: store})
+	f.RevokeAll()
+	_, err = pds.Connect(ctx, f.URL(), pdstest.Handle, "x-"+pdstest.Password, pds.Options{Policy: local, Store: store})
 	if !errors.Is(err, pds.ErrAuthentication) {
 		t.Fatalf("want ErrAuthentication, got %v", err)
 	}
@@ -446,7 +445,7 @@ func TestUnreachable(t *testing.T) {
 		}
 		addr := l.Addr().String()
 		l.Close()
-		_, err = pds.Connect(ctx, "http://"+addr, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
+		_, err = pds.Connect(ctx, "http://"+addr, pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
@@ -459,7 +458,7 @@ func TestUnreachable(t *testing.T) {
 		t.Cleanup(srv.Close)
 		t.Cleanup(func() { close(block) })
 		hc := &http.Client{Timeout: 100 * time.Millisecond}
-		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}, HTTPClient: hc})
+		_, err := pds.Connect(ctx, srv.URL, pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}, HTTPClient: hc})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
@@ -468,17 +467,17 @@ func TestUnreachable(t *testing.T) {
 	t.Run("untrusted TLS certificate", func(t *testing.T) {
 		srv := httptest.NewTLSServer(http.NotFoundHandler())
 		t.Cleanup(srv.Close)
-		_, err := pds.Connect(ctx, srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
+		_, err := pds.Connect(ctx, srv.URL, pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}
 	})
 
 	t.Run("caller's context ended is not unreachable", func(t *testing.T) {
-		f := newFakePDS(t)
+		f := pdstest.New(t)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := pds.Connect(cctx, f.srv.URL, testHandle, testPassword, pds.Options{Policy: local, Store: &countingStore{}})
+		_, err := pds.Connect(cctx, f.URL(), pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: &countingStore{}})
 		if !errors.Is(err, context.Canceled) || errors.Is(err, pds.ErrUnreachable) {
 			t.Fatalf("want context.Canceled, got %v", err)
 		}
@@ -493,12 +492,12 @@ func TestConnectRejectsBadArguments(t *testing.T) {
 		store        pds.SessionStore
 		field        string
 	}{
-		{"pds.example", testHandle, testPassword, &pds.MemoryStore{}, "host"},
-		{"ftp://pds.example", testHandle, testPassword, &pds.MemoryStore{}, "host"},
-		{"https://pds.example/xrpc", testHandle, testPassword, &pds.MemoryStore{}, "host"},
-		{"https://pds.example", "", testPassword, &pds.MemoryStore{}, "identifier"},
-		{"https://pds.example", testHandle, "", &pds.MemoryStore{}, "password"},
-		{"https://pds.example", testHandle, testPassword, nil, "Options.Store"},
+		{"pds.example", pdstest.Handle, pdstest.Password, &pds.MemoryStore{}, "host"},
+		{"ftp://pds.example", pdstest.Handle, pdstest.Password, &pds.MemoryStore{}, "host"},
+		{"https://pds.example/xrpc", pdstest.Handle, pdstest.Password, &pds.MemoryStore{}, "host"},
+		{"https://pds.example", "", pdstest.Password, &pds.MemoryStore{}, "identifier"},
+		{"https://pds.example", pdstest.Handle, "", &pds.MemoryStore{}, "password"},
+		{"https://pds.example", pdstest.Handle, pdstest.Password, nil, "Options.Store"},
 	} {
 		_, err := pds.Connect(ctx, tc.host, tc.id, tc.pw, pds.Options{Store: tc.store})
 		if !errors.As(err, &spec) || spec.Field != tc.field {

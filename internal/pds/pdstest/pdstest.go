@@ -1,28 +1,36 @@
-package pds_test
+// Package pdstest is an in-memory PDS for tests: an httptest server that
+// answers the XRPC calls knotless makes (sessions, getRecord, putRecord,
+// deleteRecord, applyWrites, getLatestCommit) with the reference PDS's
+// semantics for sessions, swaps and applyWrites. It has one account (DID,
+// Handle, Password). Tokens it issues contain "jwt-" so tests can look for
+// leaks. It does not import internal/pds, so the pds package's own tests
+// can use it.
+package pdstest
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 )
 
+// The fake PDS's one account.
 const (
-	testDID      = "did:plc:alice000000000000000000"
-	testHandle   = "alice.test"
-	testPassword = "hunter2-app-password"
+	DID      = "did:plc:alice000000000000000000"
+	Handle   = "alice.test"
+	Password = "hunter2-app-password"
 )
 
-// fakePDS answers the XRPC calls the client makes, with the reference PDS's
-// semantics for sessions, swaps and applyWrites. Tokens contain "jwt-" so
-// tests can look for leaks.
-type fakePDS struct {
+// PDS is a fake PDS. Its methods are safe for concurrent use.
+type PDS struct {
 	srv *httptest.Server
 
 	mu        sync.Mutex
@@ -31,7 +39,7 @@ type fakePDS struct {
 	expired   map[string]bool // access tokens that answer ExpiredToken
 	refresh   map[string]bool // valid refresh tokens
 	calls     map[string]int  // per NSID
-	records   map[string]fakeRecord
+	records   map[string]record
 	rev       int
 	rateLimit http.Header // if set, the next request gets 429 with these headers
 	echoAuth  bool        // InvalidToken messages echo the Authorization header
@@ -42,32 +50,38 @@ type fakePDS struct {
 	// applyWrites is decided: a writer racing with the client.
 	beforeApply func()
 	// hold, if set, makes the next getLatestCommit wait until it is closed.
-	hold chan struct{}
+	hold <-chan struct{}
 }
 
-type fakeRecord struct {
+type record struct {
 	value json.RawMessage
 	cid   string
 }
 
-func newFakePDS(t *testing.T) *fakePDS {
-	f := &fakePDS{
+// New starts a fake PDS with no records; it stops when the test ends.
+func New(t testing.TB) *PDS {
+	t.Helper()
+	f := &PDS{
 		access: map[string]bool{}, expired: map[string]bool{}, refresh: map[string]bool{},
-		calls: map[string]int{}, records: map[string]fakeRecord{},
+		calls: map[string]int{}, records: map[string]record{},
 	}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	return f
 }
 
-func (f *fakePDS) count(nsid string) int {
+// URL is the PDS's base URL (http://127.0.0.1:port).
+func (f *PDS) URL() string { return f.srv.URL }
+
+// Calls returns how many requests for the XRPC method nsid arrived.
+func (f *PDS) Calls(nsid string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[nsid]
 }
 
-// expireAccess makes every issued access token answer ExpiredToken.
-func (f *fakePDS) expireAccess() {
+// ExpireAccess makes every issued access token answer ExpiredToken.
+func (f *PDS) ExpireAccess() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for tok := range f.access {
@@ -76,39 +90,129 @@ func (f *fakePDS) expireAccess() {
 	f.access = map[string]bool{}
 }
 
-// revokeAll invalidates every token (access answers ExpiredToken, refresh is revoked).
-func (f *fakePDS) revokeAll() {
-	f.expireAccess()
+// RevokeAll invalidates every token (access answers ExpiredToken, refresh
+// is revoked).
+func (f *PDS) RevokeAll() {
+	f.ExpireAccess()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refresh = map[string]bool{}
 }
 
-func (f *fakePDS) setRateLimit(h http.Header) {
+// InvalidateAccess makes every issued access token answer InvalidToken
+// (not verifiable, as opposed to expired).
+func (f *PDS) InvalidateAccess() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.access = map[string]bool{}
+}
+
+// SetEchoAuth makes InvalidToken messages echo the request's
+// Authorization header, as a careless PDS might.
+func (f *PDS) SetEchoAuth(v bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.echoAuth = v
+}
+
+// SetRateLimit makes the next request fail with 429 RateLimitExceeded and
+// the headers h.
+func (f *PDS) SetRateLimit(h http.Header) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rateLimit = h
 }
 
-func (f *fakePDS) accessValid(tok string) bool {
+// AccessValid reports whether tok is a currently valid access token.
+func (f *PDS) AccessValid(tok string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.access[tok]
 }
 
-func (f *fakePDS) issue() map[string]any {
+// PutBodies returns the request bodies of every putRecord call so far.
+func (f *PDS) PutBodies() []map[string]json.RawMessage {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.putBodies)
+}
+
+// ApplyBatches returns the number of writes of each applyWrites call so
+// far.
+func (f *PDS) ApplyBatches() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.applyBatches)
+}
+
+// HoldNextLatestCommit makes the next getLatestCommit wait until hold is
+// closed (other requests are served meanwhile).
+func (f *PDS) HoldNextLatestCommit(hold <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hold = hold
+}
+
+// RaceNextApply makes another writer put value at collection/rkey (a new
+// commit) just before the next applyWrites is decided, as if it raced with
+// the client between its read and its write.
+func (f *PDS) RaceNextApply(collection, rkey string, value json.RawMessage) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.beforeApply = func() {
+		f.records[collection+"/"+rkey] = record{value: value, cid: CIDOf(value)}
+		f.rev++
+	}
+}
+
+// Record returns the stored value and CID of collection/rkey, and whether
+// it exists.
+func (f *PDS) Record(collection, rkey string) (value json.RawMessage, cid string, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.records[collection+"/"+rkey]
+	return r.value, r.cid, ok
+}
+
+// SetRecord stores value (which should carry its "$type") at
+// collection/rkey in a new commit, as another client of the account would;
+// a nil value deletes the record.
+func (f *PDS) SetRecord(collection, rkey string, value json.RawMessage) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if value == nil {
+		delete(f.records, collection+"/"+rkey)
+	} else {
+		f.records[collection+"/"+rkey] = record{value: value, cid: CIDOf(value)}
+	}
+	f.rev++
+}
+
+// Keys returns the collection/rkey of every stored record, sorted.
+func (f *PDS) Keys() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Sorted(maps.Keys(f.records))
+}
+
+// issue creates a session's tokens (under the lock).
+func (f *PDS) issue() map[string]any {
 	f.seq++
 	a, r := fmt.Sprintf("jwt-access-%d", f.seq), fmt.Sprintf("jwt-refresh-%d", f.seq)
 	f.access[a], f.refresh[r] = true, true
-	return map[string]any{"accessJwt": a, "refreshJwt": r, "did": testDID, "handle": testHandle, "active": true}
+	return map[string]any{"accessJwt": a, "refreshJwt": r, "did": DID, "handle": Handle, "active": true}
 }
 
-func cidOf(v []byte) string {
+// CIDOf is the CID the fake PDS gives a record value (not a real CID:
+// a stable digest with a CID-like prefix).
+func CIDOf(v []byte) string {
 	h := sha256.Sum256(v)
 	return "bafyrei" + strings.ToLower(hex.EncodeToString(h[:]))[:40]
 }
 
-func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
+// serve answers one XRPC request, holding the lock throughout (but for a
+// held getLatestCommit).
+func (f *PDS) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	nsid := strings.TrimPrefix(r.URL.Path, "/xrpc/")
@@ -165,7 +269,7 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 	switch nsid {
 	case "com.atproto.server.createSession":
 		id := str("identifier")
-		if (id != testHandle && id != testDID) || str("password") != testPassword {
+		if (id != Handle && id != DID) || str("password") != Password {
 			fail(401, "AuthenticationRequired", "Invalid identifier or password")
 			return
 		}
@@ -179,7 +283,7 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 		reply(200, f.issue())
 	case "com.atproto.server.getSession":
 		if authed() {
-			reply(200, map[string]any{"did": testDID, "handle": testHandle, "active": true})
+			reply(200, map[string]any{"did": DID, "handle": Handle, "active": true})
 		}
 	case "com.atproto.sync.getLatestCommit":
 		if f.hold != nil {
@@ -194,11 +298,11 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		key := q.Get("collection") + "/" + q.Get("rkey")
 		rec, ok := f.records[key]
-		if q.Get("repo") != testDID || !ok {
+		if q.Get("repo") != DID || !ok {
 			fail(400, "RecordNotFound", "Could not locate record: at://"+q.Get("repo")+"/"+key)
 			return
 		}
-		reply(200, map[string]any{"uri": "at://" + testDID + "/" + key, "cid": rec.cid, "value": rec.value})
+		reply(200, map[string]any{"uri": "at://" + DID + "/" + key, "cid": rec.cid, "value": rec.value})
 	case "com.atproto.repo.putRecord":
 		if !authed() {
 			return
@@ -217,10 +321,10 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		cid := cidOf(body["record"])
-		out := map[string]any{"uri": "at://" + testDID + "/" + key, "cid": cid}
+		cid := CIDOf(body["record"])
+		out := map[string]any{"uri": "at://" + DID + "/" + key, "cid": cid}
 		if !exists || cur.cid != cid {
-			f.records[key] = fakeRecord{value: body["record"], cid: cid}
+			f.records[key] = record{value: body["record"], cid: cid}
 			out["commit"] = commit()
 		}
 		reply(200, out)
@@ -256,7 +360,7 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 
-		next := map[string]fakeRecord{}
+		next := map[string]record{}
 		for k, v := range f.records {
 			next[k] = v
 		}
@@ -282,9 +386,9 @@ func (f *fakePDS) serve(w http.ResponseWriter, r *http.Request) {
 				fail(400, "InvalidRecord", "Invalid record: lexiconInvalid is not allowed")
 				return
 			}
-			cid := cidOf(wr["value"])
-			next[key] = fakeRecord{value: wr["value"], cid: cid}
-			results = append(results, map[string]any{"$type": typ + "Result", "uri": "at://" + testDID + "/" + key, "cid": cid})
+			cid := CIDOf(wr["value"])
+			next[key] = record{value: wr["value"], cid: cid}
+			results = append(results, map[string]any{"$type": typ + "Result", "uri": "at://" + DID + "/" + key, "cid": cid})
 		}
 		f.records = next
 		reply(200, map[string]any{"commit": commit(), "results": results})
