@@ -1,6 +1,7 @@
 package atprotorecordwatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,10 +10,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
+	dto "github.com/prometheus/client_model/go"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
@@ -102,5 +112,242 @@ func TestRefusedAddressesShowOnReady(t *testing.T) {
 		if !strings.Contains(c.Message, "not allowed") && !strings.Contains(c.Message, "302") {
 			t.Fatalf("message %q does not name the failure", c.Message)
 		}
+	}
+}
+
+const (
+	lc = "2x7uf0bml0q9ms3b"
+	ns = "shop"
+)
+
+// newHub returns a hub that dials nothing but public addresses
+// (netpolicy.New(nil, nil) refuses loopback) and its metrics. Unless
+// started, it connects nowhere: its subscriptions stay Connecting.
+func newHub(t *testing.T, start bool) (*firehose.Hub, *firehose.Metrics) {
+	t.Helper()
+	m, err := firehose.NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := firehose.NewHub(firehose.Options{
+		Directory: identity.NewMockDirectory(), Policy: netpolicy.New(nil, nil), Metrics: m,
+		Gather: 10 * time.Millisecond, Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			_ = h.Start(ctx)
+			close(done)
+		}()
+		t.Cleanup(func() {
+			cancel()
+			<-done
+		})
+	}
+	return h, m
+}
+
+// subscriptions is the number of subscriptions the hub holds (every
+// source here is labelled "other").
+func subscriptions(t *testing.T, m *firehose.Metrics) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Subscriptions.WithLabelValues("other").Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetGauge().GetValue()
+}
+
+func watchOf(url string, collections ...string) *atprotov1alpha1.AtprotoRecordWatch {
+	return &atprotov1alpha1.AtprotoRecordWatch{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "watch", UID: "watch-uid", Generation: 1},
+		Spec:       atprotov1alpha1.AtprotoRecordWatchSpec{Source: atprotov1alpha1.WatchSource{URL: url}, Collections: collections},
+	}
+}
+
+func setup(h *firehose.Hub, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
+	ws := clustertest.New(objs...)
+	return &Reconciler{GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}), Hub: h}, ws
+}
+
+func reconcileWatch(t *testing.T, r *Reconciler) reconcile.Result {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), mcreconcile.Request{ClusterName: lc, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "watch"}}})
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	return res
+}
+
+func getWatch(t *testing.T, ws *clustertest.Cluster) *atprotov1alpha1.AtprotoRecordWatch {
+	t.Helper()
+	w := &atprotov1alpha1.AtprotoRecordWatch{}
+	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "watch"}, w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func readyOf(t *testing.T, w *atprotov1alpha1.AtprotoRecordWatch) *metav1.Condition {
+	t.Helper()
+	c := meta.FindStatusCondition(w.Status.Conditions, atprotov1alpha1.ConditionReady)
+	if c == nil {
+		t.Fatalf("no Ready condition in %+v", w.Status)
+	}
+	return c
+}
+
+func (r *Reconciler) subscribed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.watches)
+}
+
+// A watch whose spec Validate refuses is Ready=False/InvalidSpec naming
+// the field, is not subscribed and is not requeued; an unchanged status is
+// not written again.
+func TestInvalidWatchIsInvalidSpecWithoutSubscription(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		watch *atprotov1alpha1.AtprotoRecordWatch
+		field string
+	}{
+		{"bad NSID", watchOf("https://pds.example", "dev.knotless.note", "not an nsid"), "spec.collections[1]"},
+		{"websocket URL", watchOf("wss://pds.example", "dev.knotless.note"), "spec.source.url"},
+		{"URL with a path", watchOf("https://pds.example/xrpc", "dev.knotless.note"), "spec.source.url"},
+		{"bad DID", func() *atprotov1alpha1.AtprotoRecordWatch {
+			w := watchOf("https://pds.example", "dev.knotless.note")
+			w.Spec.DIDs = []string{"alice.test"}
+			return w
+		}(), "spec.dids[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := newHub(t, false)
+			r, ws := setup(h, tc.watch)
+			if res := reconcileWatch(t, r); res != (reconcile.Result{}) {
+				t.Fatalf("result %+v: an invalid spec waits for a change, not a requeue", res)
+			}
+			w := getWatch(t, ws)
+			c := readyOf(t, w)
+			if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonInvalidSpec || !strings.Contains(c.Message, tc.field) ||
+				c.ObservedGeneration != 1 || w.Status.ObservedGeneration != 1 {
+				t.Fatalf("status %+v, want Ready=False/InvalidSpec naming %s", w.Status, tc.field)
+			}
+			if n, s := r.subscribed(), subscriptions(t, m); n != 0 || s != 0 {
+				t.Fatalf("%d watches, %v hub subscriptions for an invalid spec", n, s)
+			}
+			reconcileWatch(t, r)
+			if again := getWatch(t, ws); again.ResourceVersion != w.ResourceVersion {
+				t.Fatal("an unchanged InvalidSpec status was written again")
+			}
+		})
+	}
+}
+
+// A valid watch subscribes once on the hub, reports Connecting while the
+// (unstarted) hub has not connected, and is requeued to flush; a spec
+// that becomes invalid drops the subscription.
+func TestValidWatchSubscribesAndReportsConnecting(t *testing.T) {
+	ctx := context.Background()
+	h, m := newHub(t, false)
+	r, ws := setup(h, watchOf("https://pds.example", "dev.knotless.note"))
+	if res := reconcileWatch(t, r); res.RequeueAfter != 2*time.Second {
+		t.Fatalf("result %+v, want the default flush interval", res)
+	}
+	w := getWatch(t, ws)
+	if c := readyOf(t, w); c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonConnecting || !strings.Contains(c.Message, "https://pds.example") || c.ObservedGeneration != 1 {
+		t.Fatalf("Ready = %+v, want Connecting", c)
+	}
+	if w.Status.ObservedGeneration != 1 || w.Status.Cursor != 0 || len(w.Status.Records) != 0 {
+		t.Fatalf("status %+v", w.Status)
+	}
+	if n, s := r.subscribed(), subscriptions(t, m); n != 1 || s != 1 {
+		t.Fatalf("%d watches, %v hub subscriptions; want 1", n, s)
+	}
+	r.mu.Lock()
+	sub := r.watches[lc+"|"+ns+"/watch"].sub
+	r.mu.Unlock()
+
+	r.FlushInterval = 5 * time.Second
+	if res := reconcileWatch(t, r); res.RequeueAfter != 5*time.Second {
+		t.Fatalf("result %+v, want FlushInterval", res)
+	}
+	r.mu.Lock()
+	same := r.watches[lc+"|"+ns+"/watch"].sub == sub
+	r.mu.Unlock()
+	if !same || subscriptions(t, m) != 1 {
+		t.Fatal("an unchanged watch subscribed again")
+	}
+
+	// The spec changes to an invalid one: the subscription goes.
+	w = getWatch(t, ws)
+	w.Spec.Collections = []string{"not an nsid"}
+	w.Generation = 2
+	if err := ws.Client.Update(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	reconcileWatch(t, r)
+	if c := readyOf(t, getWatch(t, ws)); c.Reason != atprotov1alpha1.ReasonInvalidSpec || c.ObservedGeneration != 2 {
+		t.Fatalf("Ready = %+v, want InvalidSpec for generation 2", c)
+	}
+	if n, s := r.subscribed(), subscriptions(t, m); n != 0 || s != 0 {
+		t.Fatalf("%d watches, %v hub subscriptions after the spec became invalid", n, s)
+	}
+}
+
+// A source the address policy refuses (loopback, with a policy that
+// allows only public addresses) is reported as AddressNotAllowed; no
+// connection is made, so nothing listens on the port.
+func TestRefusedSourceIsAddressNotAllowed(t *testing.T) {
+	h, _ := newHub(t, true)
+	r, ws := setup(h, watchOf("http://127.0.0.1:9", "dev.knotless.note"))
+	deadline := time.Now().Add(10 * time.Second)
+	var c *metav1.Condition
+	for {
+		reconcileWatch(t, r)
+		c = readyOf(t, getWatch(t, ws))
+		if c.Reason != atprotov1alpha1.ReasonConnecting || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonAddressNotAllowed || !strings.Contains(c.Message, "not allowed") {
+		t.Fatalf("Ready = %+v, want AddressNotAllowed", c)
+	}
+}
+
+// A watch that is gone, or being deleted, is unsubscribed from the hub.
+func TestDeletedWatchIsUnsubscribed(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name       string
+		finalizers []string
+	}{
+		{"gone", nil},
+		{"being deleted", []string{"test.knotless.dev/hold"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := newHub(t, false)
+			obj := watchOf("https://pds.example", "dev.knotless.note")
+			obj.Finalizers = tc.finalizers
+			r, ws := setup(h, obj)
+			reconcileWatch(t, r)
+			if n, s := r.subscribed(), subscriptions(t, m); n != 1 || s != 1 {
+				t.Fatalf("%d watches, %v hub subscriptions; want 1", n, s)
+			}
+			if err := ws.Client.Delete(ctx, getWatch(t, ws)); err != nil {
+				t.Fatal(err)
+			}
+			if res := reconcileWatch(t, r); res != (reconcile.Result{}) {
+				t.Fatalf("result %+v", res)
+			}
+			if n, s := r.subscribed(), subscriptions(t, m); n != 0 || s != 0 {
+				t.Fatalf("%d watches, %v hub subscriptions after the deletion", n, s)
+			}
+		})
 	}
 }
