@@ -89,6 +89,7 @@ func TestAuthorizationBeforeForwarding(t *testing.T) {
 		{"kcp cannot be asked", http.Header{testUser: {"kcp-down"}}, "/tenants/ws-a/shop/api", 503, ReasonAuthorizationUnavailable},
 		{"a kcp ServiceAccount", http.Header{testUser: {"system:serviceaccount:default:ci"}, testGroup: {"system:serviceaccounts"}}, "/tenants/ws-a/shop/api", 403, ReasonServiceAccount},
 		{"system:masters", http.Header{testUser: {"anyone"}, testGroup: {"system:masters"}}, "/tenants/ws-a/shop/api", 403, ReasonPrivilegedGroup},
+		{"a system user", http.Header{testUser: {"system:node:worker-1"}, testGroup: {"system:nodes"}}, "/tenants/ws-a/shop/api", 403, ReasonSystemUser},
 	} {
 		resp, body := f.get(c, tc.path, tc.header)
 		if resp.StatusCode != tc.code || resp.Header.Get(ReasonHeader) != tc.reason {
@@ -102,8 +103,16 @@ func TestAuthorizationBeforeForwarding(t *testing.T) {
 	if n := len(f.tenant.requests()); n != 0 {
 		t.Fatalf("%d refused requests reached the tenant", n)
 	}
-	if resp, body := f.get(c, "/tenants/ws-a/shop/api", alice()); resp.StatusCode != 200 {
+	h := alice()
+	h.Add(testGroup, "system:nodes")
+	h.Add(testGroup, "system:bootstrappers:kubeadm:default-node-token")
+	if resp, body := f.get(c, "/tenants/ws-a/shop/api", h); resp.StatusCode != 200 {
 		t.Fatalf("alice: %d %s", resp.StatusCode, body)
+	}
+	// kcp decided on the whole identity; the tenant gets no system: group
+	// but system:authenticated.
+	if got := f.tenant.requests()[0].Header.Values("Impersonate-Group"); strings.Join(got, ",") != "devs,system:authenticated" {
+		t.Fatalf("groups at the tenant: %v", got)
 	}
 	if lastLC.Load() != "ws-a" {
 		t.Fatalf("authorized in %v, want the tenant's workspace ws-a", lastLC.Load())
@@ -122,8 +131,12 @@ func TestProbeCertificateOnlyProbes(t *testing.T) {
 	})
 	probe := issue(t, f.headerCA, "knotless-probe")
 	c := f.client(&probe, f.servingC)
-	if resp, body := f.get(c, "/tenants/ws-a/shop/version", http.Header{testUser: {ProbeUser}}); resp.StatusCode != 200 {
+	if resp, body := f.get(c, "/tenants/ws-a/shop/version", http.Header{testUser: {ProbeUser}, testGroup: {"system:masters"}, testExtra + "Scope": {"all"}}); resp.StatusCode != 200 {
 		t.Fatalf("probe: %d %s", resp.StatusCode, body)
+	}
+	// The probe is impersonated as itself and nothing more.
+	if got := f.tenant.requests()[0].Header; strings.Join(got.Values("Impersonate-Group"), ",") != "system:authenticated" || got.Get("Impersonate-Extra-Scope") != "" {
+		t.Fatalf("the probe at the tenant: %v", got)
 	}
 	for _, tc := range []struct {
 		path string
@@ -222,6 +235,7 @@ func TestHeaderNamesAreValidated(t *testing.T) {
 		"impersonation":           {User: "Impersonate-User-0123456789", Group: testGroup, ExtraPrefix: testExtra},
 		"authorization":           {User: "Authorization", Group: testGroup, ExtraPrefix: testExtra},
 		"guessable":               {User: "X-Internal-User", Group: testGroup, ExtraPrefix: testExtra},
+		"long but not random":     {User: "X-Knotless-Mount-User-Name", Group: testGroup, ExtraPrefix: testExtra},
 		"same user and group":     {User: testUser, Group: testUser, ExtraPrefix: testExtra},
 		"user under extra prefix": {User: testExtra + "User", Group: testGroup, ExtraPrefix: testExtra},
 		"bad characters":          {User: "X-Knotless-0123456789abcdef:User", Group: testGroup, ExtraPrefix: testExtra},

@@ -104,7 +104,8 @@ func (h Headers) Validate() error {
 }
 
 // ValidateHeaderName refuses a missing, standard or short identity header
-// name, or one with characters other than letters, digits and '-'.
+// name, one with characters other than letters, digits and '-', or one
+// without 16 hex digits in a row (64 random bits).
 func ValidateHeaderName(what, n string) error {
 	switch {
 	case n == "":
@@ -117,8 +118,25 @@ func ValidateHeaderName(what, n string) error {
 		return !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}):
 		return fmt.Errorf("the %s %q may contain only letters, digits and '-'", what, n)
+	case !hasRandomPart(n):
+		return fmt.Errorf("the %s %q has no run of 16 hex digits: include at least 64 random bits, e.g. X-Knotless-$(openssl rand -hex 8)-User", what, n)
 	}
 	return nil
+}
+
+// hasRandomPart reports whether n holds 16 hex digits in a row.
+func hasRandomPart(n string) bool {
+	run := 0
+	for _, r := range n {
+		if r >= '0' && r <= '9' || r >= 'a' && r <= 'f' || r >= 'A' && r <= 'F' {
+			if run++; run == 16 {
+				return true
+			}
+		} else {
+			run = 0
+		}
+	}
+	return false
 }
 
 // standardHeader reports whether a canonical name is one a caller or a
@@ -184,6 +202,8 @@ const (
 	// ReasonServiceAccount: kcp ServiceAccounts are not forwarded (their
 	// names would be the tenant's own ServiceAccounts').
 	ReasonServiceAccount = "ServiceAccountNotAllowed"
+	// ReasonSystemUser: a system: user is never asserted to a tenant.
+	ReasonSystemUser = "SystemUserNotAllowed"
 	// ReasonPrivilegedGroup: system:masters is never asserted to a tenant.
 	ReasonPrivilegedGroup = "PrivilegedGroupNotAllowed"
 	// ReasonProbeNotAllowed: a probe certificate asked for more than a
@@ -335,15 +355,26 @@ func (s *Server) authorize(r *http.Request, c *Caller, probe bool, lc, rest stri
 		if c.User != ProbeUser || r.Method != http.MethodGet || rest != "/version" {
 			return http.StatusForbidden, ReasonProbeNotAllowed, "a probe certificate may only read /version as the probe user"
 		}
+		// The probe is impersonated as itself and nothing more.
+		c.Groups, c.Extra = []string{"system:authenticated"}, nil
 		return 0, "", ""
 	case strings.HasPrefix(c.User, "system:serviceaccount:"):
 		// A kcp ServiceAccount ns/x would become the tenant's own
 		// ServiceAccount ns/x when impersonated (docs/mountproxy.md).
 		return http.StatusForbidden, ReasonServiceAccount, "kcp ServiceAccounts cannot use mounted workspaces; use a user identity"
+	case strings.HasPrefix(c.User, "system:"):
+		// system: users (nodes, controllers) are the tenant's own.
+		return http.StatusForbidden, ReasonSystemUser, "system users are not forwarded to tenants; use a user identity"
 	case slices.Contains(c.Groups, "system:masters"):
 		return http.StatusForbidden, ReasonPrivilegedGroup, "members of system:masters are not forwarded to tenants"
 	}
 	ok, err := s.opts.Authorizer.Authorize(r.Context(), lc, c)
+	// kcp decided on the whole identity; the tenant gets no system:
+	// group but system:authenticated (system:nodes, system:bootstrappers,
+	// ... mean the tenant's own machinery there).
+	c.Groups = slices.DeleteFunc(slices.Clone(c.Groups), func(g string) bool {
+		return strings.HasPrefix(g, "system:") && g != "system:authenticated"
+	})
 	switch {
 	case err != nil:
 		s.log.Error(err, "authorizing a caller", "logicalCluster", lc, "user", c.User)
@@ -399,7 +430,7 @@ type forward struct {
 	entry  *entry
 	caller *Caller
 	rest   string
-	// probe requests get the forwarding error's detail in refusals.
+	// probe: forwarding errors of the provider's probe are logged at info level.
 	probe bool
 }
 
@@ -444,14 +475,15 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			f := forwardOf(r)
 			reason, code := ClassifyForwardError(err)
-			s.log.V(1).Info("forwarding failed", "logicalCluster", f.entry.tenant.LogicalCluster, "name", f.entry.tenant.Name, "reason", reason, "error", err.Error())
-			msg := forwardMessages[reason]
+			// The detail (addresses, certificate names) is the operator's:
+			// it goes to the log, never to a caller or a status (R17).
+			// Probe failures are logged at info level.
+			log := s.log.V(1)
 			if f.probe {
-				// The provider's probe reports the detail in the
-				// TenantCluster's status, which only the workspace reads.
-				msg += ": " + err.Error()
+				log = s.log
 			}
-			s.refuse(w, code, reason, msg)
+			log.Info("forwarding failed", "logicalCluster", f.entry.tenant.LogicalCluster, "name", f.entry.tenant.Name, "reason", reason, "error", err.Error())
+			s.refuse(w, code, reason, forwardMessages[reason])
 		},
 	}
 }

@@ -337,9 +337,10 @@ func newHub(plcURL string, policy *netpolicy.Policy, metricSources []string, log
 	base := &identity.BaseDirectory{
 		PLCURL:                 plcURL,
 		SkipHandleVerification: true,
-		// The PLC URL is the operator's, but the client follows no
-		// redirect either (R18).
-		HTTPClient: http.Client{Timeout: 10 * time.Second, CheckRedirect: netpolicy.NoRedirects},
+		// did:web documents are fetched from hosts that firehose events
+		// name, so DID resolution dials through the same policy and
+		// follows no redirect (R18).
+		HTTPClient: *pds.NewHTTPClient(policy, nil, 10*time.Second),
 		UserAgent:  "knotless-provider",
 	}
 	dir := identity.NewCacheDirectory(base, 100_000, time.Hour, time.Minute, time.Minute)

@@ -90,7 +90,9 @@ func (v *clusterView) GetInformerForKind(ctx context.Context, gvk schema.GroupVe
 	}
 	obj, err := v.f.scheme.New(gvk)
 	if err != nil {
-		return nil, err
+		// A kind the scheme does not know (unstructured): the library's
+		// own per-cluster handlers.
+		return inf, nil
 	}
 	d, err := v.f.dispatcherFor(obj, inf)
 	if err != nil {
@@ -140,10 +142,13 @@ type dispatcher struct {
 
 // registration is one cluster's handler; it has synced when the shared
 // registration has (its cluster's objects already in the store were
-// delivered before add returned it).
+// delivered before add returned it). Its callbacks run one at a time and
+// in order: the initial adds first, then the live events, as a shared
+// informer's own listener would call them.
 type registration struct {
 	d       *dispatcher
 	lc      logicalcluster.Name
+	mu      sync.Mutex
 	handler toolscache.ResourceEventHandler
 }
 
@@ -163,6 +168,9 @@ func (d *dispatcher) sharedRegistration() toolscache.ResourceEventHandlerRegistr
 // as initial adds (as a new listener of a shared informer gets them).
 func (d *dispatcher) add(lc logicalcluster.Name, h toolscache.ResourceEventHandler, o toolscache.HandlerOptions) (toolscache.ResourceEventHandlerRegistration, error) {
 	r := &registration{d: d, lc: lc, handler: h}
+	// Held until the initial adds are delivered: live events for r wait.
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	d.mu.Lock()
 	if d.shared == nil {
 		shared, err := d.informer.AddEventHandlerWithOptions(d, o)
@@ -197,8 +205,8 @@ func (d *dispatcher) remove(r *registration) {
 	}
 }
 
-// handlersOf returns the handlers of obj's logical cluster.
-func (d *dispatcher) handlersOf(obj any) []toolscache.ResourceEventHandler {
+// handlersOf returns the registrations of obj's logical cluster.
+func (d *dispatcher) handlersOf(obj any) []*registration {
 	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -209,29 +217,36 @@ func (d *dispatcher) handlersOf(obj any) []toolscache.ResourceEventHandler {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	regs := d.handlers[logicalcluster.From(o)]
-	out := make([]toolscache.ResourceEventHandler, 0, len(regs))
+	out := make([]*registration, 0, len(regs))
 	for r := range regs {
-		out = append(out, r.handler)
+		out = append(out, r)
 	}
 	return out
+}
+
+// deliver calls one callback of r's handler, after its initial adds.
+func (r *registration) deliver(call func(toolscache.ResourceEventHandler)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	call(r.handler)
 }
 
 // OnAdd, OnUpdate and OnDelete make the dispatcher the shared informer's
 // handler.
 func (d *dispatcher) OnAdd(obj any, initial bool) {
-	for _, h := range d.handlersOf(obj) {
-		h.OnAdd(obj, initial)
+	for _, r := range d.handlersOf(obj) {
+		r.deliver(func(h toolscache.ResourceEventHandler) { h.OnAdd(obj, initial) })
 	}
 }
 
 func (d *dispatcher) OnUpdate(oldObj, newObj any) {
-	for _, h := range d.handlersOf(newObj) {
-		h.OnUpdate(oldObj, newObj)
+	for _, r := range d.handlersOf(newObj) {
+		r.deliver(func(h toolscache.ResourceEventHandler) { h.OnUpdate(oldObj, newObj) })
 	}
 }
 
 func (d *dispatcher) OnDelete(obj any) {
-	for _, h := range d.handlersOf(obj) {
-		h.OnDelete(obj)
+	for _, r := range d.handlersOf(obj) {
+		r.deliver(func(h toolscache.ResourceEventHandler) { h.OnDelete(obj) })
 	}
 }

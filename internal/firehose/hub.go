@@ -82,17 +82,14 @@ type Options struct {
 const otherSource = "other"
 
 func (o Options) withDefaults() Options {
-	dial := o.Policy.Dialer(10 * time.Second).DialContext
 	if o.HTTPClient == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.Proxy, t.DialContext = nil, dial
-		o.HTTPClient = &http.Client{Timeout: 30 * time.Second, Transport: t}
+		o.HTTPClient = &http.Client{Timeout: 30 * time.Second, Transport: o.Policy.Transport()}
 	}
 	c := *o.HTTPClient
 	c.CheckRedirect = netpolicy.NoRedirects
 	o.HTTPClient = &c
 	if o.Dialer == nil {
-		o.Dialer = &websocket.Dialer{NetDialContext: dial, HandshakeTimeout: 10 * time.Second}
+		o.Dialer = &websocket.Dialer{NetDialContext: o.Policy.Dialer(10 * time.Second).DialContext, HandshakeTimeout: 10 * time.Second}
 	}
 	o.Backoff = o.Backoff.WithDefaults()
 	if o.Workers <= 0 {

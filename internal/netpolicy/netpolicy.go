@@ -31,16 +31,17 @@ import (
 // ErrDenied is wrapped by every refusal of the policy.
 var ErrDenied = errors.New("address not allowed")
 
-// DeniedError is a refused address. Its message names the address the
-// caller dialled (which the caller chose) and a category, never the
-// operator's configuration.
+// DeniedError is a refused address. Its message names only the address
+// the caller dialled (which the caller chose): which rule refused it
+// (Reason, for the operator's logs) would tell a tenant where kcp, the
+// shim or the allowed ranges are (R17).
 type DeniedError struct {
 	Addr   netip.AddrPort
 	Reason string
 }
 
 func (e *DeniedError) Error() string {
-	return fmt.Sprintf("address %s is not allowed: %s", e.Addr, e.Reason)
+	return fmt.Sprintf("address %s is not allowed by the operator's address policy", e.Addr)
 }
 
 func (e *DeniedError) Unwrap() error { return ErrDenied }
@@ -66,34 +67,76 @@ func New(allowed []netip.Prefix, reserved []netip.AddrPort) *Policy {
 	return p
 }
 
-// With returns a copy of p that also refuses the reserved addresses.
-func (p *Policy) With(reserved ...netip.AddrPort) *Policy {
-	if p == nil {
-		p = &Policy{}
-	}
-	q := New(p.allowed, p.reserved)
-	return New(q.allowed, append(q.reserved, reserved...))
-}
-
 var (
 	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
 	shared      = netip.MustParsePrefix("100.64.0.0/10")
-	awsIPv6     = netip.MustParseAddr("fd00:ec2::254")
 	broadcast   = netip.MustParseAddr("255.255.255.255")
+	// never are special-purpose ranges no outbound connection of knotless
+	// has a reason to reach: IANA's special-purpose IPv4 ranges, and cloud
+	// metadata endpoints outside link-local (AWS IPv6, Azure WireServer,
+	// Alibaba, which sits inside the shared range an operator may allow).
+	never = []netip.Prefix{
+		netip.MustParsePrefix("192.0.0.0/24"),
+		netip.MustParsePrefix("192.0.2.0/24"),
+		netip.MustParsePrefix("198.18.0.0/15"),
+		netip.MustParsePrefix("198.51.100.0/24"),
+		netip.MustParsePrefix("203.0.113.0/24"),
+		netip.MustParsePrefix("240.0.0.0/4"),
+		netip.MustParsePrefix("fd00:ec2::254/128"),
+		netip.MustParsePrefix("168.63.129.16/32"),
+		netip.MustParsePrefix("100.100.100.200/32"),
+	}
+	// embedding are IPv6 ranges that carry an IPv4 address in their last
+	// 32 bits (NAT64, IPv4-compatible); 6to4 carries it in bits 16-47.
+	embedding = []netip.Prefix{
+		netip.MustParsePrefix("64:ff9b::/96"),
+		netip.MustParsePrefix("64:ff9b:1::/48"),
+		netip.MustParsePrefix("::/96"),
+	}
+	sixToFour = netip.MustParsePrefix("2002::/16")
 )
+
+// embedded returns the IPv4 address an IPv6 address carries (NAT64,
+// IPv4-compatible, 6to4), so that the IPv4 rules apply to it.
+func embedded(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() || ip.Is4In6() {
+		return netip.Addr{}, false
+	}
+	b := ip.As16()
+	for _, p := range embedding {
+		if p.Contains(ip) && !ip.IsUnspecified() && !ip.IsLoopback() {
+			return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), true
+		}
+	}
+	if sixToFour.Contains(ip) {
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), true
+	}
+	return netip.Addr{}, false
+}
 
 // Check returns a *DeniedError when addr may not be dialled.
 func (p *Policy) Check(addr netip.AddrPort) error {
 	ip := addr.Addr().Unmap()
 	addr = netip.AddrPortFrom(ip, addr.Port())
 	deny := func(reason string) error { return &DeniedError{Addr: addr, Reason: reason} }
+	if v4, ok := embedded(ip); ok {
+		if err := p.Check(netip.AddrPortFrom(v4, addr.Port())); err != nil {
+			return deny("an IPv6 address that embeds a refused IPv4 address")
+		}
+		ip = v4
+	}
 	switch {
 	case !ip.IsValid():
 		return deny("not an IP address")
 	case ip.IsUnspecified(), thisNetwork.Contains(ip), ip == broadcast, ip.IsMulticast():
 		return deny("unspecified, broadcast or multicast addresses are never dialled")
-	case ip.IsLinkLocalUnicast(), ip == awsIPv6:
+	case ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
 		return deny("link-local and metadata addresses are never dialled")
+	}
+	for _, n := range never {
+		if n.Contains(ip) {
+			return deny("special-purpose and metadata addresses are never dialled")
+		}
 	}
 	if p == nil {
 		p = &Policy{}
@@ -154,9 +197,14 @@ func (p *Policy) Dialer(timeout time.Duration) *net.Dialer {
 	return &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second, Control: p.Control}
 }
 
-// DialContext is Dialer(10s).DialContext.
-func (p *Policy) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	return p.Dialer(10*time.Second).DialContext(ctx, network, address)
+// Transport returns a clone of http.DefaultTransport that dials through
+// the policy and takes no proxy from the environment (a proxy would dial
+// for it).
+func (p *Policy) Transport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.DialContext = p.Dialer(10 * time.Second).DialContext
+	return tr
 }
 
 // ParsePrefixes parses a comma-separated list of CIDR ranges or single IP
@@ -176,6 +224,9 @@ func ParsePrefixes(s string) ([]netip.Prefix, error) {
 				return nil, fmt.Errorf("%q is neither a CIDR range nor an IP address", f)
 			}
 			pr = netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen())
+		}
+		if pr.Addr().Is4In6() {
+			return nil, fmt.Errorf("%q: write IPv4 ranges as IPv4 (addresses are checked unmapped)", f)
 		}
 		ip := pr.Masked().Addr()
 		if !(ip.IsLoopback() || ip.IsPrivate() || shared.Contains(ip)) || pr.Bits() < minBits(ip) {

@@ -73,7 +73,7 @@ func TestParsePrefixes(t *testing.T) {
 	if err != nil || len(got) != 4 || got[0].String() != "127.0.0.1/32" {
 		t.Fatalf("%v %v", got, err)
 	}
-	for _, bad := range []string{"0.0.0.0/0", "169.254.0.0/16", "8.8.8.0/24", "10.0.0.0/7", "::/0", "not-an-ip", "127.0.0.1/33"} {
+	for _, bad := range []string{"0.0.0.0/0", "169.254.0.0/16", "8.8.8.0/24", "10.0.0.0/7", "::/0", "not-an-ip", "127.0.0.1/33", "::ffff:10.0.0.0/104"} {
 		if _, err := ParsePrefixes(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -97,7 +97,7 @@ func TestDialerRefusesAtDialTime(t *testing.T) {
 		t.Fatal("a refused dial reached the listener")
 	}
 	allowed := New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil)
-	c.Transport = &http.Transport{DialContext: allowed.DialContext}
+	c.Transport = allowed.Transport()
 	if resp, err := c.Get("http://localhost:" + port + "/"); err != nil {
 		t.Fatal(err)
 	} else {

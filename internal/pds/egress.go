@@ -17,9 +17,7 @@ import (
 // redirect, ignores proxy settings of the environment, and verifies TLS
 // against roots (nil: the system roots).
 func NewHTTPClient(policy *netpolicy.Policy, roots *x509.CertPool, timeout time.Duration) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil
-	tr.DialContext = policy.Dialer(10 * time.Second).DialContext
+	tr := policy.Transport()
 	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	return &http.Client{Transport: tr, Timeout: timeout, CheckRedirect: netpolicy.NoRedirects}
 }

@@ -148,7 +148,7 @@ func TestConnectDialRefusedByPolicy(t *testing.T) {
 	t.Cleanup(srv.Close)
 	for name, policy := range map[string]*netpolicy.Policy{
 		"public only":      nil,
-		"reserved address": local.With(netip.MustParseAddrPort(srv.Listener.Addr().String())),
+		"reserved address": netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, []netip.AddrPort{netip.MustParseAddrPort(srv.Listener.Addr().String())}),
 	} {
 		_, err := pds.Connect(context.Background(), srv.URL, pdstest.Handle, pdstest.Password, pds.Options{Store: &countingStore{}, Policy: policy})
 		if !errors.Is(err, netpolicy.ErrDenied) || errors.Is(err, pds.ErrUnreachable) {

@@ -222,7 +222,7 @@ func TestConnectAddressNotAllowed(t *testing.T) {
 	}{
 		{"public addresses only", nil},
 		{"another range allowed", netpolicy.New([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, nil)},
-		{"reserved address", local.With(addr)},
+		{"reserved address", netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, []netip.AddrPort{addr})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, msg := reason(t, &Pool{Policy: tc.policy}, c, repo)
