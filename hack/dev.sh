@@ -267,9 +267,12 @@ tenant's kcp-admin token, which may impersonate) and the TenantCluster:
   kubectl get tenantclusters,workspaces
 
 The mounted workspace, through kcp-front-proxy ($fp_url) as kcp-admin with a
-client certificate (kcp-front-proxy vouches for it to the shim; the tenant
-sees kcp-admin impersonated):
+client certificate (kcp-front-proxy vouches for it, kcp says it may enter
+shop, the shim impersonates it on the tenant without kcp's system: groups,
+so the tenant's own RBAC must name the user):
 
+  kubectl --kubeconfig $dev/tenant/admin.kubeconfig create clusterrolebinding mount-kcp-admin \
+    --clusterrole=cluster-admin --user=kcp-admin
   export KUBECONFIG=$dev/mount/admin.kubeconfig
   kubectl ws use :root:shop:tenant
   kubectl get namespaces
