@@ -87,15 +87,6 @@ func (w *world) get(name string) *atprotov1alpha1.AtprotoRecord {
 	return rec
 }
 
-func synced(t *testing.T, rec *atprotov1alpha1.AtprotoRecord) *metav1.Condition {
-	t.Helper()
-	c := meta.FindStatusCondition(rec.Status.Conditions, atprotov1alpha1.ConditionSynced)
-	if c == nil {
-		t.Fatalf("no Synced condition in %+v", rec.Status)
-	}
-	return c
-}
-
 // pdsCalls is the number of requests of every XRPC method the controller
 // may send.
 func (w *world) pdsCalls() int {
@@ -130,7 +121,7 @@ func TestRecordIsWrittenAndStatusIsTheReadBack(t *testing.T) {
 		t.Fatalf("%d logins, want 1 with the repo's credential", w.pds.Calls("com.atproto.server.createSession"))
 	}
 	rec := w.get("note")
-	c := synced(t, rec)
+	c := clustertest.Condition(t, rec.Status.Conditions, atprotov1alpha1.ConditionSynced)
 	if c.Status != metav1.ConditionTrue || c.Reason != atprotov1alpha1.ReasonSynced || c.ObservedGeneration != 1 {
 		t.Fatalf("Synced = %+v", c)
 	}
@@ -171,7 +162,7 @@ func TestInvalidRecordIsNotWritten(t *testing.T) {
 			if _, err := w.reconcile("bad"); err != nil {
 				t.Fatalf("bad input is not retried, got error %v", err)
 			}
-			c := synced(t, w.get("bad"))
+			c := clustertest.Condition(t, w.get("bad").Status.Conditions, atprotov1alpha1.ConditionSynced)
 			if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonInvalidSpec || !strings.Contains(c.Message, tc.field) {
 				t.Fatalf("Synced = %+v, want InvalidSpec naming %s", c, tc.field)
 			}
@@ -200,7 +191,7 @@ func TestRecordOfRepoNotReadyWaits(t *testing.T) {
 	if _, err := w.reconcile("note"); err != nil {
 		t.Fatal(err)
 	}
-	c := synced(t, w.get("note"))
+	c := clustertest.Condition(t, w.get("note").Status.Conditions, atprotov1alpha1.ConditionSynced)
 	if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonRepoNotReady || !strings.Contains(c.Message, atprotov1alpha1.ReasonAuthenticationFailed) {
 		t.Fatalf("Synced = %+v, want RepoNotReady naming the repo's reason", c)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	dto "github.com/prometheus/client_model/go"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -192,15 +191,6 @@ func getWatch(t *testing.T, ws *clustertest.Cluster) *atprotov1alpha1.AtprotoRec
 	return w
 }
 
-func readyOf(t *testing.T, w *atprotov1alpha1.AtprotoRecordWatch) *metav1.Condition {
-	t.Helper()
-	c := meta.FindStatusCondition(w.Status.Conditions, atprotov1alpha1.ConditionReady)
-	if c == nil {
-		t.Fatalf("no Ready condition in %+v", w.Status)
-	}
-	return c
-}
-
 func (r *Reconciler) subscribed() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -232,7 +222,7 @@ func TestInvalidWatchIsInvalidSpecWithoutSubscription(t *testing.T) {
 				t.Fatalf("result %+v: an invalid spec waits for a change, not a requeue", res)
 			}
 			w := getWatch(t, ws)
-			c := readyOf(t, w)
+			c := clustertest.Condition(t, w.Status.Conditions, atprotov1alpha1.ConditionReady)
 			if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonInvalidSpec || !strings.Contains(c.Message, tc.field) ||
 				c.ObservedGeneration != 1 || w.Status.ObservedGeneration != 1 {
 				t.Fatalf("status %+v, want Ready=False/InvalidSpec naming %s", w.Status, tc.field)
@@ -259,7 +249,7 @@ func TestValidWatchSubscribesAndReportsConnecting(t *testing.T) {
 		t.Fatalf("result %+v, want the default flush interval", res)
 	}
 	w := getWatch(t, ws)
-	if c := readyOf(t, w); c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonConnecting || !strings.Contains(c.Message, "https://pds.example") || c.ObservedGeneration != 1 {
+	if c := clustertest.Condition(t, w.Status.Conditions, atprotov1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonConnecting || !strings.Contains(c.Message, "https://pds.example") || c.ObservedGeneration != 1 {
 		t.Fatalf("Ready = %+v, want Connecting", c)
 	}
 	if w.Status.ObservedGeneration != 1 || w.Status.Cursor != 0 || len(w.Status.Records) != 0 {
@@ -291,7 +281,7 @@ func TestValidWatchSubscribesAndReportsConnecting(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconcileWatch(t, r)
-	if c := readyOf(t, getWatch(t, ws)); c.Reason != atprotov1alpha1.ReasonInvalidSpec || c.ObservedGeneration != 2 {
+	if c := clustertest.Condition(t, getWatch(t, ws).Status.Conditions, atprotov1alpha1.ConditionReady); c.Reason != atprotov1alpha1.ReasonInvalidSpec || c.ObservedGeneration != 2 {
 		t.Fatalf("Ready = %+v, want InvalidSpec for generation 2", c)
 	}
 	if n, s := r.subscribed(), subscriptions(t, m); n != 0 || s != 0 {
@@ -309,7 +299,7 @@ func TestRefusedSourceIsAddressNotAllowed(t *testing.T) {
 	var c *metav1.Condition
 	for {
 		reconcileWatch(t, r)
-		c = readyOf(t, getWatch(t, ws))
+		c = clustertest.Condition(t, getWatch(t, ws).Status.Conditions, atprotov1alpha1.ConditionReady)
 		if c.Reason != atprotov1alpha1.ReasonConnecting || time.Now().After(deadline) {
 			break
 		}

@@ -14,7 +14,6 @@ import (
 	kcpfake "github.com/kcp-dev/sdk/client/clientset/versioned/fake"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -129,15 +128,6 @@ func (f *fixture) get(t *testing.T) *computev1alpha1.TenantCluster {
 	return tc
 }
 
-func condition(t *testing.T, tc *computev1alpha1.TenantCluster, typ string) metav1.Condition {
-	t.Helper()
-	c := meta.FindStatusCondition(tc.Status.Conditions, typ)
-	if c == nil {
-		t.Fatalf("no %s condition in %+v", typ, tc.Status)
-	}
-	return *c
-}
-
 // A tenant whose probe succeeds is Ready with the tenant's version, and
 // its mount workspace is created with the owner annotation (R15) and an
 // owner reference (R07).
@@ -156,10 +146,10 @@ func TestReadyFromProbe(t *testing.T) {
 		t.Fatalf("probes %v", got)
 	}
 	tc := f.get(t)
-	if c := condition(t, tc, computev1alpha1.ConditionReady); c.Status != metav1.ConditionTrue || c.Reason != computev1alpha1.ReasonReady || c.Message != "the tenant answered" || c.ObservedGeneration != 1 {
+	if c := *clustertest.Condition(t, tc.Status.Conditions, computev1alpha1.ConditionReady); c.Status != metav1.ConditionTrue || c.Reason != computev1alpha1.ReasonReady || c.Message != "the tenant answered" || c.ObservedGeneration != 1 {
 		t.Fatalf("Ready = %+v", c)
 	}
-	if c := condition(t, tc, computev1alpha1.ConditionMounted); c.Status != metav1.ConditionTrue || c.Reason != computev1alpha1.ReasonMounted {
+	if c := *clustertest.Condition(t, tc.Status.Conditions, computev1alpha1.ConditionMounted); c.Status != metav1.ConditionTrue || c.Reason != computev1alpha1.ReasonMounted {
 		t.Fatalf("Mounted = %+v", c)
 	}
 	if tc.Status.Phase != computev1alpha1.PhaseReady || tc.Status.TenantVersion != "v1.32.0" || tc.Status.URL != mountURL+"/tenants/"+lc+"/tenant" {
@@ -190,7 +180,7 @@ func TestMissingCAIsCABundleNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc := f.get(t)
-	if c := condition(t, tc, computev1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != computev1alpha1.ReasonCABundleNotFound {
+	if c := *clustertest.Condition(t, tc.Status.Conditions, computev1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != computev1alpha1.ReasonCABundleNotFound {
 		t.Fatalf("Ready = %+v", c)
 	}
 	if tc.Status.Phase != computev1alpha1.PhaseInitializing {
@@ -223,7 +213,7 @@ func TestStatusReasonComesFromTheProber(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := f.get(t)
-			if c := condition(t, got, computev1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != tc.reason || c.Message != "message of the probe" {
+			if c := *clustertest.Condition(t, got.Status.Conditions, computev1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != tc.reason || c.Message != "message of the probe" {
 				t.Fatalf("Ready = %+v", c)
 			}
 			if got.Status.Phase != tc.phase {
@@ -246,7 +236,7 @@ func TestNilProberIsMountProxyUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc := f.get(t)
-	if c := condition(t, tc, computev1alpha1.ConditionReady); c.Reason != computev1alpha1.ReasonMountProxyUnavailable || tc.Status.Phase != computev1alpha1.PhaseUnknown {
+	if c := *clustertest.Condition(t, tc.Status.Conditions, computev1alpha1.ConditionReady); c.Reason != computev1alpha1.ReasonMountProxyUnavailable || tc.Status.Phase != computev1alpha1.PhaseUnknown {
 		t.Fatalf("Ready = %+v, phase %q", c, tc.Status.Phase)
 	}
 }
@@ -261,7 +251,7 @@ func TestRemovedCredentialIsRevoked(t *testing.T) {
 	if _, err := f.reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	if c := condition(t, f.get(t), computev1alpha1.ConditionReady); c.Reason != computev1alpha1.ReasonRevoked {
+	if c := *clustertest.Condition(t, f.get(t).Status.Conditions, computev1alpha1.ConditionReady); c.Reason != computev1alpha1.ReasonRevoked {
 		t.Fatalf("Ready = %+v, want Revoked", c)
 	}
 }
@@ -278,7 +268,7 @@ func TestForeignWorkspaceIsAConflict(t *testing.T) {
 	if _, err := f.reconcile(); err != nil {
 		t.Fatalf("a conflict is not retried: %v", err)
 	}
-	if c := condition(t, f.get(t), computev1alpha1.ConditionMounted); c.Status != metav1.ConditionFalse || c.Reason != computev1alpha1.ReasonConflict {
+	if c := *clustertest.Condition(t, f.get(t).Status.Conditions, computev1alpha1.ConditionMounted); c.Status != metav1.ConditionFalse || c.Reason != computev1alpha1.ReasonConflict {
 		t.Fatalf("Mounted = %+v", c)
 	}
 	if ws, err := f.kcp.workspace(t, "tenant"); err != nil || ws.Spec.Mount != nil {

@@ -14,8 +14,10 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -154,4 +156,15 @@ func knotlessKinds(s *runtime.Scheme) []client.Object {
 		}
 	}
 	return out
+}
+
+// Condition returns the condition of type typ among conds, and fails the
+// test when there is none.
+func Condition(tb testing.TB, conds []metav1.Condition, typ string) *metav1.Condition {
+	tb.Helper()
+	c := meta.FindStatusCondition(conds, typ)
+	if c == nil {
+		tb.Fatalf("no %s condition in %+v", typ, conds)
+	}
+	return c
 }
