@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -35,6 +36,8 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
+	"github.com/knotless-dev/knotless/cmd/knotless-provider/options"
 	"github.com/knotless-dev/knotless/controllers/application"
 	"github.com/knotless-dev/knotless/controllers/atprotorecord"
 	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
@@ -53,72 +56,22 @@ import (
 	"github.com/knotless-dev/knotless/workspacetypes"
 )
 
-type options struct {
-	kubeconfig      string
-	kubecontext     string
-	workspace       string
-	metricsAddr     string
-	probeAddr       string
-	pprofAddr       string
-	connectTimeout  time.Duration
-	shutdownTimeout time.Duration
-	bootstrapOnly   bool
-	atprotoResync   time.Duration
-	atprotoWorkers  int
-	atprotoMaxBatch int
-	plcURL          string
-	watchFlush      time.Duration
-	vault           vault.Config
-	mount           mountOptions
-	// allowedNetworks are the loopback/private ranges outbound
-	// connections may reach (R18).
-	allowedNetworks string
-	// metricSources are the firehose sources whose host labels metrics.
-	metricSources string
-}
-
-// mountOptions configure the TenantCluster controller's view of the shim.
-type mountOptions struct {
-	mountURL, shimURL         string
-	caFile, certFile, keyFile string
-	userHeader, groupHeader   string
-	probeInterval             time.Duration
-}
-
 func main() {
-	var o options
+	o := options.NewOptions()
 	fs := flag.NewFlagSet("knotless-provider", flag.ContinueOnError)
-	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of kcp (an admin of the provider workspace's parent)")
-	fs.StringVar(&o.kubecontext, "context", "", "kubeconfig context (default: the current one)")
-	fs.StringVar(&o.workspace, "workspace", "root:knotless", "path of the provider workspace, created if missing")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "address of the metrics endpoint (0 disables it)")
-	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz (0 disables them)")
-	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "address of net/http/pprof (heap and goroutine profiles; 0 disables it)")
-	fs.DurationVar(&o.connectTimeout, "connect-timeout", 20*time.Second, "how long to wait for kcp to answer at start-up")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long shutdown may take")
-	fs.BoolVar(&o.bootstrapOnly, "bootstrap-only", false, "apply the provider workspace's objects and exit")
-	fs.IntVar(&o.atprotoWorkers, "atproto-workers", 64, "concurrent AtprotoRecord reconciles; records of one repo that are reconciled at the same time share one applyWrites batch")
-	fs.IntVar(&o.atprotoMaxBatch, "atproto-max-batch", pds.MaxWritesPerBatch, "most record writes per applyWrites batch (1 disables batching)")
-	fs.DurationVar(&o.atprotoResync, "atproto-resync", 2*time.Minute, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
-	fs.StringVar(&o.plcURL, "plc-url", "https://plc.directory", "PLC directory that resolves did:plc identities (signing keys and PDS endpoints) for firehose verification")
-	fs.DurationVar(&o.watchFlush, "watch-flush-interval", 2*time.Second, "how often an AtprotoRecordWatch's changed records and cursor are written to its status")
-	fs.StringVar(&o.mount.shimURL, "mountproxy-url", "", "address of knotless-mountproxy (https://host:port) that TenantClusters are probed through; empty reports them MountProxyUnavailable")
-	fs.StringVar(&o.mount.mountURL, "mount-url", "", "base of TenantCluster status.URL: where kcp's clients reach the shim's /tenants/ path (kcp-front-proxy's mapping for it); default: the kubeconfig's server")
-	fs.StringVar(&o.mount.caFile, "mountproxy-ca-file", "", "CA bundle that verifies knotless-mountproxy's serving certificate (reloaded on change)")
-	fs.StringVar(&o.mount.certFile, "mountproxy-client-cert-file", "", "client certificate of the probe, issued by the shim's requestheader CA (reloaded on change)")
-	fs.StringVar(&o.mount.keyFile, "mountproxy-client-key-file", "", "key of --mountproxy-client-cert-file")
-	fs.StringVar(&o.mount.userHeader, "mountproxy-user-header", "", "the shim's user header (its --requestheader-username-headers); required with --mountproxy-url")
-	fs.StringVar(&o.mount.groupHeader, "mountproxy-group-header", "", "the shim's group header (its --requestheader-group-headers); required with --mountproxy-url")
-	fs.DurationVar(&o.mount.probeInterval, "tenant-probe-interval", 30*time.Second, "how often a TenantCluster's tenant is probed through the shim")
-	fs.StringVar(&o.allowedNetworks, "allow-private-networks", "", "comma-separated loopback/private CIDR ranges (or addresses) that PDS and firehose connections may reach, and where plain http may carry credentials; empty allows public addresses only (link-local and metadata addresses, kcp's and the mount proxy's are never reached)")
-	fs.StringVar(&o.metricSources, "firehose-metric-sources", "", "comma-separated host or host:port of firehose sources whose metrics carry their own source label; every other source is labelled \"other\" (metric labels come from a bounded set)")
-	vault.BindFlags(fs, &o.vault)
-	zapOpts := zap.Options{}
-	zapOpts.BindFlags(fs)
+	o.AddFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	var args error
+	if fs.NArg() > 0 {
+		args = fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	if err := flagcheck.Join(args, o.Validate()); err != nil {
+		fmt.Fprintf(os.Stderr, "knotless-provider: %v\n", err)
+		os.Exit(1)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Logs)))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -128,26 +81,15 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, o options) error {
+// run starts the provider with validated options.
+func run(ctx context.Context, o *options.Options) error {
 	logger := ctrl.Log.WithName("knotless-provider")
-	ws := logicalcluster.NewPath(o.workspace)
-	if !ws.IsValid() {
-		return fmt.Errorf("--workspace %q is not a valid workspace path", o.workspace)
-	}
-	if o.atprotoWorkers < 1 || o.atprotoMaxBatch < 1 || o.atprotoMaxBatch > pds.MaxWritesPerBatch || o.atprotoResync <= 0 {
-		return fmt.Errorf("--atproto-workers must be at least 1, --atproto-max-batch between 1 and %d, --atproto-resync positive", pds.MaxWritesPerBatch)
-	}
-	if o.watchFlush <= 0 {
-		return fmt.Errorf("--watch-flush-interval must be positive")
-	}
-	if _, err := firehose.NormalizeSource(o.plcURL); err != nil {
-		return fmt.Errorf("--plc-url: %w", err)
-	}
-	prober, err := newProber(o.mount)
+	ws := logicalcluster.NewPath(o.Workspace)
+	prober, err := newProber(o.Mount)
 	if err != nil {
 		return err
 	}
-	cfg, err := bootstrap.LoadConfig(o.kubeconfig, o.kubecontext)
+	cfg, err := bootstrap.LoadConfig(o.Kubeconfig, o.Context)
 	if err != nil {
 		return err
 	}
@@ -157,7 +99,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Per workspace: every engaged workspace gets its own client.
 	cfg.QPS, cfg.Burst = 200, 400
-	if err := bootstrap.WaitForKCP(ctx, cfg, o.connectTimeout); err != nil {
+	if err := bootstrap.WaitForKCP(ctx, cfg, o.ConnectTimeout); err != nil {
 		return err
 	}
 	version := "devel"
@@ -173,7 +115,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("bootstrap of %s: %w", ws, err)
 	}
-	if o.bootstrapOnly {
+	if o.BootstrapOnly {
 		return nil
 	}
 
@@ -190,17 +132,22 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	if o.PprofBindAddress != "" && o.PprofBindAddress != "0" {
+		// Heap profiles fine enough to attribute a few KiB per workspace
+		// (make bench-engage); the default samples every 512 KiB.
+		runtime.MemProfileRate = 4096
+	}
 	mgr, err := mcmanager.New(wsCfg, provider, manager.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
-		HealthProbeBindAddress:  o.probeAddr,
-		PprofBindAddress:        o.pprofAddr,
-		GracefulShutdownTimeout: &o.shutdownTimeout,
+		Metrics:                 metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:  o.HealthProbeBindAddress,
+		PprofBindAddress:        o.PprofBindAddress,
+		GracefulShutdownTimeout: &o.ShutdownTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	vc, err := newVault(o.vault, logger)
+	vc, err := newVault(o.Vault, logger)
 	if err != nil {
 		return err
 	}
@@ -209,7 +156,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.atprotoMaxBatch, Policy: policy}
+	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.AtprotoMaxBatch, Policy: policy}
 	if err := (&application.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
@@ -219,17 +166,17 @@ func run(ctx context.Context, o options) error {
 	if err := (&atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
 	}
-	if err := (&atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.atprotoResync, Workers: o.atprotoWorkers, Scheme: scheme}).SetupWithManager(mgr); err != nil {
+	if err := (&atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.AtprotoResync, Workers: o.AtprotoWorkers, Scheme: scheme}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
-	hub, err := newHub(o.plcURL, policy, bootstrap.SplitList(o.metricSources), logger)
+	hub, err := newHub(o.PLCURL, policy, bootstrap.SplitList(o.FirehoseMetricSources), logger)
 	if err != nil {
 		return err
 	}
 	if err := mgr.GetLocalManager().Add(hub); err != nil {
 		return err
 	}
-	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.watchFlush}).SetupWithManager(mgr); err != nil {
+	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
 	// The cluster-aware client adds /clusters/<workspace> to the server's
@@ -244,7 +191,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	mountURL := o.mount.mountURL
+	mountURL := o.Mount.MountURL
 	if mountURL == "" {
 		mountURL = base
 	}
@@ -253,14 +200,14 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if err := (&tenantcluster.Reconciler{
-		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.mount.probeInterval, Owner: owner,
+		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.Mount.ProbeInterval, Owner: owner,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
 		return err
 	}
-	if o.probeAddr != "0" {
+	if o.HealthProbeBindAddress != "0" {
 		if err := mgr.GetLocalManager().AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 			return err
 		}
@@ -277,47 +224,32 @@ func run(ctx context.Context, o options) error {
 }
 
 // newProber returns the TenantCluster probe's client of the shim, or nil
-// when no shim is configured.
-func newProber(o mountOptions) (*tenantcluster.Prober, error) {
-	if o.probeInterval <= 0 {
-		return nil, errors.New("--tenant-probe-interval must be positive")
-	}
-	if o.shimURL == "" {
-		if o.caFile != "" || o.certFile != "" || o.keyFile != "" {
-			return nil, errors.New("--mountproxy-ca-file and --mountproxy-client-cert-file/-key-file need --mountproxy-url")
-		}
+// when no shim is configured. o is validated.
+func newProber(o options.MountOptions) (*tenantcluster.Prober, error) {
+	if o.ProxyURL == "" {
 		return nil, nil
 	}
-	u, err := url.Parse(o.shimURL)
-	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return nil, fmt.Errorf("--mountproxy-url %q must be https://host:port", o.shimURL)
+	u, err := url.Parse(o.ProxyURL)
+	if err != nil {
+		return nil, errors.New("--mountproxy-url is not a URL")
 	}
-	if o.caFile == "" || o.certFile == "" || o.keyFile == "" {
-		return nil, errors.New("--mountproxy-url needs --mountproxy-ca-file, --mountproxy-client-cert-file and --mountproxy-client-key-file")
-	}
-	if err := mountproxy.ValidateHeaderName("--mountproxy-user-header", o.userHeader); err != nil {
-		return nil, err
-	}
-	if err := mountproxy.ValidateHeaderName("--mountproxy-group-header", o.groupHeader); err != nil {
-		return nil, err
-	}
-	tlsFiles, err := mountproxy.NewClientTLS(o.certFile, o.keyFile, o.caFile, 0)
+	tlsFiles, err := mountproxy.NewClientTLS(o.ClientCertFile, o.ClientKeyFile, o.CAFile, 0)
 	if err != nil {
 		return nil, fmt.Errorf("mount proxy client TLS: %w", err)
 	}
-	return &tenantcluster.Prober{ShimURL: "https://" + u.Host, TLS: tlsFiles, UserHeader: o.userHeader, GroupHeader: o.groupHeader}, nil
+	return &tenantcluster.Prober{ShimURL: "https://" + u.Host, TLS: tlsFiles, UserHeader: o.UserHeader, GroupHeader: o.GroupHeader}, nil
 }
 
 // egressPolicy is the address policy of PDS and firehose connections: the
 // operator's allowed ranges, and never kcp's own address or the mount
 // proxy's (R18).
-func egressPolicy(ctx context.Context, o options, kcpURL string) (*netpolicy.Policy, error) {
-	allowed, err := netpolicy.ParsePrefixes(o.allowedNetworks)
+func egressPolicy(ctx context.Context, o *options.Options, kcpURL string) (*netpolicy.Policy, error) {
+	allowed, err := netpolicy.ParsePrefixes(o.AllowPrivateNetworks)
 	if err != nil {
 		return nil, fmt.Errorf("--allow-private-networks: %w", err)
 	}
 	var reserved []netip.AddrPort
-	for _, u := range []string{kcpURL, o.mount.shimURL, o.mount.mountURL} {
+	for _, u := range []string{kcpURL, o.Mount.ProxyURL, o.Mount.MountURL} {
 		if u == "" {
 			continue
 		}
