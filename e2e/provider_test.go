@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
@@ -209,7 +208,7 @@ func TestEngagementRecoversFromUnservedEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := make(chan string, 100)
-	err = mcbuilder.ControllerManagedBy(mgr).Named("e2e-recover").
+	err = engage.ControllerManagedBy(mgr).Named("e2e-recover").
 		For(&appsv1alpha1.Application{}).
 		Complete(mcreconcile.Func(func(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 			select {

@@ -21,11 +21,15 @@ type memory struct {
 }
 
 // providerMemory forces a garbage collection (by taking a heap profile,
-// saved as heap-<label>.pprof among the suite's logs) and reads RSS, the
-// in-use heap and the goroutine count.
+// saved as heap-<label>.pprof among the suite's logs, next to the
+// goroutines in goroutine-<label>.txt) and reads RSS, the in-use heap and
+// the goroutine count.
 func providerMemory(t *testing.T, label string) memory {
 	t.Helper()
-	if err := env.provider.HeapProfile(filepath.Join(env.dir, "heap-"+label+".pprof")); err != nil {
+	if err := env.provider.Profile("heap?gc=1", filepath.Join(env.dir, "heap-"+label+".pprof")); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.provider.Profile("goroutine?debug=1", filepath.Join(env.dir, "goroutine-"+label+".txt")); err != nil {
 		t.Fatal(err)
 	}
 	var m memory
@@ -75,5 +79,5 @@ func TestEngagementAtScale(t *testing.T) {
 	t.Logf("FIGURE provider RSS %.1f MiB at N=0, %.1f MiB at N=%d: %.1f KiB per engaged workspace", float64(before.rss)/(1<<20), float64(after.rss)/(1<<20), n, per(after.rss, before.rss))
 	t.Logf("FIGURE provider live heap %.1f MiB at N=0, %.1f MiB at N=%d: %.1f KiB per engaged workspace", float64(before.heap)/(1<<20), float64(after.heap)/(1<<20), n, per(after.heap, before.heap))
 	t.Logf("FIGURE provider goroutines %d at N=0, %d at N=%d: %.1f per engaged workspace", before.goroutines, after.goroutines, n, float64(after.goroutines-before.goroutines)/float64(n))
-	t.Logf("heap profiles: %s/heap-0.pprof and heap-%d.pprof", env.dir, n)
+	t.Logf("profiles: %s/{heap-0.pprof,heap-%d.pprof,goroutine-0.txt,goroutine-%d.txt}", env.dir, n, n)
 }

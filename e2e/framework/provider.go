@@ -96,16 +96,17 @@ func (p *Provider) Metrics() (string, error) {
 	return string(b), err
 }
 
-// HeapProfile writes the provider's heap profile, after a garbage
-// collection, to path.
-func (p *Provider) HeapProfile(path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", p.PprofPort))
+// Profile writes one of the provider's pprof profiles to path: "heap?gc=1"
+// (the heap after a garbage collection) or "goroutine?debug=1" (goroutines
+// grouped by stack, as text).
+func (p *Provider) Profile(profile, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/%s", p.PprofPort, profile))
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+		return fmt.Errorf("%s profile: %s", profile, resp.Status)
 	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
