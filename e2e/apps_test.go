@@ -421,12 +421,11 @@ func TestApplicationStatusWriters(t *testing.T) {
 		u.SetNamespace("default")
 		u.SetName("shop")
 		u.Object["status"] = map[string]any{"market": map[string]any{"phase": phase}}
-		opts := []client.SubResourcePatchOption{client.FieldOwner(manager)}
+		opts := []client.SubResourceApplyOption{client.FieldOwner(manager)}
 		if force {
 			opts = append(opts, client.ForceOwnership)
 		}
-		//nolint:staticcheck // client.Apply with unstructured.
-		return c.Status().Patch(ctx, u, client.Apply, opts...)
+		return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), opts...)
 	}
 	if err := market("knotless-market", "Searching", true); err != nil {
 		t.Fatal(err)

@@ -18,9 +18,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -31,12 +29,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
@@ -57,9 +55,9 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller for every engaged workspace.
 func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Application{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.PhaseChanged()))).
+		For(&appsv1alpha1.Application{}, predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.PhaseChanged())).
 		Owns(&appsv1alpha1.Component{}).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
@@ -136,26 +134,13 @@ func Reconcile(ctx context.Context, c client.Client, rec events.EventRecorder, k
 	want := desiredStatus(app, byName, invalid, conflicts)
 	current := app.Status
 	current.Market = nil // not ours: neither compared nor written
-	if apiequality.Semantic.DeepEqual(current, want) {
-		return reconcile.Result{}, nil
-	}
-	if err := ssa.Status(ctx, c, app, &want, FieldManager); err != nil {
-		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, nil
-		}
-		return reconcile.Result{}, err
-	}
-	if before := app.Status.Phase; before != want.Phase && rec != nil {
-		typ, why := corev1.EventTypeNormal, string(want.Phase)
-		switch {
-		case want.Phase == appsv1alpha1.ApplicationFailed:
-			typ = corev1.EventTypeWarning
-		case before == appsv1alpha1.ApplicationSuspended:
-			why = "Resumed"
-		}
-		rec.Eventf(app, nil, typ, why, "Reconcile", "%s", meta.FindStatusCondition(want.Conditions, appsv1alpha1.ConditionReady).Message)
-	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{}, ssa.WriteStatus(ctx, c, app, &current, &want, ssa.StatusOptions{
+		Manager: FieldManager,
+		Event: ssa.PhaseChanged(current.Phase, want.Phase, appsv1alpha1.ApplicationFailed, appsv1alpha1.ApplicationSuspended,
+			meta.FindStatusCondition(want.Conditions, appsv1alpha1.ConditionReady).Message),
+		Recorder: rec,
+		Action:   "Reconcile",
+	})
 }
 
 // validate checks what the schema cannot: component names are DNS-1123

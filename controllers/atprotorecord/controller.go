@@ -14,7 +14,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
@@ -36,8 +34,10 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/atprotorepo"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -70,14 +70,15 @@ type Reconciler struct {
 }
 
 // SetupWithManager registers the controller. The repo controller's
-// SetupWithManager registers the index of records by repo.
+// SetupWithManager registers the index of records by repo
+// (names.RecordsByRepo).
 func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRecord{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		For(&atprotov1alpha1.AtprotoRecord{}, predicates.SpecOrLifecycleChanged()).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo()).
 		// A Component's suspend or resume reaches the record it owns.
-		Watches(&appsv1alpha1.Component{}, componentToRecord(), mcbuilder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged()))).
+		Watches(&appsv1alpha1.Component{}, componentToRecord(), predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: cmp.Or(r.Workers, 64),
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
@@ -104,7 +105,7 @@ func componentToRecord() func(multicluster.ClusterName, cluster.Cluster) handler
 
 // enqueueRecordsOfRepo maps a repo to its records.
 func enqueueRecordsOfRepo() mchandler.TypedEventHandlerFunc[client.Object, mcreconcile.Request] {
-	return mapping.ByIndex(func() client.ObjectList { return &atprotov1alpha1.AtprotoRecordList{} }, atprotorepo.RecordRepoIndex,
+	return mapping.ByIndex(func() client.ObjectList { return &atprotov1alpha1.AtprotoRecordList{} }, names.RecordsByRepo,
 		func(o client.Object) string { return o.GetName() })
 }
 
@@ -157,10 +158,10 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	}
 	// Suspended (by the record's Component or Application): write nothing.
 	state, err := suspend.Effective(ctx, s.c, s.r.Scheme, rec)
-	var chain *suspend.ChainError
+	var ce *conditions.Error
 	switch {
-	case errors.As(err, &chain):
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, chain.Reason, chain.Message, nil)
+	case errors.As(err, &ce):
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, ce.Reason, ce.Message, nil)
 	case err != nil:
 		return reconcile.Result{}, err
 	}
@@ -215,11 +216,7 @@ func (s *syncer) resync() time.Duration {
 
 // failed reports a PDS or connection error and backs off.
 func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error) {
-	reason := atprotov1alpha1.ReasonWriteFailed
-	var re *repoconn.Error
-	if errors.As(repoconn.Classify(err), &re) {
-		reason = re.Reason
-	}
+	reason := conditions.ReasonOf(repoconn.Classify(err), atprotov1alpha1.ReasonWriteFailed)
 	if serr := s.status(ctx, metav1.ConditionFalse, reason, err.Error(), nil); serr != nil {
 		return reconcile.Result{}, serr
 	}
@@ -285,7 +282,7 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 }
 
 // status applies the Synced condition and, when given, the read-back
-// fields. Status is patched only when it changed.
+// fields. Status is written only when it changed.
 func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason, msg string, readBack *atprotov1alpha1.AtprotoRecordStatus) error {
 	st := s.rec.Status.DeepCopy()
 	if readBack != nil {
@@ -293,31 +290,30 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 	}
 	// While suspended, observedGeneration and Synced keep describing what
 	// was last written; the Suspended condition says why nothing is.
-	if reason != suspend.ReasonSuspended {
+	suspended := reason == suspend.ReasonSuspended
+	if !suspended {
 		st.ObservedGeneration = s.rec.Generation
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
 	}
 	suspend.SetCondition(&st.Conditions, s.suspended, s.rec.Generation)
-	if apiequality.Semantic.DeepEqual(s.rec.Status, *st) {
+	return ssa.WriteStatus(ctx, s.c, s.rec, &s.rec.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    syncEvent(s.rec.Status.Conditions, st.Conditions, suspended, msg),
+		Recorder: s.events,
+		Action:   "Sync",
+	})
+}
+
+// syncEvent announces a change of the Synced condition, except the first
+// Synced of a new record: that one is the normal case and would double
+// the writes to kcp per record (the condition says it). A status written
+// while suspended is announced as Suspended, with msg.
+func syncEvent(before, after []metav1.Condition, suspended bool, msg string) *ssa.StatusEvent {
+	if suspended {
+		return &ssa.StatusEvent{Type: corev1.EventTypeNormal, Reason: suspend.ReasonSuspended, Note: msg}
+	}
+	if meta.IsStatusConditionTrue(after, atprotov1alpha1.ConditionSynced) && meta.FindStatusCondition(before, atprotov1alpha1.ConditionSynced) == nil {
 		return nil
 	}
-	before := meta.FindStatusCondition(s.rec.Status.Conditions, atprotov1alpha1.ConditionSynced)
-	if err := ssa.Status(ctx, s.c, s.rec, st, FieldManager); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return err
-	}
-	// An Event for every change of reason, except the first Synced of a
-	// new record: that one is the normal case and would double the writes
-	// to kcp per record (the condition says it).
-	switch {
-	case reason == suspend.ReasonSuspended:
-		s.events.Eventf(s.rec, nil, corev1.EventTypeNormal, reason, "Sync", "%s", msg)
-	case cond != metav1.ConditionTrue && (before == nil || before.Reason != reason):
-		s.events.Eventf(s.rec, nil, corev1.EventTypeWarning, reason, "Sync", "%s", msg)
-	case cond == metav1.ConditionTrue && before != nil && before.Reason != reason:
-		s.events.Eventf(s.rec, nil, corev1.EventTypeNormal, reason, "Sync", "%s", msg)
-	}
-	return nil
+	return ssa.ConditionChanged(before, after, atprotov1alpha1.ConditionSynced)
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,12 +27,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -80,11 +79,11 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	if err := mgr.GetLocalManager().Add(r); err != nil {
 		return err
 	}
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
 		// Status writes (ours) do not change the generation: they do not
 		// come back as reconciles; the periodic requeue flushes.
-		For(&atprotov1alpha1.AtprotoRecordWatch{}, mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&atprotov1alpha1.AtprotoRecordWatch{}, predicate.GenerationChangedPredicate{}).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			ReconciliationTimeout:   time.Minute,
@@ -116,10 +115,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			Type: atprotov1alpha1.ConditionReady, Status: metav1.ConditionFalse,
 			Reason: atprotov1alpha1.ReasonInvalidSpec, Message: err.Error(), ObservedGeneration: obj.Generation,
 		})
-		if apiequality.Semantic.DeepEqual(st, &obj.Status) {
-			return reconcile.Result{}, nil
-		}
-		return reconcile.Result{}, ssa.Status(ctx, c, obj, st, FieldManager)
+		return reconcile.Result{}, ssa.WriteStatus(ctx, c, obj, &obj.Status, st, ssa.StatusOptions{Manager: FieldManager})
 	}
 	w, err := r.ensure(key(req), c, obj)
 	if err != nil {
@@ -225,11 +221,9 @@ func (w *watch) flush(ctx context.Context) error {
 		prev = &w.obj.Status
 	}
 	status := buildStatus(w.obj, prev, st, health)
-	if apiequality.Semantic.DeepEqual(status, prev) {
-		return nil
-	}
-	// Patch a copy: the patch response must not replace w.obj's spec view.
-	if err := ssa.ReplaceStatus(ctx, w.c, w.obj.DeepCopy(), status, FieldManager); err != nil {
+	// Replace: records the watch no longer keeps must leave the list (see
+	// ssa.ReplaceStatus).
+	if err := ssa.WriteStatus(ctx, w.c, w.obj, prev, status, ssa.StatusOptions{Manager: FieldManager, Replace: true}); err != nil {
 		return err
 	}
 	w.written = status

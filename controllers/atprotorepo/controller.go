@@ -11,11 +11,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
@@ -23,14 +21,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -40,15 +40,14 @@ import (
 const (
 	// Name is the controller's name.
 	Name = "atprotorepo"
-	// FieldManager owns AtprotoRepo status and the repo finalizer.
-	FieldManager = "knotless-atprotorepo"
+	// FieldManager owns AtprotoRepo status and the repo finalizer, and
+	// the session Secrets internal/repoconn writes.
+	FieldManager = names.AtprotoRepoManager
 	// Finalizer makes a deleted repo delete its records (from the PDS)
 	// before it goes.
 	Finalizer = "atproto.knotless.dev/records"
 	// refIndex indexes repos by the Secrets and ConfigMaps they reference.
 	refIndex = "atproto.knotless.dev/refs"
-	// RecordRepoIndex indexes records by their repo.
-	RecordRepoIndex = "atproto.knotless.dev/repo"
 )
 
 // Reconciler reconciles AtprotoRepos in every engaged workspace.
@@ -60,19 +59,21 @@ type Reconciler struct {
 	Resync time.Duration
 }
 
-// SetupWithManager registers the controller and the indexes it uses.
+// SetupWithManager registers the controller, the index of repos by the
+// objects they reference and the index of records by repo
+// (names.RecordsByRepo, which the record controller uses too).
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRepo{}, refIndex, refsOf); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRecord{}, RecordRepoIndex, func(o client.Object) []string {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
 		return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
 	}); err != nil {
 		return err
 	}
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&atprotov1alpha1.AtprotoRepo{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		For(&atprotov1alpha1.AtprotoRepo{}, predicates.SpecOrLifecycleChanged()).
 		Watches(&corev1.Secret{}, enqueueReferrers("Secret")).
 		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap")).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
@@ -144,13 +145,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}
 	var result reconcile.Result
 	var cause error
-	var re *repoconn.Error
+	var ce *conditions.Error
 	switch {
 	case err == nil:
 		setReady(st, repo.Generation, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
 		result.RequeueAfter = resync
-	case errors.As(err, &re):
-		setReady(st, repo.Generation, metav1.ConditionFalse, re.Reason, re.Message)
+	case errors.As(err, &ce):
+		setReady(st, repo.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
 		var rl *pds.RateLimitedError
 		if errors.As(err, &rl) {
 			result.RequeueAfter = max(time.Until(rl.Reset), 0) + time.Second
@@ -162,7 +163,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		setReady(st, repo.Generation, metav1.ConditionFalse, "Error", err.Error())
 		cause = err
 	}
-	if err := r.applyStatus(ctx, c, rec, repo, *st); err != nil {
+	if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, atprotov1alpha1.ConditionReady),
+		Recorder: rec,
+		Action:   "Connect",
+	}); err != nil {
 		return reconcile.Result{}, err
 	}
 	if cause != nil {
@@ -175,25 +181,6 @@ func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.Co
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
-func (r *Reconciler) applyStatus(ctx context.Context, c client.Client, rec events.EventRecorder, repo *atprotov1alpha1.AtprotoRepo, st atprotov1alpha1.AtprotoRepoStatus) error {
-	if apiequality.Semantic.DeepEqual(repo.Status, st) {
-		return nil
-	}
-	before := meta.FindStatusCondition(repo.Status.Conditions, atprotov1alpha1.ConditionReady)
-	after := meta.FindStatusCondition(st.Conditions, atprotov1alpha1.ConditionReady)
-	if err := ssa.Status(ctx, c, repo, &st, FieldManager); err != nil {
-		return err
-	}
-	if after != nil && (before == nil || before.Status != after.Status || before.Reason != after.Reason) {
-		typ := corev1.EventTypeNormal
-		if after.Status != metav1.ConditionTrue {
-			typ = corev1.EventTypeWarning
-		}
-		rec.Eventf(repo, nil, typ, after.Reason, "Connect", "%s", after.Message)
-	}
-	return nil
-}
-
 // finalize deletes the repo's records (their own finalizers delete them
 // from the PDS while the repo and its credential still exist), then lets
 // the repo go.
@@ -202,7 +189,7 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster stri
 		return reconcile.Result{}, nil
 	}
 	var records atprotov1alpha1.AtprotoRecordList
-	if err := c.List(ctx, &records, client.InNamespace(repo.Namespace), client.MatchingFields{RecordRepoIndex: repo.Name}); err != nil {
+	if err := c.List(ctx, &records, client.InNamespace(repo.Namespace), client.MatchingFields{names.RecordsByRepo: repo.Name}); err != nil {
 		return reconcile.Result{}, err
 	}
 	if len(records.Items) > 0 {

@@ -19,6 +19,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -49,7 +50,7 @@ func credential(password string) *corev1.Secret {
 // setup returns a reconciler of one workspace holding objs.
 func setup(policy *netpolicy.Policy, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
 	ws := clustertest.NewWithClient(clustertest.NewClientBuilder().
-		WithIndex(&atprotov1alpha1.AtprotoRecord{}, RecordRepoIndex, func(o client.Object) []string {
+		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
 			return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
 		}).
 		WithObjects(objs...).Build())

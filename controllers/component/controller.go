@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
@@ -38,6 +36,8 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
@@ -79,11 +79,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	}); err != nil {
 		return err
 	}
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&appsv1alpha1.Component{}, mcbuilder.WithPredicates(predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged(), predicates.PhaseChanged()))).
+		For(&appsv1alpha1.Component{}, predicate.Or(predicates.SpecOrLifecycleChanged(), predicates.OwnersChanged(), predicates.PhaseChanged())).
 		// The Application's suspend reaches its Components at once.
-		Watches(&appsv1alpha1.Application{}, applicationToComponents(), mcbuilder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&appsv1alpha1.Application{}, applicationToComponents(), predicate.GenerationChangedPredicate{}).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent()).
 		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
@@ -151,14 +151,14 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentFailed, metav1.ConditionFalse, reason, msg, suspend.State{}, child)
 	}
 	state, err := suspend.Effective(ctx, s.c, s.r.Scheme, comp)
-	var chain *suspend.ChainError
+	var ce *conditions.Error
 	switch {
-	case errors.As(err, &chain):
-		reason := chain.Reason
+	case errors.As(err, &ce):
+		reason := ce.Reason
 		if reason == suspend.ReasonOwnerNotFound {
 			reason = appsv1alpha1.ReasonApplicationNotFound
 		}
-		return fail(reason, chain.Message, nil)
+		return fail(reason, ce.Message, nil)
 	case err != nil:
 		return reconcile.Result{}, err
 	}
@@ -268,24 +268,10 @@ func (r *Reconciler) status(ctx context.Context, c client.Client, rec events.Eve
 	}
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: appsv1alpha1.ConditionReady, Status: cond, Reason: reason, Message: msg, ObservedGeneration: comp.Generation})
 	suspend.SetCondition(&st.Conditions, state, comp.Generation)
-	if apiequality.Semantic.DeepEqual(comp.Status, *st) {
-		return nil
-	}
-	if err := ssa.Status(ctx, c, comp, st, FieldManager); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return err
-	}
-	if before := comp.Status.Phase; before != phase {
-		typ, why := corev1.EventTypeNormal, string(phase)
-		switch {
-		case phase == appsv1alpha1.ComponentFailed:
-			typ = corev1.EventTypeWarning
-		case before == appsv1alpha1.ComponentSuspended:
-			why = "Resumed"
-		}
-		rec.Eventf(comp, nil, typ, why, "Reconcile", "%s", msg)
-	}
-	return nil
+	return ssa.WriteStatus(ctx, c, comp, &comp.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.PhaseChanged(comp.Status.Phase, phase, appsv1alpha1.ComponentFailed, appsv1alpha1.ComponentSuspended, msg),
+		Recorder: rec,
+		Action:   "Reconcile",
+	})
 }

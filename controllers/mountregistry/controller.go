@@ -19,12 +19,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -45,7 +46,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&computev1alpha1.TenantCluster{}).
 		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret")).
@@ -78,13 +79,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, nil
 	}
 	t, err := tenant.Resolve(ctx, cl.GetClient(), lc, tc)
-	var te *tenant.Error
+	var ce *conditions.Error
 	switch {
-	case errors.As(err, &te):
+	case errors.As(err, &ce):
 		// Not retried: a change of the TenantCluster or of what it
 		// references triggers the next reconcile.
 		r.Registry.Revoke(lc, tc.Name)
-		log.FromContext(ctx).Info("tenant revoked", "workspace", lc, "name", tc.Name, "reason", te.Reason, "message", te.Message)
+		log.FromContext(ctx).Info("tenant revoked", "workspace", lc, "name", tc.Name, "reason", ce.Reason, "message", ce.Message)
 		return reconcile.Result{}, nil
 	case err != nil:
 		return reconcile.Result{}, err

@@ -16,7 +16,6 @@ import (
 	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
 	kcpclientset "github.com/kcp-dev/sdk/client/clientset/versioned/cluster"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,12 +25,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/tenant"
@@ -77,9 +77,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
-	return mcbuilder.ControllerManagedBy(mgr).
+	return engage.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&computev1alpha1.TenantCluster{}, mcbuilder.WithPredicates(predicates.SpecOrLifecycleChanged())).
+		For(&computev1alpha1.TenantCluster{}, predicates.SpecOrLifecycleChanged()).
 		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret")).
 		Watches(&corev1.ConfigMap{}, tenant.EnqueueReferrers("ConfigMap")).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
@@ -122,11 +122,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 
 	var res Result
 	_, err = tenant.Resolve(ctx, c, lc, tc)
-	var te *tenant.Error
+	var ce *conditions.Error
 	switch {
-	case errors.As(err, &te):
-		res = Result{Reason: te.Reason, Message: te.Message}
-		if te.Reason == computev1alpha1.ReasonCredentialNotFound && wasUsable(tc.Status) {
+	case errors.As(err, &ce):
+		res = Result{Reason: ce.Reason, Message: ce.Message}
+		if ce.Reason == computev1alpha1.ReasonCredentialNotFound && wasUsable(tc.Status) {
 			// The credential was there before: its removal revokes the
 			// tenant (the shim refuses it already).
 			res.Reason = computev1alpha1.ReasonRevoked
@@ -149,7 +149,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		ready.Status = metav1.ConditionTrue
 	}
 	meta.SetStatusCondition(&st.Conditions, withGen(ready, tc.Generation))
-	if err := r.writeStatus(ctx, cl, tc, *st); err != nil {
+	if err := ssa.WriteStatus(ctx, c, tc, &tc.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.ConditionChanged(tc.Status.Conditions, st.Conditions, computev1alpha1.ConditionReady),
+		Recorder: cl.GetEventRecorder(Name),
+		Action:   "Probe",
+	}); err != nil {
 		return reconcile.Result{}, err
 	}
 	if mounted.Status != metav1.ConditionTrue && mounted.Reason != computev1alpha1.ReasonConflict {
@@ -255,23 +260,4 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, lc string, t
 		}
 	}
 	return client.IgnoreNotFound(ssa.RemoveFinalizer(ctx, c, tc, Finalizer))
-}
-
-func (r *Reconciler) writeStatus(ctx context.Context, cl cluster.Cluster, tc *computev1alpha1.TenantCluster, st computev1alpha1.TenantClusterStatus) error {
-	if apiequality.Semantic.DeepEqual(tc.Status, st) {
-		return nil
-	}
-	before := meta.FindStatusCondition(tc.Status.Conditions, computev1alpha1.ConditionReady)
-	after := meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionReady)
-	if err := ssa.Status(ctx, cl.GetClient(), tc, &st, FieldManager); err != nil {
-		return err
-	}
-	if after != nil && (before == nil || before.Status != after.Status || before.Reason != after.Reason) {
-		typ := corev1.EventTypeNormal
-		if after.Status != metav1.ConditionTrue {
-			typ = corev1.EventTypeWarning
-		}
-		cl.GetEventRecorder(Name).Eventf(tc, nil, typ, after.Reason, "Probe", "%s", after.Message)
-	}
-	return nil
 }

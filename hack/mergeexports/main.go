@@ -17,6 +17,8 @@ import (
 	apisv1alpha2 "github.com/kcp-dev/sdk/apis/apis/v1alpha2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/knotless-dev/knotless/internal/names"
 )
 
 func main() {
@@ -53,7 +55,7 @@ func merge(dir, name string) error {
 		if err := yaml.UnmarshalStrict(raw, &e); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		if !strings.HasSuffix(e.Name, ".knotless.dev") {
+		if !strings.HasSuffix(e.Name, names.GroupSuffix) {
 			return fmt.Errorf("%s: export %q is not a knotless group", f, e.Name)
 		}
 		groups = append(groups, e.Name)

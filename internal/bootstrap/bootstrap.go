@@ -221,12 +221,12 @@ func OwnerAnnotation(ctx context.Context, cfg *rest.Config) (string, error) {
 	return string(raw), err
 }
 
-// apply server-side applies obj with the bootstrap field owner.
+// apply server-side applies obj, as it was read from YAML, with the
+// bootstrap field owner; the stored object is decoded into obj.
 func apply(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 	obj.SetManagedFields(nil)
 	obj.SetResourceVersion("")
-	//nolint:staticcheck // client.Apply with unstructured is the simplest SSA for YAML we did not type.
-	if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
 	return nil

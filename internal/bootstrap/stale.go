@@ -13,6 +13,8 @@ import (
 	apisv1alpha2 "github.com/kcp-dev/sdk/apis/apis/v1alpha2"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/knotless-dev/knotless/internal/names"
 )
 
 // StaleBinding is a workspace that binds a knotless APIExport the
@@ -58,7 +60,7 @@ func StaleBindings(ctx context.Context, cfg *rest.Config, c client.Client, serve
 	}
 	var out []StaleBinding
 	for _, e := range list.Items {
-		if !strings.HasSuffix(e.Name, ".knotless.dev") || slices.Contains(served, e.Name) {
+		if !strings.HasSuffix(e.Name, names.GroupSuffix) || slices.Contains(served, e.Name) {
 			continue
 		}
 		var slice apisv1alpha1.APIExportEndpointSlice

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/knotless-dev/knotless/internal/names"
 )
 
 // applier emulates server-side apply for the knotless kinds.
@@ -39,8 +41,9 @@ import (
 //     writer per status, R05);
 //   - an apply of a missing object creates it, unless it names a UID.
 //
-// managedFields are not maintained. Applies of other kinds go to the fake
-// client unchanged.
+// managedFields are not maintained. It intercepts Client.Apply and the
+// status subresource's Apply (not the deprecated client.Apply patch);
+// applies of other kinds go to the fake client unchanged.
 type applier struct {
 	mu sync.Mutex
 	// owned is what each manager applied to each object (by kind,
@@ -66,44 +69,53 @@ type owned struct {
 
 func (a *applier) funcs() interceptor.Funcs {
 	return interceptor.Funcs{
-		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if patch.Type() != types.ApplyPatchType || !isKnotless(c.Scheme(), obj) {
-				return c.Patch(ctx, obj, patch, opts...)
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			cfg, err := unstructuredOf(obj)
+			if err != nil {
+				return err
 			}
-			po := (&client.PatchOptions{}).ApplyOptions(opts)
-			return a.apply(ctx, c, obj, patch, po.FieldManager, false)
+			if !isKnotless(cfg) {
+				return c.Apply(ctx, obj, opts...)
+			}
+			o := (&client.ApplyOptions{}).ApplyOptions(opts)
+			return a.apply(ctx, c, obj, cfg, o.FieldManager, false)
 		},
-		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if patch.Type() != types.ApplyPatchType || sub != "status" || !isKnotless(c.Scheme(), obj) {
-				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		SubResourceApply: func(ctx context.Context, c client.Client, sub string, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+			cfg, err := unstructuredOf(obj)
+			if err != nil {
+				return err
 			}
-			po := (&client.SubResourcePatchOptions{}).ApplyOptions(opts)
-			return a.apply(ctx, c, obj, patch, po.FieldManager, true)
+			if sub != "status" || !isKnotless(cfg) {
+				return c.SubResource(sub).Apply(ctx, obj, opts...)
+			}
+			o := (&client.SubResourceApplyOptions{}).ApplyOpts(opts)
+			return a.apply(ctx, c, obj, cfg, o.FieldManager, true)
 		},
 	}
 }
 
-func isKnotless(s *runtime.Scheme, obj client.Object) bool {
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	if gvk.Empty() {
-		if kinds, _, err := s.ObjectKinds(obj); err == nil && len(kinds) > 0 {
-			gvk = kinds[0]
-		}
-	}
-	return strings.HasSuffix(gvk.Group, ".knotless.dev")
-}
-
-func (a *applier) apply(ctx context.Context, c client.Client, obj client.Object, patch client.Patch, manager string, status bool) error {
-	if manager == "" {
-		return apierrors.NewBadRequest("an apply needs a field manager")
-	}
-	data, err := patch.Data(obj)
+// unstructuredOf is the apply configuration obj as it is sent.
+func unstructuredOf(obj runtime.ApplyConfiguration) (*unstructured.Unstructured, error) {
+	data, err := json.Marshal(obj)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg := &unstructured.Unstructured{}
 	if err := json.Unmarshal(data, &cfg.Object); err != nil {
-		return apierrors.NewBadRequest(fmt.Sprintf("apply configuration: %v", err))
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("apply configuration: %v", err))
+	}
+	return cfg, nil
+}
+
+func isKnotless(cfg *unstructured.Unstructured) bool {
+	return strings.HasSuffix(cfg.GroupVersionKind().Group, names.GroupSuffix)
+}
+
+// apply applies cfg (the apply configuration obj) as manager, to status
+// or to the rest of the object, and decodes the stored object into obj.
+func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyConfiguration, cfg *unstructured.Unstructured, manager string, status bool) error {
+	if manager == "" {
+		return apierrors.NewBadRequest("an apply needs a field manager")
 	}
 	gvk := cfg.GroupVersionKind()
 	if gvk.Empty() {
@@ -112,7 +124,7 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj client.Object,
 	gr := schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind)}
 	live := &unstructured.Unstructured{}
 	live.SetGroupVersionKind(gvk)
-	err = c.Get(ctx, client.ObjectKey{Namespace: cfg.GetNamespace(), Name: cfg.GetName()}, live)
+	err := c.Get(ctx, client.ObjectKey{Namespace: cfg.GetNamespace(), Name: cfg.GetName()}, live)
 	switch {
 	case apierrors.IsNotFound(err) && (status || cfg.GetUID() != ""):
 		if status {
@@ -237,15 +249,15 @@ func merge(live, applied any) any {
 	return out
 }
 
-// into copies the stored object u into obj, as a client does with the
-// server's answer.
-func into(u *unstructured.Unstructured, obj client.Object) error {
-	if o, ok := obj.(*unstructured.Unstructured); ok {
-		o.Object = u.DeepCopy().Object
-		return nil
+// into decodes the stored object u into the apply configuration obj, as
+// a client does with the server's answer.
+func into(u *unstructured.Unstructured, obj runtime.ApplyConfiguration) error {
+	data, err := json.Marshal(u.Object)
+	if err != nil {
+		return err
 	}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
-		return errors.Join(errors.New("copying the applied object"), err)
+	if err := json.Unmarshal(data, obj); err != nil {
+		return errors.Join(errors.New("decoding the applied object"), err)
 	}
 	return nil
 }

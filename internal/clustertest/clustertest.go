@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 
 	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/internal/names"
 )
 
 // Cluster is a fake workspace. GetClient, GetAPIReader, GetScheme,
@@ -145,7 +146,7 @@ func (n *namedRecorder) Eventf(regarding, _ runtime.Object, eventtype, reason, a
 func knotlessKinds(s *runtime.Scheme) []client.Object {
 	var out []client.Object
 	for gvk, t := range s.AllKnownTypes() {
-		if !strings.HasSuffix(gvk.Group, ".knotless.dev") || strings.HasSuffix(gvk.Kind, "List") {
+		if !strings.HasSuffix(gvk.Group, names.GroupSuffix) || strings.HasSuffix(gvk.Kind, "List") {
 			continue
 		}
 		if _, ok := t.FieldByName("Status"); !ok {

@@ -139,7 +139,8 @@ func constructor(e ast.Expr) bool {
 // TestControllersReadNoAnnotations (R12): controllers signal each other
 // through typed spec, status and conditions, never annotations.
 func TestControllersReadNoAnnotations(t *testing.T) {
-	for path, f := range sources(t, "controllers", "internal/suspend", "internal/mapping", "internal/predicates", "internal/tenant", "internal/repoconn", "internal/ssa") {
+	for path, f := range sources(t, "controllers", "internal/suspend", "internal/mapping", "internal/predicates", "internal/tenant", "internal/repoconn", "internal/ssa",
+		"internal/conditions", "internal/keyref", "internal/names") {
 		ast.Inspect(f, func(n ast.Node) bool {
 			switch x := n.(type) {
 			case *ast.IndexExpr:

@@ -24,38 +24,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/keyref"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/vault"
 )
-
-// FieldManager writes the session Secrets.
-const FieldManager = "knotless-atprotorepo"
 
 // SessionKey is the key of the session in its Secret.
 const SessionKey = "session.json"
 
 // SessionSecretName is the name of the Secret that keeps a repo's session.
 func SessionSecretName(repo string) string { return "atproto-session-" + repo }
-
-// Error is a resolution failure with the condition reason it maps to.
-type Error struct {
-	Reason  string
-	Message string
-	Err     error
-}
-
-func (e *Error) Error() string { return e.Message }
-func (e *Error) Unwrap() error { return e.Err }
-
-func fail(reason string, err error, format string, args ...any) *Error {
-	return &Error{Reason: reason, Message: fmt.Sprintf(format, args...), Err: err}
-}
 
 // Pool caches one PDS client per repo.
 type Pool struct {
@@ -105,12 +92,15 @@ func (p *Pool) Forget(cluster string, uid types.UID) {
 // Connect resolves the repo's references and returns a logged-in client,
 // reusing the cached one when nothing changed. cluster is the logical
 // cluster name of the repo's workspace; c is a client of that workspace.
+// A failure the repo's condition reports (a reference that does not
+// resolve, a refused URL or login) is a *conditions.Error carrying its
+// reason; other errors (failed reads) are returned as they are.
 func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (*pds.Client, error) {
 	if err := pds.CheckURL(repo.Spec.PDS.URL, p.Policy); err != nil {
 		if errors.Is(err, pds.ErrInsecureURL) {
 			return nil, Classify(err)
 		}
-		return nil, fail(atprotov1alpha1.ReasonInvalidSpec, err, "spec.pds.url: %v", err)
+		return nil, conditions.Errorf(atprotov1alpha1.ReasonInvalidSpec, err, "spec.pds.url: %v", err)
 	}
 	password, err := p.password(ctx, c, cluster, repo)
 	if err != nil {
@@ -136,7 +126,7 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 
 	hc, err := p.httpClient(caPEM)
 	if err != nil {
-		return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, err, "CA bundle of the PDS: %v", err)
+		return nil, conditions.Errorf(atprotov1alpha1.ReasonCABundleNotFound, err, "CA bundle of the PDS: %v", err)
 	}
 	store := &secretStore{c: c, repo: repo}
 	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Policy: p.Policy, Store: store, UserAgent: "knotless", MaxBatch: p.MaxBatch})
@@ -152,25 +142,25 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	return pc, nil
 }
 
-// Classify wraps an error of a PDS call in an *Error carrying its condition
-// reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
+// Classify wraps an error of a PDS call in a *conditions.Error carrying
+// its condition reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
 // PDSRedirected, PDSUnreachable, RateLimited); other errors are returned
 // as they are.
 func Classify(err error) error {
 	var rl *pds.RateLimitedError
 	switch {
 	case errors.Is(err, pds.ErrAuthentication):
-		return fail(atprotov1alpha1.ReasonAuthenticationFailed, err, "the PDS refused the credential: %v", err)
+		return conditions.Errorf(atprotov1alpha1.ReasonAuthenticationFailed, err, "the PDS refused the credential: %v", err)
 	case errors.Is(err, pds.ErrInsecureURL):
-		return fail(atprotov1alpha1.ReasonInsecureURL, err, "spec.pds.url: %v", err)
+		return conditions.Errorf(atprotov1alpha1.ReasonInsecureURL, err, "spec.pds.url: %v", err)
 	case errors.Is(err, netpolicy.ErrDenied):
-		return fail(atprotov1alpha1.ReasonAddressNotAllowed, err, "the PDS's address may not be reached from knotless: %v", err)
+		return conditions.Errorf(atprotov1alpha1.ReasonAddressNotAllowed, err, "the PDS's address may not be reached from knotless: %v", err)
 	case errors.Is(err, pds.ErrRedirect):
-		return fail(atprotov1alpha1.ReasonPDSRedirected, err, "%v", err)
+		return conditions.Errorf(atprotov1alpha1.ReasonPDSRedirected, err, "%v", err)
 	case errors.Is(err, pds.ErrUnreachable):
-		return fail(atprotov1alpha1.ReasonPDSUnreachable, err, "the PDS is unreachable: %v", err)
+		return conditions.Errorf(atprotov1alpha1.ReasonPDSUnreachable, err, "the PDS is unreachable: %v", err)
 	case errors.As(err, &rl):
-		return fail(atprotov1alpha1.ReasonRateLimited, err, "the PDS rate-limits this account until %s", rl.Reset.Format(time.RFC3339))
+		return conditions.Errorf(atprotov1alpha1.ReasonRateLimited, err, "the PDS rate-limits this account until %s", rl.Reset.Format(time.RFC3339))
 	}
 	return err
 }
@@ -196,22 +186,13 @@ func (p *Pool) password(ctx context.Context, c client.Client, cluster string, re
 	cred := repo.Spec.Credential
 	switch {
 	case cred.SecretKeyRef != nil:
-		s := &corev1.Secret{}
 		ref := cred.SecretKeyRef
-		if err := c.Get(ctx, client.ObjectKey{Namespace: repo.Namespace, Name: ref.Name}, s); err != nil {
-			if apierrors.IsNotFound(err) {
-				return "", fail(atprotov1alpha1.ReasonCredentialNotFound, err, "Secret %s not found in this workspace and namespace", ref.Name)
-			}
-			return "", err
-		}
-		v, ok := s.Data[ref.Key]
-		if !ok || len(v) == 0 {
-			return "", fail(atprotov1alpha1.ReasonCredentialNotFound, nil, "Secret %s has no key %q", ref.Name, ref.Key)
-		}
-		return string(v), nil
+		v, err := keyref.Value(ctx, c, keyref.Ref{Kind: "Secret", Namespace: repo.Namespace, Name: ref.Name, Key: ref.Key, SameNamespace: true},
+			atprotov1alpha1.ReasonCredentialNotFound)
+		return string(v), err
 	case cred.Vault != nil:
 		if p.Vault == nil {
-			return "", fail(atprotov1alpha1.ReasonVaultUnavailable, vault.ErrDisabled, "the provider has no Vault connection (--vault-address)")
+			return "", conditions.Errorf(atprotov1alpha1.ReasonVaultUnavailable, vault.ErrDisabled, "the provider has no Vault connection (--vault-address)")
 		}
 		ref := cred.Vault
 		v, err := p.Vault.ReadKV(ctx, cluster, repo.Namespace, vault.KVRef{Mount: ref.Mount, Path: ref.Path, Key: ref.Key})
@@ -219,50 +200,22 @@ func (p *Pool) password(ctx context.Context, c client.Client, cluster string, re
 		case err == nil:
 			return v, nil
 		case errors.Is(err, vault.ErrForbiddenPath), errors.Is(err, vault.ErrNotFound), errors.Is(err, vault.ErrInvalidValue):
-			return "", fail(atprotov1alpha1.ReasonCredentialNotFound, err, "%v", err)
+			return "", conditions.Errorf(atprotov1alpha1.ReasonCredentialNotFound, err, "%v", err)
 		default:
-			return "", fail(atprotov1alpha1.ReasonVaultUnavailable, err, "reading the credential from Vault: %v", err)
+			return "", conditions.Errorf(atprotov1alpha1.ReasonVaultUnavailable, err, "reading the credential from Vault: %v", err)
 		}
 	}
-	return "", fail(atprotov1alpha1.ReasonInvalidSpec, nil, "spec.credential sets neither secretKeyRef nor vault")
+	return "", conditions.Errorf(atprotov1alpha1.ReasonInvalidSpec, nil, "spec.credential sets neither secretKeyRef nor vault")
 }
 
+// caBundle reads the repo's CA bundle; nil when it names none.
 func caBundle(ctx context.Context, c client.Client, repo *atprotov1alpha1.AtprotoRepo) ([]byte, error) {
 	ref := repo.Spec.PDS.CABundle
 	if ref == nil {
 		return nil, nil
 	}
-	key := client.ObjectKey{Namespace: repo.Namespace, Name: ref.Name}
-	var data []byte
-	var found bool
-	switch ref.Kind {
-	case "ConfigMap":
-		cm := &corev1.ConfigMap{}
-		if err := c.Get(ctx, key, cm); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, err, "ConfigMap %s not found in this workspace and namespace", ref.Name)
-			}
-			return nil, err
-		}
-		var s string
-		s, found = cm.Data[ref.Key]
-		data = []byte(s)
-	case "Secret":
-		s := &corev1.Secret{}
-		if err := c.Get(ctx, key, s); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, err, "Secret %s not found in this workspace and namespace", ref.Name)
-			}
-			return nil, err
-		}
-		data, found = s.Data[ref.Key]
-	default:
-		return nil, fail(atprotov1alpha1.ReasonInvalidSpec, nil, "spec.pds.caBundle.kind %q is neither ConfigMap nor Secret", ref.Kind)
-	}
-	if !found || len(data) == 0 {
-		return nil, fail(atprotov1alpha1.ReasonCABundleNotFound, nil, "%s %s has no key %q", ref.Kind, ref.Name, ref.Key)
-	}
-	return data, nil
+	return keyref.Value(ctx, c, keyref.Ref{Kind: ref.Kind, Namespace: repo.Namespace, Name: ref.Name, Key: ref.Key, SameNamespace: true},
+		atprotov1alpha1.ReasonCABundleNotFound)
 }
 
 // secretStore keeps a repo's session in a Secret owned by the repo.
@@ -295,24 +248,15 @@ func (s *secretStore) Save(ctx context.Context, sess *pds.Session) error {
 	if err != nil {
 		return err
 	}
-	sec := &corev1.Secret{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      SessionSecretName(s.repo.Name),
-			Namespace: s.repo.Namespace,
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: atprotov1alpha1.GroupVersion.String(), Kind: "AtprotoRepo",
-				Name: s.repo.Name, UID: s.repo.UID, Controller: ptrTrue(), BlockOwnerDeletion: ptrTrue(),
-			}},
-		},
-		Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{SessionKey: raw},
-	}
-	//nolint:staticcheck // SSA of a typed object.
-	if err := s.c.Patch(ctx, sec, client.Apply, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	sec := corev1ac.Secret(SessionSecretName(s.repo.Name), s.repo.Namespace).
+		WithOwnerReferences(metav1ac.OwnerReference().
+			WithAPIVersion(atprotov1alpha1.GroupVersion.String()).WithKind("AtprotoRepo").
+			WithName(s.repo.Name).WithUID(s.repo.UID).
+			WithController(true).WithBlockOwnerDeletion(true)).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{SessionKey: raw})
+	if err := s.c.Apply(ctx, sec, client.FieldOwner(names.AtprotoRepoManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("saving the ATProto session: %w", err)
 	}
 	return nil
 }
-
-func ptrTrue() *bool { t := true; return &t }

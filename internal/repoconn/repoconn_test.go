@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/vault"
 )
@@ -121,9 +122,9 @@ func newRepo(url string) *atprotov1alpha1.AtprotoRepo {
 func reason(t *testing.T, p *Pool, c client.Client, repo *atprotov1alpha1.AtprotoRepo) (string, string) {
 	t.Helper()
 	_, err := p.Connect(context.Background(), c, cluster, repo)
-	var re *Error
+	var re *conditions.Error
 	if !errors.As(err, &re) {
-		t.Fatalf("Connect(%s) = %v, want a *repoconn.Error", repo.Spec.PDS.URL, err)
+		t.Fatalf("Connect(%s) = %v, want a *conditions.Error", repo.Spec.PDS.URL, err)
 	}
 	if strings.Contains(re.Message, password) {
 		t.Fatalf("condition message carries the password: %s", re.Message)

@@ -4,6 +4,16 @@
 // only status, except Child, which applies an object the controller
 // generates (a Component from its Application, a child from its
 // Component).
+//
+// Every controller writes status through WriteStatus, which skips
+// unchanged statuses, treats an object deleted meanwhile as done and
+// announces the change as an Event; Status and ReplaceStatus are its two
+// ways of sending it.
+//
+// The applies use controller-runtime's Client.Apply with apply
+// configurations made from unstructured objects (the knotless kinds have
+// no generated apply configurations). Only the fields set in them are
+// sent, so each manager owns exactly those.
 package ssa
 
 import (
@@ -15,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -36,7 +47,8 @@ func skeleton(c client.Client, obj client.Object) (*unstructured.Unstructured, e
 }
 
 // Status applies status (a pointer to a status struct of obj's kind) to
-// obj's status subresource as manager.
+// obj's status subresource as manager. Controllers call it through
+// WriteStatus.
 func Status(ctx context.Context, c client.Client, obj client.Object, status any, manager string) error {
 	u, err := skeleton(c, obj)
 	if err != nil {
@@ -47,8 +59,7 @@ func Status(ctx context.Context, c client.Client, obj client.Object, status any,
 		return err
 	}
 	u.Object["status"] = st
-	//nolint:staticcheck // client.Apply with unstructured: no generated apply configurations.
-	if err := c.Status().Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+	if err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying status of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
 	}
 	return nil
@@ -59,7 +70,9 @@ func Status(ctx context.Context, c client.Client, obj client.Object, status any,
 // status whose list entries must disappear when the controller drops them
 // (records of a watch): through kcp's APIExport virtual workspace an apply
 // is recorded as an Update and keeps list-map entries the manager left out.
-// Fields left out of status (omitempty) keep their stored value.
+// Fields left out of status (omitempty) keep their stored value. The
+// server's answer is decoded into obj. Controllers call it through
+// WriteStatus (StatusOptions.Replace).
 func ReplaceStatus(ctx context.Context, c client.Client, obj client.Object, status any, manager string) error {
 	body, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
@@ -87,8 +100,7 @@ func Metadata(ctx context.Context, c client.Client, obj client.Object, finalizer
 	if len(owners) == 0 {
 		unstructured.RemoveNestedField(u.Object, "metadata", "ownerReferences")
 	}
-	//nolint:staticcheck // client.Apply with unstructured.
-	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying metadata of %s/%s as %s: %w", obj.GetNamespace(), obj.GetName(), manager, err)
 	}
 	return nil
@@ -137,13 +149,11 @@ func Child(ctx context.Context, c client.Client, child, owner client.Object, man
 	u.SetName(child.GetName())
 	u.SetNamespace(child.GetNamespace())
 	u.SetLabels(child.GetLabels())
-	yes := true
 	u.SetOwnerReferences([]metav1.OwnerReference{{
 		APIVersion: ogvk.GroupVersion().String(), Kind: ogvk.Kind, Name: owner.GetName(), UID: owner.GetUID(),
-		Controller: &yes,
+		Controller: ptr.To(true),
 	}})
-	//nolint:staticcheck // client.Apply with unstructured.
-	if err := c.Patch(ctx, u, client.Apply, client.FieldOwner(manager), client.ForceOwnership); err != nil {
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying %s %s/%s as %s: %w", gvk.Kind, child.GetNamespace(), child.GetName(), manager, err)
 	}
 	return nil

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/knotless-dev/knotless/internal/conditions"
 )
 
 // ConditionType is the condition every kind under an Application sets
@@ -60,18 +62,11 @@ type State struct {
 	Root client.Object
 }
 
-// ChainError is a broken owner chain; Reason is a condition reason.
-type ChainError struct {
-	Reason  string
-	Message string
-}
-
-func (e *ChainError) Error() string { return e.Message }
-
 // Effective walks obj's controller owner references up to the root and
 // reports whether obj is suspended. Owners of kinds that scheme does not
 // know end the walk (they cannot ask knotless to suspend). A missing owner
-// or a cycle is a *ChainError; reading errors are returned as they are.
+// or a cycle is a *conditions.Error with reason ReasonOwnerNotFound or
+// ReasonOwnerCycle; reading errors are returned as they are.
 // r reads obj's workspace (every knotless kind of a workspace is served by
 // the one export, so one reader sees the whole chain).
 func Effective(ctx context.Context, r client.Reader, scheme *runtime.Scheme, obj client.Object) (State, error) {
@@ -90,14 +85,14 @@ func Effective(ctx context.Context, r client.Reader, scheme *runtime.Scheme, obj
 			return st, nil
 		}
 		if depth == maxDepth {
-			return st, &ChainError{Reason: ReasonOwnerCycle, Message: fmt.Sprintf("the owner chain of %s is longer than %d", obj.GetName(), maxDepth)}
+			return st, conditions.Errorf(ReasonOwnerCycle, nil, "the owner chain of %s is longer than %d", obj.GetName(), maxDepth)
 		}
 		if seen[string(ref.UID)] {
-			return st, &ChainError{Reason: ReasonOwnerCycle, Message: fmt.Sprintf("the controller owner references of %s form a cycle through %s/%s", obj.GetName(), ref.Kind, ref.Name)}
+			return st, conditions.Errorf(ReasonOwnerCycle, nil, "the controller owner references of %s form a cycle through %s/%s", obj.GetName(), ref.Kind, ref.Name)
 		}
 		gv, err := schema.ParseGroupVersion(ref.APIVersion)
 		if err != nil {
-			return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s/%s has an invalid apiVersion %q", ref.Kind, ref.Name, ref.APIVersion)}
+			return st, conditions.Errorf(ReasonOwnerNotFound, nil, "owner %s/%s has an invalid apiVersion %q", ref.Kind, ref.Name, ref.APIVersion)
 		}
 		o, err := scheme.New(gv.WithKind(ref.Kind))
 		if err != nil {
@@ -111,12 +106,12 @@ func Effective(ctx context.Context, r client.Reader, scheme *runtime.Scheme, obj
 		}
 		if err := r.Get(ctx, client.ObjectKey{Namespace: cur.GetNamespace(), Name: ref.Name}, owner); err != nil {
 			if apierrors.IsNotFound(err) {
-				return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s %s of %s does not exist", ref.Kind, ref.Name, cur.GetName())}
+				return st, conditions.Errorf(ReasonOwnerNotFound, nil, "owner %s %s of %s does not exist", ref.Kind, ref.Name, cur.GetName())
 			}
 			return st, err
 		}
 		if owner.GetUID() != ref.UID {
-			return st, &ChainError{Reason: ReasonOwnerNotFound, Message: fmt.Sprintf("owner %s %s of %s was replaced by another object of that name", ref.Kind, ref.Name, cur.GetName())}
+			return st, conditions.Errorf(ReasonOwnerNotFound, nil, "owner %s %s of %s was replaced by another object of that name", ref.Kind, ref.Name, cur.GetName())
 		}
 		cur = owner
 	}

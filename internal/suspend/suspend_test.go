@@ -15,6 +15,7 @@ import (
 	"github.com/knotless-dev/knotless/apis"
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/suspend"
 )
 
@@ -45,7 +46,7 @@ func TestEffective(t *testing.T) {
 		obj       client.Object
 		suspended bool
 		by        string
-		reason    string // ChainError reason
+		reason    string // reason of the *conditions.Error
 	}{
 		"no owner":                  {obj: record(nil)},
 		"root not suspended":        {objs: []client.Object{app(false), comp(false, toApp)}, obj: record(toComp)},
@@ -63,10 +64,10 @@ func TestEffective(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objs...).Build()
 			st, err := suspend.Effective(context.Background(), c, scheme, tc.obj)
-			var ce *suspend.ChainError
+			var ce *conditions.Error
 			if tc.reason != "" {
 				if !errors.As(err, &ce) || ce.Reason != tc.reason {
-					t.Fatalf("error %v, want a ChainError with reason %s", err, tc.reason)
+					t.Fatalf("error %v, want a *conditions.Error with reason %s", err, tc.reason)
 				}
 				return
 			}

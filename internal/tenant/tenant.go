@@ -8,28 +8,20 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"net/url"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/keyref"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
-
-// Error is a reference that cannot be used; Reason is a TenantCluster
-// condition reason.
-type Error struct {
-	Reason, Message string
-}
-
-func (e *Error) Error() string { return e.Reason + ": " + e.Message }
 
 // index is the field index of TenantClusters by the objects they refer
 // to; refKey gives an object's value in it.
@@ -60,83 +52,44 @@ func refs(o client.Object) []string {
 
 // Resolve reads the TenantCluster's CA bundle and credential from its
 // workspace (c) and returns the tenant registered under the logical
-// cluster lc. It returns an *Error when a reference is missing or its
-// content is unusable, and other errors for failed reads.
+// cluster lc. It returns a *conditions.Error with a TenantCluster
+// condition reason when a reference is missing or its content is
+// unusable, and other errors for failed reads.
 func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mountproxy.Tenant, error) {
 	t := mountproxy.Tenant{LogicalCluster: lc, Name: tc.Name}
 	u, err := url.Parse(tc.Spec.URL)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return t, &Error{computev1alpha1.ReasonInvalidSpec, fmt.Sprintf("spec.url %q must be https://host[:port][/path]", tc.Spec.URL)}
+		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "spec.url %q must be https://host[:port][/path]", tc.Spec.URL)
 	}
 	t.URL = u
 
 	ref := tc.Spec.CABundle
-	pemCA, err := readKey(ctx, c, ref.Kind, ref.Namespace, ref.Name, ref.Key, computev1alpha1.ReasonCABundleNotFound)
+	pemCA, err := keyref.Value(ctx, c, keyref.Ref{Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name, Key: ref.Key}, computev1alpha1.ReasonCABundleNotFound)
 	if err != nil {
 		return t, err
 	}
 	t.CA = x509.NewCertPool()
 	if !t.CA.AppendCertsFromPEM(pemCA) {
-		return t, &Error{computev1alpha1.ReasonInvalidSpec, fmt.Sprintf("%s %s/%s key %q holds no PEM certificate", ref.Kind, ref.Namespace, ref.Name, ref.Key)}
+		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "%s %s/%s key %q holds no PEM certificate", ref.Kind, ref.Namespace, ref.Name, ref.Key)
 	}
 
 	cref := tc.Spec.Credential.SecretRef
-	s := &corev1.Secret{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: cref.Namespace, Name: cref.Name}, s); err != nil {
-		if apierrors.IsNotFound(err) {
-			return t, &Error{computev1alpha1.ReasonCredentialNotFound, fmt.Sprintf("Secret %s/%s not found", cref.Namespace, cref.Name)}
-		}
+	data, err := keyref.Data(ctx, c, keyref.Ref{Kind: "Secret", Namespace: cref.Namespace, Name: cref.Name}, computev1alpha1.ReasonCredentialNotFound)
+	if err != nil {
 		return t, err
 	}
-	crt, key, token := s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey], s.Data["token"]
+	crt, key, token := data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey], data["token"]
 	switch {
 	case len(token) > 0 && len(crt) == 0 && len(key) == 0:
 		t.Credential.Token = string(token)
 	case len(token) == 0 && len(crt) > 0 && len(key) > 0:
 		pair, err := tls.X509KeyPair(crt, key)
 		if err != nil {
-			return t, &Error{computev1alpha1.ReasonInvalidSpec, fmt.Sprintf("Secret %s/%s: tls.crt/tls.key: %v", cref.Namespace, cref.Name, err)}
+			return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s: tls.crt/tls.key: %v", cref.Namespace, cref.Name, err)
 		}
 		t.Credential.ClientCert = &pair
 	default:
-		return t, &Error{computev1alpha1.ReasonInvalidSpec, fmt.Sprintf("Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)}
+		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
 	}
 	return t, nil
-}
-
-func readKey(ctx context.Context, c client.Reader, kind, ns, name, key, notFound string) ([]byte, error) {
-	var data map[string][]byte
-	switch kind {
-	case "Secret":
-		s := &corev1.Secret{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, &Error{notFound, fmt.Sprintf("Secret %s/%s not found", ns, name)}
-			}
-			return nil, err
-		}
-		data = s.Data
-	case "ConfigMap":
-		cm := &corev1.ConfigMap{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cm); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, &Error{notFound, fmt.Sprintf("ConfigMap %s/%s not found", ns, name)}
-			}
-			return nil, err
-		}
-		data = map[string][]byte{}
-		for k, v := range cm.Data {
-			data[k] = []byte(v)
-		}
-		for k, v := range cm.BinaryData {
-			data[k] = v
-		}
-	default:
-		return nil, &Error{computev1alpha1.ReasonInvalidSpec, fmt.Sprintf("kind %q: want ConfigMap or Secret", kind)}
-	}
-	v, ok := data[key]
-	if !ok {
-		return nil, &Error{notFound, fmt.Sprintf("%s %s/%s has no key %q", kind, ns, name, key)}
-	}
-	return v, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/knotless-dev/knotless/apis"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -72,7 +73,7 @@ func TestResolve(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(tt.objs...).Build()
 			got, err := Resolve(context.Background(), c, "lc", tt.tc)
-			var te *Error
+			var te *conditions.Error
 			switch {
 			case tt.reason == "" && err != nil:
 				t.Fatalf("error %v", err)

@@ -1,0 +1,59 @@
+/*
+Copyright 2026 The knotless Authors.
+
+Licensed under the Apache License, Version 2.0.
+*/
+
+// Package conditions holds the one error type that carries a condition
+// reason from where a failure is understood (resolving a reference,
+// walking an owner chain, talking to a PDS) to the controller that writes
+// it into a condition, and the reasons more than one API group uses.
+//
+// An *Error's message goes into a condition and an Event as it is: it must
+// name only what the user wrote (a field, an object of their workspace),
+// never configuration of knotless or of another tenant (R17).
+package conditions
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ReasonInvalidSpec is the reason of a spec that the schema accepts but
+// knotless cannot use. Every API group declares it with this value
+// (appsv1alpha1, atprotov1alpha1, computev1alpha1 ReasonInvalidSpec);
+// packages that serve several groups use this one.
+const ReasonInvalidSpec = "InvalidSpec"
+
+// Error is a failure with the condition reason it maps to. Its Error()
+// is Message; Err, when set, is the cause (for errors.Is and errors.As),
+// not shown.
+type Error struct {
+	// Reason is a condition reason (CamelCase).
+	Reason string
+	// Message is the condition's message.
+	Message string
+	// Err is the cause, or nil.
+	Err error
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with reason, cause err (may be nil) and the
+// message format and args make.
+func Errorf(reason string, err error, format string, args ...any) *Error {
+	return &Error{Reason: reason, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// ReasonOf returns the reason of the first *Error in err's chain, or
+// fallback when there is none.
+func ReasonOf(err error, fallback string) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return fallback
+}
