@@ -36,6 +36,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/pds"
@@ -87,6 +88,19 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 			ReconciliationTimeout: time.Minute,
 		}).
 		Complete(r)
+}
+
+// validate checks a record before anything is sent: its key and value
+// (pds.ValidateRecord) and, for a collection knotless has a lexicon of
+// (the market's), the value against that lexicon.
+func validate(spec *atprotov1alpha1.AtprotoRecordSpec) error {
+	if err := pds.ValidateRecord(spec.Collection, spec.RKey, spec.Value.Raw); err != nil {
+		return err
+	}
+	if lexicon.Known(spec.Collection) {
+		return lexicon.ValidateRecord(spec.Collection, spec.Value.Raw)
+	}
+	return nil
 }
 
 // componentToRecord maps a Component whose template is a record to that
@@ -141,7 +155,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if !rec.DeletionTimestamp.IsZero() {
 		return s.finalize(ctx)
 	}
-	if err := pds.ValidateRecord(rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw); err != nil {
+	if err := validate(&rec.Spec); err != nil {
 		// Bad input: say what is wrong, write nothing, wait for a spec edit.
 		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, err.Error(), nil)
 	}

@@ -1,0 +1,212 @@
+/*
+Copyright 2026 The knotless Authors.
+
+Licensed under the Apache License, Version 2.0.
+*/
+
+// Package lexicon validates the records of the knotless compute market
+// (dev.knotless.market.*) against their ATProto lexicons, which are embedded
+// from the repository's lexicons/ directory (package lexicons) and checked
+// with indigo's atproto/lexicon validator.
+//
+// Every market record is validated before knotless writes it and when it is
+// read from a firehose; see docs/lexicons.md.
+package lexicon
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/bluesky-social/indigo/atproto/atdata"
+	lex "github.com/bluesky-social/indigo/atproto/lexicon"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+
+	"github.com/knotless-dev/knotless/lexicons"
+)
+
+// Namespace is the NSID prefix of every market lexicon.
+const Namespace = "dev.knotless.market"
+
+// The NSIDs (collections) of the market's record types.
+const (
+	Presence    = Namespace + ".presence"
+	Association = Namespace + ".association"
+	Request     = Namespace + ".request"
+	Bid         = Namespace + ".bid"
+	Accept      = Namespace + ".accept"
+	Lease       = Namespace + ".lease"
+	Release     = Namespace + ".release"
+	Reclaim     = Namespace + ".reclaim"
+)
+
+// maxReason caps Error.Reason: indigo's messages may quote (parts of) the
+// record, which comes from the network.
+const maxReason = 300
+
+// maxNSID is the longest NSID the ATProto spec allows; a longer collection
+// is cut to this length in Error.Collection.
+const maxNSID = 317
+
+// Error is returned by ValidateRecord when a record does not match its
+// lexicon (or its collection has no lexicon).
+type Error struct {
+	// Collection is the NSID the record was validated as.
+	Collection string
+	// Reason says what is wrong, at most 300 bytes.
+	Reason string
+}
+
+func (e *Error) Error() string {
+	return "record does not match lexicon " + e.Collection + ": " + e.Reason
+}
+
+func newError(collection, reason string) *Error {
+	return &Error{Collection: truncate(collection, maxNSID), Reason: truncate(reason, maxReason)}
+}
+
+// truncate cuts s to at most n bytes, on a UTF-8 boundary, marking the cut
+// with "...".
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "..."
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+var loadCatalog = sync.OnceValues(func() (*lex.BaseCatalog, error) {
+	c := lex.NewBaseCatalog()
+	if err := c.LoadEmbedFS(lexicons.FS); err != nil {
+		return nil, err
+	}
+	return c, nil
+})
+
+// Catalog returns the catalog of the embedded lexicons: the market's and the
+// com.atproto ones they refer to. It is loaded once; as the files are
+// embedded at build time (and a test loads them), a load failure is a bug
+// and panics.
+func Catalog() lex.Catalog {
+	c, err := loadCatalog()
+	if err != nil {
+		panic(fmt.Sprintf("lexicon: the embedded lexicons (package lexicons) do not load: %v", err))
+	}
+	return c
+}
+
+// Known reports whether collection is a record type of the market, that is
+// an NSID in Namespace with a record lexicon in Catalog().
+func Known(collection string) bool {
+	if !strings.HasPrefix(collection, Namespace+".") {
+		return false
+	}
+	s, err := Catalog().Resolve(collection)
+	if err != nil {
+		return false
+	}
+	_, ok := s.Def.(lex.SchemaRecord)
+	return ok
+}
+
+// ValidateRecord checks that value, the JSON of a record, matches the
+// lexicon of collection, one of the market's record NSIDs. value may carry
+// "$type"; if it does, it must equal collection. Numbers must be integers
+// in ±(2^53-1) written without a fraction or exponent (ATProto data has no
+// floats). Errors are *Error.
+//
+// The check is indigo's lexicon.ValidateRecord with
+// StrictRecursiveValidation: required fields, types, formats (datetime,
+// did, at-uri, cid: syntax only), string and array lengths, integer
+// minimums. knownValues are not enforced: they are an open set by the
+// lexicon spec, so a caller acting on a field like lease.state must handle
+// values it does not know. Fields the lexicon does not declare are allowed.
+func ValidateRecord(collection string, value json.RawMessage) error {
+	if _, err := syntax.ParseNSID(collection); err != nil {
+		return newError(collection, "collection is not an NSID")
+	}
+	if !strings.HasPrefix(collection, Namespace+".") {
+		return newError(collection, "not a knotless market collection (outside "+Namespace+")")
+	}
+	if !Known(collection) {
+		return newError(collection, "no record lexicon for this collection")
+	}
+
+	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
+		return newError(collection, "record is not a JSON object")
+	}
+	if len(value) > atdata.MAX_JSON_RECORD_SIZE {
+		return newError(collection, fmt.Sprintf("record is larger than %d bytes", atdata.MAX_JSON_RECORD_SIZE))
+	}
+	if reason := checkNumbers(value); reason != "" {
+		return newError(collection, reason)
+	}
+	data, err := atdata.UnmarshalJSON(value)
+	if err != nil {
+		return newError(collection, "record is not ATProto data: "+err.Error())
+	}
+	switch t, ok := data["$type"]; {
+	case !ok:
+		data["$type"] = collection
+	case t != collection:
+		ts, _ := t.(string)
+		return newError(collection, fmt.Sprintf("$type %q is not the collection", truncate(ts, maxNSID)))
+	}
+
+	if err := lex.ValidateRecord(Catalog(), data, collection, lex.StrictRecursiveValidation); err != nil {
+		return newError(collection, err.Error())
+	}
+	return nil
+}
+
+// maxSafeInteger is the largest integer every ATProto implementation
+// (JavaScript included) holds exactly: 2^53-1.
+const maxSafeInteger = 1<<53 - 1
+
+// checkNumbers returns why value has a number that is not an integer in
+// ±(2^53-1), or "". atdata alone would take 1.0 or 1e2 for integers and
+// round integers beyond 2^53 (it decodes numbers as float64).
+func checkNumbers(value json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return "record is not JSON: " + err.Error()
+	}
+	return walkNumbers(v, "")
+}
+
+func walkNumbers(v any, path string) string {
+	switch v := v.(type) {
+	case json.Number:
+		if strings.ContainsAny(string(v), ".eE") {
+			return "field " + path + ": not an integer (ATProto records have no floats)"
+		}
+		if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || n > maxSafeInteger || n < -maxSafeInteger {
+			return "field " + path + ": integer outside ±(2^53-1)"
+		}
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			if r := walkNumbers(v[k], strings.TrimPrefix(path+"."+k, ".")); r != "" {
+				return r
+			}
+		}
+	case []any:
+		for i, e := range v {
+			if r := walkNumbers(e, path+"["+strconv.Itoa(i)+"]"); r != "" {
+				return r
+			}
+		}
+	}
+	return ""
+}
