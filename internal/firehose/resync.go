@@ -147,6 +147,19 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
 		}
 	}
 	for _, did := range dids {
+		if len(sub.filter.DIDs) > 0 {
+			// A DID the subscription names may live on a PDS this source
+			// does not carry: its records would be listed once and never
+			// updated by this stream.
+			ok, err := s.carries(ctx, did)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				sub.replaceRepo(did, &listing{})
+				continue
+			}
+		}
 		if err := s.resyncRepo(ctx, sub, did); err != nil {
 			return err
 		}
@@ -178,6 +191,21 @@ func (s *stream) client(ctx context.Context, did string) *atclient.APIClient {
 		host = ident.PDSEndpoint()
 	}
 	return &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: host}
+}
+
+// carries reports whether the source's firehose carries did's repo: the
+// source is did's PDS, or it has the repo (a relay answers
+// getLatestCommit for every repo it follows; another PDS does not).
+func (s *stream) carries(ctx context.Context, did string) (bool, error) {
+	c := s.client(ctx, did)
+	if c.Host == s.source {
+		return true, nil
+	}
+	rev, err := latestRev(ctx, &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: s.source}, did)
+	if err != nil {
+		return false, err
+	}
+	return rev != "", nil
 }
 
 func (s *stream) listRepos(ctx context.Context) ([]string, error) {

@@ -49,7 +49,12 @@ func newWrappedFakeSource(t *testing.T, r *testRepo, wrap func(http.Handler) htt
 	f := &fakeSource{t: t, repo: r, values: map[string]json.RawMessage{}, changed: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/xrpc/com.atproto.sync.subscribeRepos", f.subscribe)
-	mux.HandleFunc("/xrpc/com.atproto.sync.getLatestCommit", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/xrpc/com.atproto.sync.getLatestCommit", func(w http.ResponseWriter, req *http.Request) {
+		if did := req.URL.Query().Get("did"); did != r.did {
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "RepoNotFound", "message": "Could not find repo for DID: " + did})
+			return
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": f.rev})
@@ -312,4 +317,35 @@ func TestFutureCursorListsAgain(t *testing.T) {
 	}
 	src.write(testOp{"create", testCollection + "/b", note("b")})
 	waitState(t, sub, "following live after the listing", func(st State, _ Health) bool { return st.Cursor == 2 && len(st.Records) == 2 })
+}
+
+// TestSourceThatDoesNotCarryARepoListsNothing: a subscription on one PDS's
+// firehose that names a DID hosted on another PDS keeps none of its
+// records (they would never be updated from this stream); the same
+// subscription on the DID's own PDS lists them.
+func TestSourceThatDoesNotCarryARepoListsNothing(t *testing.T) {
+	alice := newTestRepo(t, "did:plc:alice")
+	bob := newTestRepo(t, "did:plc:bob")
+	srcA, srcB := newFakeSource(t, alice), newFakeSource(t, bob)
+	srcB.write(testOp{"create", testCollection + "/b", note("b")})
+	dir := identity.NewMockDirectory()
+	dir.Insert(alice.identity(nil))
+	bobID := bob.identity(nil)
+	bobID.Services = map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: srcB.srv.URL}}
+	dir.Insert(bobID)
+	h, _ := startHub(t, Options{Directory: dir})
+
+	onA, err := h.Subscribe(srcA.srv.URL, Filter{Collections: []string{testCollection}, DIDs: []string{bob.did}}, 100, State{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB, err := h.Subscribe(srcB.srv.URL, Filter{Collections: []string{testCollection}, DIDs: []string{bob.did}}, 100, State{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, onB, "bob's records from his PDS", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
+	st := waitState(t, onA, "the listing on alice's PDS", func(st State, h Health) bool { return h.Connected && !h.Resyncing && st.LastResync != nil })
+	if len(st.Records) != 0 {
+		t.Fatalf("alice's PDS does not carry bob's repo, yet the subscription keeps %v", st.Records)
+	}
 }

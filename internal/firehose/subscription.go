@@ -16,6 +16,16 @@ type Filter struct {
 	Collections []string
 	// DIDs, if not empty, are the only repos followed.
 	DIDs []string
+	// Check, if set, is called with every record (of a commit or of a
+	// listing) before it is kept. A record it refuses is not kept (a
+	// version kept before is dropped) and is counted in State.Invalid. It
+	// is called with the subscription's lock held: it must not block.
+	Check func(collection string, value json.RawMessage) error
+}
+
+// rejects reports whether the filter's Check refuses a record.
+func (f Filter) rejects(collection string, value json.RawMessage) bool {
+	return f.Check != nil && f.Check(collection, value) != nil
 }
 
 func (f Filter) wantsDID(did string) bool {
@@ -42,6 +52,15 @@ type Record struct {
 func (r Record) DID() string {
 	did, _, _ := strings.Cut(strings.TrimPrefix(r.URI, "at://"), "/")
 	return did
+}
+
+// collection returns the record's collection.
+func (r Record) collection() string {
+	parts := strings.SplitN(strings.TrimPrefix(r.URI, "at://"), "/", 3)
+	if len(parts) < 2 {
+		return ""
+	}
+	return parts[1]
 }
 
 // Repo is how far a subscription has applied one repo.
@@ -79,9 +98,11 @@ type State struct {
 	Matched       int64
 	Errors        int64
 	Evicted       int64
-	Records       map[string]Record
-	Repos         map[string]Repo
-	LastResync    *Resync
+	// Invalid counts records Filter.Check refused.
+	Invalid    int64
+	Records    map[string]Record
+	Repos      map[string]Repo
+	LastResync *Resync
 }
 
 // RecordsNewestFirst returns the records, most recently changed first.
@@ -266,6 +287,11 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 			delete(s.state.Records, uri)
 			continue
 		}
+		if s.filter.rejects(op.collection, op.value) {
+			delete(s.state.Records, uri)
+			s.state.Invalid++
+			continue
+		}
 		s.order++
 		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value), order: s.order}
 	}
@@ -375,6 +401,10 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 		}
 	}
 	for _, r := range l.records {
+		if s.filter.rejects(r.collection(), r.Value) {
+			s.state.Invalid++
+			continue
+		}
 		s.order++
 		r.order = s.order
 		s.state.Records[r.URI] = r
