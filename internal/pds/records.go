@@ -97,6 +97,38 @@ func (c *Client) GetRecord(ctx context.Context, collection, rkey string) (*Recor
 	return r, nil
 }
 
+// ListRecords lists the repo's records of one collection, at most limit
+// of them (pages of 100 are read until limit or the end).
+func (c *Client) ListRecords(ctx context.Context, collection string, limit int) ([]Record, error) {
+	if _, err := syntax.ParseNSID(collection); err != nil {
+		return nil, &SpecError{Field: "collection", Reason: err.Error()}
+	}
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	did, _ := c.Info()
+	var out []Record
+	cursor := ""
+	for len(out) < limit {
+		page, err := agnostic.RepoListRecords(ctx, c.lex(), collection, cursor, int64(min(100, limit-len(out))), did, false)
+		if err != nil {
+			return nil, fmt.Errorf("pds: list %s: %w", collection, err)
+		}
+		for _, r := range page.Records {
+			rec := Record{URI: r.Uri, CID: r.Cid}
+			if r.Value != nil {
+				rec.Value = *r.Value
+			}
+			out = append(out, rec)
+		}
+		if page.Cursor == nil || *page.Cursor == "" || *page.Cursor == cursor || len(page.Records) == 0 {
+			break
+		}
+		cursor = *page.Cursor
+	}
+	return out, nil
+}
+
 // PutRecord creates or replaces a record. swapCID == nil writes
 // unconditionally; otherwise the record's current CID must equal *swapCID or
 // the PDS refuses with ErrInvalidSwap. The value is checked with
