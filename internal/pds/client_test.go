@@ -506,3 +506,33 @@ func TestConnectRejectsBadArguments(t *testing.T) {
 		checkNoSecrets(t, err)
 	}
 }
+
+// TestListRecords: every record of the collection, across pages, up to
+// the limit; other collections are not listed.
+func TestListRecords(t *testing.T) {
+	ctx := context.Background()
+	f := pdstest.New(t)
+	c := connect(t, f, &countingStore{})
+	for i := range 120 {
+		if _, err := c.PutRecord(ctx, coll, fmt.Sprintf("r%03d", i), json.RawMessage(`{"n":1}`), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.PutRecord(ctx, "dev.knotless.test.other", "x", json.RawMessage(`{}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.ListRecords(ctx, coll, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 120 || all[0].URI != "at://"+pdstest.DID+"/"+coll+"/r000" || all[119].CID == "" {
+		t.Fatalf("listed %d records (first %+v)", len(all), all[0])
+	}
+	some, err := c.ListRecords(ctx, coll, 30)
+	if err != nil || len(some) != 30 {
+		t.Fatalf("limit 30: %d records, %v", len(some), err)
+	}
+	if _, err := c.ListRecords(ctx, "not an nsid", 10); err == nil {
+		t.Fatal("an invalid collection was listed")
+	}
+}

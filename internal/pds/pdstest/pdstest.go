@@ -303,6 +303,32 @@ func (f *PDS) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		reply(200, map[string]any{"uri": "at://" + DID + "/" + key, "cid": rec.cid, "value": rec.value})
+	case "com.atproto.repo.listRecords":
+		// Pages in rkey order; the cursor is the last rkey returned.
+		q := r.URL.Query()
+		prefix := q.Get("collection") + "/"
+		limit, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || limit <= 0 {
+			limit = 50
+		}
+		var keys []string
+		for k := range f.records {
+			if strings.HasPrefix(k, prefix) && (q.Get("cursor") == "" || strings.TrimPrefix(k, prefix) > q.Get("cursor")) {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		out := map[string]any{"records": []any{}}
+		if len(keys) > limit {
+			keys = keys[:limit]
+			out["cursor"] = strings.TrimPrefix(keys[limit-1], prefix)
+		}
+		recs := make([]any, 0, len(keys))
+		for _, k := range keys {
+			recs = append(recs, map[string]any{"uri": "at://" + DID + "/" + k, "cid": f.records[k].cid, "value": f.records[k].value})
+		}
+		out["records"] = recs
+		reply(200, out)
 	case "com.atproto.repo.putRecord":
 		if !authed() {
 			return
