@@ -43,6 +43,10 @@ import (
 	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/controllers/component"
+	"github.com/knotless-dev/knotless/controllers/marketbidder"
+	"github.com/knotless-dev/knotless/controllers/marketidentity"
+	"github.com/knotless-dev/knotless/controllers/marketnetwork"
+	"github.com/knotless-dev/knotless/controllers/marketpresence"
 	"github.com/knotless-dev/knotless/controllers/tenantcluster"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
@@ -179,6 +183,9 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
+	if err := setupMarket(ctx, mgr, pool, hub, o.AtprotoResync); err != nil {
+		return err
+	}
 	// The cluster-aware client adds /clusters/<workspace> to the server's
 	// base URL.
 	base, err := bootstrap.BaseURL(cfg.Host)
@@ -303,6 +310,30 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 
 // registerMetrics adds the engaged-workspace gauge and the provider
 // restart counter.
+// setupMarket registers the market controllers and their metric.
+func setupMarket(ctx context.Context, mgr mcmanager.Manager, pool *repoconn.Pool, hub *firehose.Hub, resync time.Duration) error {
+	invalid := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "knotless_market_invalid_records_total",
+		Help: "Market records read from firehoses that did not match their lexicon and were ignored, by collection.",
+	}, []string{"collection"})
+	if err := metrics.Registry.Register(invalid); err != nil {
+		return err
+	}
+	if err := (&marketnetwork.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the marketnetwork controller: %w", err)
+	}
+	if err := (&marketidentity.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Hub: hub, Resync: resync, Invalid: invalid}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the marketidentity controller: %w", err)
+	}
+	if err := (&marketbidder.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the marketbidder controller: %w", err)
+	}
+	if err := (&marketpresence.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: resync}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the marketpresence controller: %w", err)
+	}
+	return nil
+}
+
 func registerMetrics(reg prometheus.Registerer, p *engage.Provider) error {
 	labels := prometheus.Labels{"export": apis.Export}
 	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -1,0 +1,320 @@
+// Package marketpresence publishes each MarketPresence as the bidder's
+// dev.knotless.market.presence record (rkey: the presence's name) in the
+// repo of its MarketIdentity, after checking it against the lexicon, and
+// reports what the PDS returned when the record was read back (R01). The
+// record's updatedAt changes only when its content does, so a restart
+// publishes nothing again. It is the only status writer of MarketPresence
+// (field manager FieldManager) and never writes spec.
+package marketpresence
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/mapping"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/predicates"
+	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "marketpresence"
+	// FieldManager owns MarketPresence status and finalizer.
+	FieldManager = "knotless-marketpresence"
+	// Finalizer deletes the presence record before the object goes.
+	Finalizer = "market.knotless.dev/presence"
+
+	byIdentity = "market.knotless.dev/presence-identity"
+)
+
+// Reconciler reconciles MarketPresences in every engaged workspace.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Pool       *repoconn.Pool
+	// Resync is how often a published presence is read back from its PDS
+	// (a change made behind knotless's back is undone). Zero means 2m.
+	Resync time.Duration
+	// Connect returns the Publisher of a repo (default market.Client with
+	// Pool); tests replace it.
+	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// SetupWithManager registers the controller and its index.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &marketv1alpha1.MarketPresence{}, byIdentity, func(o client.Object) []string {
+		return []string{o.(*marketv1alpha1.MarketPresence).Spec.IdentityRef.Name}
+	}); err != nil {
+		return err
+	}
+	return engage.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&marketv1alpha1.MarketPresence{}, predicates.SpecOrLifecycleChanged()).
+		Watches(&marketv1alpha1.MarketIdentity{}, mapping.ByIndex(func() client.ObjectList { return &marketv1alpha1.MarketPresenceList{} }, byIdentity, client.Object.GetName)).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout: time.Minute,
+		}).
+		Complete(r)
+}
+
+func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
+	if r.Connect != nil {
+		return r.Connect(ctx, c, lc, repo)
+	}
+	return market.Client(ctx, r.Pool, c, lc, repo)
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	c := cl.GetClient()
+	lc := string(req.ClusterName)
+	p := &marketv1alpha1.MarketPresence{}
+	if err := c.Get(ctx, req.NamespacedName, p); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !p.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, cl, lc, p)
+	}
+	if !controllerutil.ContainsFinalizer(p, Finalizer) {
+		if err := ssa.Metadata(ctx, c, p, []string{Finalizer}, nil, FieldManager); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+
+	st := p.Status.DeepCopy()
+	st.ObservedGeneration = p.Generation
+	result := reconcile.Result{RequeueAfter: cmp.Or(r.Resync, 2*time.Minute)}
+	cause := r.publish(ctx, c, lc, p, st)
+	var ce *conditions.Error
+	switch {
+	case cause == nil:
+		st.Phase = marketv1alpha1.PhaseReady
+		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionTrue, marketv1alpha1.ReasonPublished, "published as "+st.Record.URI)
+		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "published as "+st.Record.URI)
+	case errors.As(cause, &ce):
+		st.Phase = marketv1alpha1.PhasePending
+		if ce.Reason == marketv1alpha1.ReasonInvalidRecord {
+			st.Phase = marketv1alpha1.PhaseFailed
+		}
+		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionFalse, ce.Reason, ce.Message)
+		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, ce.Reason, ce.Message)
+		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || ce.Reason == marketv1alpha1.ReasonInvalidRecord {
+			// The identity's watch or a spec edit brings it back.
+			cause, result = nil, reconcile.Result{}
+		}
+	default:
+		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, "Error", cause.Error())
+	}
+	if err := ssa.WriteStatus(ctx, c, p, &p.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.ConditionChanged(p.Status.Conditions, st.Conditions, marketv1alpha1.ConditionReady),
+		Recorder: cl.GetEventRecorder(Name),
+		Action:   "Publish",
+	}); err != nil {
+		return reconcile.Result{}, err
+	}
+	if cause != nil {
+		return reconcile.Result{}, cause
+	}
+	return result, nil
+}
+
+// publish makes the presence record equal the spec. A record whose
+// content (all but updatedAt) already equals it is left alone.
+func (r *Reconciler) publish(ctx context.Context, c client.Client, lc string, p *marketv1alpha1.MarketPresence, st *marketv1alpha1.MarketPresenceStatus) error {
+	id, err := market.Identity(ctx, c, p.Namespace, p.Spec.IdentityRef.Name)
+	if err != nil {
+		return err
+	}
+	repo, err := market.Repo(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	pub, err := r.connect(ctx, c, lc, repo)
+	if err != nil {
+		return err
+	}
+	now := r.now()
+	desired := market.PresenceOf(&p.Spec, p.CreationTimestamp.Time, now)
+	current, err := pub.Get(ctx, lexicon.Presence, p.Name)
+	if err != nil {
+		return err
+	}
+	if current != nil && sameContent(current.Value, desired) {
+		st.Record = &marketv1alpha1.PublishedRecord{URI: current.URI, CID: current.CID, Rev: rev(p.Status.Record, current.CID)}
+		st.UpdatedAt = updatedAt(current.Value, st.UpdatedAt)
+		return nil
+	}
+	res, err := pub.Publish(ctx, lexicon.Presence, p.Name, desired)
+	if err != nil {
+		return err
+	}
+	st.Record = &marketv1alpha1.PublishedRecord{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev}
+	st.UpdatedAt = updatedAt(res.After.Value, st.UpdatedAt)
+	return nil
+}
+
+// rev keeps the revision of the last write while the record's CID is
+// unchanged.
+func rev(prev *marketv1alpha1.PublishedRecord, cid string) string {
+	if prev != nil && prev.CID == cid {
+		return prev.Rev
+	}
+	return ""
+}
+
+// sameContent reports whether the record read from the PDS equals the
+// desired one in everything but updatedAt.
+func sameContent(have json.RawMessage, want *market.Presence) bool {
+	w, err := json.Marshal(want)
+	if err != nil {
+		return false
+	}
+	a, b := decode(have), decode(w)
+	if a == nil || b == nil {
+		return false
+	}
+	delete(a, "updatedAt")
+	delete(b, "updatedAt")
+	return reflect.DeepEqual(a, b)
+}
+
+func decode(raw []byte) map[string]any {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if dec.Decode(&m) != nil {
+		return nil
+	}
+	return m
+}
+
+// updatedAt is the record's updatedAt, or prev when it has none.
+func updatedAt(raw json.RawMessage, prev *metav1.Time) *metav1.Time {
+	var v struct {
+		UpdatedAt string `json:"updatedAt"`
+	}
+	if json.Unmarshal(raw, &v) != nil {
+		return prev
+	}
+	t, err := time.Parse(time.RFC3339, v.UpdatedAt)
+	if err != nil {
+		return prev
+	}
+	mt := metav1.NewTime(t)
+	return &mt
+}
+
+// finalize deletes the presence record, then lets the object go. The repo
+// is found through the identity, or, when the identity is gone, by the
+// DID of the published record. Without a repo the record cannot be
+// deleted: the object goes and a Warning Event says so.
+func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string, p *marketv1alpha1.MarketPresence) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(p, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	c := cl.GetClient()
+	repo, err := r.repoOf(ctx, c, p)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if repo != nil {
+		if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
+			return reconcile.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+		pub, err := r.connect(ctx, c, lc, repo)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if _, err := pub.Publish(ctx, lexicon.Presence, p.Name, nil); err != nil {
+			return reconcile.Result{}, err
+		}
+	} else if p.Status.Record != nil {
+		cl.GetEventRecorder(Name).Eventf(p, nil, corev1.EventTypeWarning, "RecordLeft", "Delete",
+			"the repo that holds %s is gone; the record could not be deleted", p.Status.Record.URI)
+	}
+	if err := ssa.RemoveFinalizer(ctx, c, p, Finalizer); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	return reconcile.Result{}, nil
+}
+
+// repoOf finds the repo that holds the presence record: the identity's, or
+// the repo of the namespace whose DID published it. nil when neither
+// exists.
+func (r *Reconciler) repoOf(ctx context.Context, c client.Client, p *marketv1alpha1.MarketPresence) (*atprotov1alpha1.AtprotoRepo, error) {
+	id := &marketv1alpha1.MarketIdentity{}
+	err := c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Spec.IdentityRef.Name}, id)
+	if err == nil {
+		repo := &atprotov1alpha1.AtprotoRepo{}
+		err = c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: id.Spec.RepoRef.Name}, repo)
+		if err == nil {
+			return repo, nil
+		}
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	if p.Status.Record == nil {
+		return nil, nil
+	}
+	did, _, _ := strings.Cut(strings.TrimPrefix(p.Status.Record.URI, "at://"), "/")
+	var repos atprotov1alpha1.AtprotoRepoList
+	if err := c.List(ctx, &repos, client.InNamespace(p.Namespace)); err != nil {
+		return nil, err
+	}
+	for i := range repos.Items {
+		if repos.Items[i].Status.DID == did {
+			return &repos.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+func setCondition(st *marketv1alpha1.MarketPresenceStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
+}
