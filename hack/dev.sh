@@ -181,11 +181,13 @@ if [ "$pds_url" = http://127.0.0.1:2583 ]; then
   apply_app="kubectl apply -f $examples/application.yaml"
   apply_vault_repo="sed \"s/LOGICAL_CLUSTER/\$lc/\" $examples/atprotorepo-vault.yaml | kubectl apply -f -"
   apply_watch="kubectl apply -f $examples/atprotorecordwatch.yaml"
+  apply_market="kubectl apply -f $examples/market-bidder.yaml"
 else
   apply_repo="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo.yaml | kubectl apply -f -"
   apply_app="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/application.yaml | kubectl apply -f -"
   apply_vault_repo="sed -e \"s/LOGICAL_CLUSTER/\$lc/\" -e 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo-vault.yaml | kubectl apply -f -"
   apply_watch="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorecordwatch.yaml | kubectl apply -f -"
+  apply_market="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/market-bidder.yaml | kubectl apply -f -"
 fi
 cat <<TRY
 
@@ -248,6 +250,23 @@ that references it:
   $apply_vault_repo
   kubectl wait --for=condition=Ready atprotorepo/alice-vault --timeout=60s
   kubectl get atprotorepos
+
+A bidder in the market (docs/market.md): a market-bidder workspace, an
+account acme.test, and a network, identity and bidder; knotless publishes
+the bidder's presence record, checked against its lexicon
+(docs/lexicons.md):
+
+  kubectl ws use :root
+  kubectl ws create acme --type $ws:market-bidder --ignore-existing --enter
+  curl -sS -H 'Content-Type: application/json' -d '{"handle":"acme.test","email":"acme@knotless.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount >/dev/null
+  acme_jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"acme.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
+  acme_pw=\$(curl -sS -H "Authorization: Bearer \$acme_jwt" -H 'Content-Type: application/json' -d '{"name":"knotless"}' \$pds/xrpc/com.atproto.server.createAppPassword | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
+  kubectl create secret generic acme-pds --from-literal=password="\$acme_pw"
+  $apply_market
+  kubectl wait --for=condition=Ready marketbidder/acme --timeout=90s
+  kubectl get market
+  curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=acme.test&collection=dev.knotless.market.presence&rkey=acme"; echo
+  kubectl patch marketbidder acme --type merge -p '{"spec":{"suspend":true}}'   # acceptingRequests: false
 
 A tenant apiserver mounted into kcp (docs/mountproxy.md). Start a second
 kcp as the tenant, in another shell:
