@@ -145,8 +145,11 @@ func ValidateRecord(collection string, value json.RawMessage) error {
 	if trimmed := bytes.TrimSpace(value); len(trimmed) == 0 || trimmed[0] != '{' {
 		return newError(collection, "record is not a JSON object")
 	}
-	if len(value) > atdata.MAX_JSON_RECORD_SIZE {
-		return newError(collection, fmt.Sprintf("record is larger than %d bytes", atdata.MAX_JSON_RECORD_SIZE))
+	if len(value) > MaxRecordBytes {
+		return newError(collection, fmt.Sprintf("record is larger than %d bytes", MaxRecordBytes))
+	}
+	if depth(value) > maxDepth {
+		return newError(collection, fmt.Sprintf("record is nested deeper than %d levels", maxDepth))
 	}
 	if reason := checkNumbers(value); reason != "" {
 		return newError(collection, reason)
@@ -169,6 +172,13 @@ func ValidateRecord(collection string, value json.RawMessage) error {
 	return nil
 }
 
+// MaxRecordBytes is the largest market record (JSON) knotless writes or
+// accepts from a firehose; the market's records are a few KiB.
+const MaxRecordBytes = 64 << 10
+
+// maxDepth bounds how deeply a market record nests (the lexicons need 4).
+const maxDepth = 16
+
 // maxSafeInteger is the largest integer every ATProto implementation
 // (JavaScript included) holds exactly: 2^53-1.
 const maxSafeInteger = 1<<53 - 1
@@ -186,27 +196,63 @@ func checkNumbers(value json.RawMessage) string {
 	return walkNumbers(v, "")
 }
 
+// walkNumbers returns why v has a number that is not a safe integer, or
+// "". The path is built only for the number it reports.
 func walkNumbers(v any, path string) string {
+	bad, where := findNumber(v)
+	if bad == "" {
+		return ""
+	}
+	slices.Reverse(where)
+	return "field " + strings.TrimPrefix(path+strings.Join(where, ""), ".") + ": " + bad
+}
+
+// findNumber returns what is wrong with the first bad number in v and its
+// path, innermost segment first.
+func findNumber(v any) (string, []string) {
 	switch v := v.(type) {
 	case json.Number:
 		if strings.ContainsAny(string(v), ".eE") {
-			return "field " + path + ": not an integer (ATProto records have no floats)"
+			return "not an integer (ATProto records have no floats)", nil
 		}
 		if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || n > maxSafeInteger || n < -maxSafeInteger {
-			return "field " + path + ": integer outside ±(2^53-1)"
+			return "integer outside ±(2^53-1)", nil
 		}
 	case map[string]any:
 		for _, k := range slices.Sorted(maps.Keys(v)) {
-			if r := walkNumbers(v[k], strings.TrimPrefix(path+"."+k, ".")); r != "" {
-				return r
+			if bad, where := findNumber(v[k]); bad != "" {
+				return bad, append(where, "."+k)
 			}
 		}
 	case []any:
 		for i, e := range v {
-			if r := walkNumbers(e, path+"["+strconv.Itoa(i)+"]"); r != "" {
-				return r
+			if bad, where := findNumber(e); bad != "" {
+				return bad, append(where, "["+strconv.Itoa(i)+"]")
 			}
 		}
 	}
-	return ""
+	return "", nil
+}
+
+// depth returns how deeply the JSON value nests objects and arrays (a
+// scan of the bytes, before anything is decoded).
+func depth(value []byte) int {
+	d, most, inString, escaped := 0, 0, false, false
+	for _, c := range value {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			d++
+			most = max(most, d)
+		case c == '}' || c == ']':
+			d--
+		}
+	}
+	return most
 }

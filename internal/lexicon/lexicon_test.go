@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	lex "github.com/bluesky-social/indigo/atproto/lexicon"
 
@@ -627,5 +628,31 @@ func TestTruncate(t *testing.T) {
 		if len(got) > tc.n {
 			t.Errorf("truncate(%q, %d) is %d bytes", tc.in, tc.n, len(got))
 		}
+	}
+}
+
+// TestHostileShapes: a record nested thousands of levels deep or larger
+// than MaxRecordBytes is refused before it is decoded, and cheaply.
+func TestHostileShapes(t *testing.T) {
+	deep := `{"$type":"dev.knotless.market.association","subject":"did:plc:ewvi7nxzyoun6zhxrhs64oiz","roles":["bidder"],"createdAt":"2026-12-01T00:00:00Z","x":` +
+		strings.Repeat(`{"a":`, 5000) + "1" + strings.Repeat("}", 5000) + "}"
+	start := time.Now()
+	err := ValidateRecord(Association, json.RawMessage(deep))
+	if err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Fatalf("deep record: %v", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Logf("a deep record took %s to refuse", took)
+	}
+	big := `{"$type":"dev.knotless.market.association","subject":"did:plc:ewvi7nxzyoun6zhxrhs64oiz","roles":["bidder"],"createdAt":"2026-12-01T00:00:00Z","pad":"` +
+		strings.Repeat("x", MaxRecordBytes) + `"}`
+	if err := ValidateRecord(Association, json.RawMessage(big)); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("big record: %v", err)
+	}
+	// Brackets inside strings do not count as nesting.
+	ok := `{"$type":"dev.knotless.market.association","subject":"did:plc:ewvi7nxzyoun6zhxrhs64oiz","roles":["bidder"],"createdAt":"2026-12-01T00:00:00Z","note":"` +
+		strings.Repeat("{[", 100) + `\"` + `"}`
+	if err := ValidateRecord(Association, json.RawMessage(ok)); err != nil {
+		t.Fatalf("brackets in a string: %v", err)
 	}
 }
