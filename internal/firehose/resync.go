@@ -197,8 +197,13 @@ func (s *stream) client(ctx context.Context, did string) *atclient.APIClient {
 // source is did's PDS, or it has the repo (a relay answers
 // getLatestCommit for every repo it follows; another PDS does not).
 func (s *stream) carries(ctx context.Context, did string) (bool, error) {
-	c := s.client(ctx, did)
-	if c.Host == s.source {
+	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
+	if err != nil {
+		// Without the DID's PDS the source cannot be told from it, and a
+		// listing from the source would be unsigned: try again later.
+		return false, fmt.Errorf("resolving %s: %w", did, err)
+	}
+	if ident.PDSEndpoint() == s.source {
 		return true, nil
 	}
 	rev, err := latestRev(ctx, &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: s.source}, did)
@@ -251,6 +256,11 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string)
 					return nil, fmt.Errorf("listing %s of %s: %w", col, did, err)
 				}
 				for _, r := range out.Records {
+					// A listing names its own records: drop any that claim
+					// another repo or collection.
+					if !strings.HasPrefix(r.Uri, "at://"+did+"/"+col+"/") {
+						continue
+					}
 					var v json.RawMessage
 					if r.Value != nil {
 						v = *r.Value
