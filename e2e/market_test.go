@@ -25,6 +25,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
@@ -345,6 +346,23 @@ func TestMarketBidderPresence(t *testing.T) {
 		took[n/2].Round(time.Millisecond), took[n-1].Round(time.Millisecond), took[0].Round(time.Millisecond), n)
 	t.Logf("FIGURE provider CPU per published presence: %s (%s over %d, everything the provider did meanwhile included)",
 		((cpu1 - cpu0) / n).Round(time.Millisecond), (cpu1 - cpu0).Round(time.Millisecond), n)
+
+	// Deleting the repo deletes its identity first, whose finalizer
+	// deletes the presence records of the bidders that publish as it:
+	// nothing stays in the public market.
+	if err := c.Delete(ctx, &atprotov1alpha1.AtprotoRepo{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "seller"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitPDS(ctx, t, "the repo and its identity gone", func() (bool, string) {
+		errRepo := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "seller"}, &atprotov1alpha1.AtprotoRepo{})
+		errID := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "seller"}, &marketv1alpha1.MarketIdentity{})
+		return apierrors.IsNotFound(errRepo) && apierrors.IsNotFound(errID), fmt.Sprintf("repo: %v, identity: %v", errRepo, errID)
+	})
+	for i := range n {
+		if p, _ := readPresence(ctx, t, env.pds, acct.DID, fmt.Sprintf("fig-%02d", i)); p != nil {
+			t.Errorf("presence fig-%02d still published after its repo was deleted", i)
+		}
+	}
 }
 
 // marketBadInput: what the schema can refuse is refused at admission with

@@ -52,6 +52,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -312,10 +313,11 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 // restart counter.
 // setupMarket registers the market controllers and their metric.
 func setupMarket(ctx context.Context, mgr mcmanager.Manager, pool *repoconn.Pool, hub *firehose.Hub, resync time.Duration) error {
-	invalid := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "knotless_market_invalid_records_total",
-		Help: "Market records read from firehoses that did not match their lexicon and were ignored, by collection.",
-	}, []string{"collection"})
+	invalid := prometheus.NewCounter(prometheus.CounterOpts{
+		Name:        "knotless_market_invalid_records_total",
+		Help:        "Market records read from firehoses that did not match their lexicon and were ignored.",
+		ConstLabels: prometheus.Labels{"collection": lexicon.Association},
+	})
 	if err := metrics.Registry.Register(invalid); err != nil {
 		return err
 	}

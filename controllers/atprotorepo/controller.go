@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +28,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
@@ -181,9 +183,10 @@ func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.Co
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
-// finalize deletes the repo's records (their own finalizers delete them
-// from the PDS while the repo and its credential still exist), then lets
-// the repo go.
+// finalize deletes the repo's records and the MarketIdentities whose
+// account it is (their own finalizers delete what they published from the
+// PDS while the repo and its credential still exist), then lets the repo
+// go.
 func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
 		return reconcile.Result{}, nil
@@ -192,13 +195,38 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster stri
 	if err := c.List(ctx, &records, client.InNamespace(repo.Namespace), client.MatchingFields{names.RecordsByRepo: repo.Name}); err != nil {
 		return reconcile.Result{}, err
 	}
-	if len(records.Items) > 0 {
-		for i := range records.Items {
-			if err := c.Delete(ctx, &records.Items[i]); client.IgnoreNotFound(err) != nil {
+	var identities marketv1alpha1.MarketIdentityList
+	if err := c.List(ctx, &identities, client.InNamespace(repo.Namespace)); err != nil {
+		return reconcile.Result{}, err
+	}
+	var dependents []client.Object
+	for i := range records.Items {
+		dependents = append(dependents, &records.Items[i])
+	}
+	for i := range identities.Items {
+		if identities.Items[i].Spec.RepoRef.Name == repo.Name {
+			dependents = append(dependents, &identities.Items[i])
+		}
+	}
+	// Presences being deleted (a namespace going) delete their records
+	// with this repo's credential: wait for them too.
+	var presences marketv1alpha1.MarketPresenceList
+	if err := c.List(ctx, &presences, client.InNamespace(repo.Namespace)); err != nil {
+		return reconcile.Result{}, err
+	}
+	for i := range presences.Items {
+		p := &presences.Items[i]
+		if !p.DeletionTimestamp.IsZero() && p.Status.Record != nil && repo.Status.DID != "" && strings.HasPrefix(p.Status.Record.URI, "at://"+repo.Status.DID+"/") {
+			dependents = append(dependents, p)
+		}
+	}
+	if len(dependents) > 0 {
+		for _, o := range dependents {
+			if err := c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
 				return reconcile.Result{}, err
 			}
 		}
-		log.FromContext(ctx).Info("waiting for the repo's records to be deleted", "records", len(records.Items))
+		log.FromContext(ctx).Info("waiting for the repo's records and market identities to be deleted", "objects", len(dependents))
 		return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
 	}
 	if err := ssa.RemoveFinalizer(ctx, c, repo, Finalizer); err != nil {

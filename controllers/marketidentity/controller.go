@@ -11,7 +11,6 @@ package marketidentity
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -46,6 +48,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -61,9 +64,9 @@ const (
 
 	byRepo    = "market.knotless.dev/identity-repo"
 	byNetwork = "market.knotless.dev/identity-network"
-	// maxVouchers bounds the operator's association records one identity
-	// keeps from a firehose.
-	maxVouchers = 10000
+	// maxAssociations bounds the association records of one repo that
+	// knotless lists (an operator's, or an identity's own).
+	maxAssociations = 10000
 )
 
 // Reconciler reconciles MarketIdentities in every engaged workspace.
@@ -71,31 +74,35 @@ type Reconciler struct {
 	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
 	Pool       *repoconn.Pool
 	Hub        *firehose.Hub
-	// Poll is how often a followed identity's vouchers are read from its
-	// subscriptions (default 3s).
+	// Poll is how often a followed identity's vouchers are read from the
+	// operator's feeds (default 3s; reading is skipped while a feed has
+	// not changed).
 	Poll time.Duration
 	// Resync is how often the association records are read back from the
 	// PDS (default 2m).
 	Resync time.Duration
-	// Invalid counts market records from firehoses that did not match
-	// their lexicon, by collection (may be nil).
-	Invalid *prometheus.CounterVec
+	// Invalid counts association records from firehoses that did not
+	// match their lexicon (may be nil).
+	Invalid prometheus.Counter
 	// Connect returns the Publisher of a repo (default market.Client with
 	// Pool); tests replace it.
 	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
 
-	mu      sync.Mutex
-	follows map[string]*follow
+	mu sync.Mutex
+	// published is when each identity (by key) last published its
+	// associations, for its uid.
+	published map[string]publishedAt
+	// feeds are the operator's association records on one source, shared
+	// by every identity that follows that operator there (by source|DID).
+	feeds map[string]*feed
+	// following lists the feeds each identity (by key) uses.
+	following map[string][]string
 }
 
-// follow is one identity's subscriptions to its network's firehoses and
-// when its associations were last published.
-type follow struct {
-	uid        types.UID
-	generation int64
-	network    string // what the subscriptions were made for
-	subs       []*firehose.Subscription
-	published  time.Time
+type publishedAt struct {
+	uid  types.UID
+	gen  int64
+	time time.Time
 }
 
 // SetupWithManager registers the controller and its indexes.
@@ -113,6 +120,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	return engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&marketv1alpha1.MarketIdentity{}, predicates.SpecOrLifecycleChanged()).
+		// An identity that lost its repo to an older one gets it when that
+		// one goes.
+		Watches(&marketv1alpha1.MarketIdentity{}, mapping.ByIndex(func() client.ObjectList { return &marketv1alpha1.MarketIdentityList{} }, byRepo,
+			func(o client.Object) string { return o.(*marketv1alpha1.MarketIdentity).Spec.RepoRef.Name }), predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false }, UpdateFunc: func(event.UpdateEvent) bool { return false },
+		}).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, mapping.ByIndex(func() client.ObjectList { return &marketv1alpha1.MarketIdentityList{} }, byRepo, client.Object.GetName)).
 		Watches(&marketv1alpha1.MarketNetwork{}, enqueueByNetwork()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
@@ -141,17 +154,22 @@ func key(req mcreconcile.Request) string {
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 	cl, err := r.GetCluster(ctx, req.ClusterName)
 	if err != nil {
+		if errors.Is(err, multicluster.ErrClusterNotFound) {
+			r.drop(key(req)) // the workspace is no longer engaged
+		}
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
 	c := cl.GetClient()
 	id := &marketv1alpha1.MarketIdentity{}
 	if err := c.Get(ctx, req.NamespacedName, id); err != nil {
-		r.drop(key(req))
+		if apierrors.IsNotFound(err) {
+			r.drop(key(req))
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !id.DeletionTimestamp.IsZero() {
 		r.drop(key(req))
-		return r.finalize(ctx, c, string(req.ClusterName), id)
+		return r.finalize(ctx, cl, string(req.ClusterName), id)
 	}
 	if !controllerutil.ContainsFinalizer(id, Finalizer) {
 		if err := ssa.Metadata(ctx, c, id, []string{Finalizer}, nil, FieldManager); err != nil {
@@ -161,6 +179,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 
 	st := id.Status.DeepCopy()
 	st.ObservedGeneration = id.Generation
+	resync := cmp.Or(r.Resync, 2*time.Minute)
 	result, cause := r.sync(ctx, c, string(req.ClusterName), key(req), id, st)
 	var ce *conditions.Error
 	switch {
@@ -170,16 +189,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		if ce.Reason == marketv1alpha1.ReasonInvalidSpec || ce.Reason == marketv1alpha1.ReasonInvalidRecord || ce.Reason == marketv1alpha1.ReasonPDSNotInNetwork {
 			st.Phase = marketv1alpha1.PhaseFailed
 		}
-		setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, ce.Reason, ce.Message)
-		if ce.Reason != marketv1alpha1.ReasonNotFound && ce.Reason != marketv1alpha1.ReasonNotReady && st.Phase != marketv1alpha1.PhaseFailed {
-			result = reconcile.Result{}
-		} else {
+		r.notReady(key(req), id, st, ce.Reason, ce.Message)
+		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || st.Phase == marketv1alpha1.PhaseFailed {
 			// Waiting for a reference (its watch brings the identity back)
-			// or for a spec edit: no retry storm.
-			cause = nil
+			// or for a spec edit: look again at the resync, no retry storm.
+			cause, result = nil, reconcile.Result{RequeueAfter: resync}
 		}
 	default:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, "Error", cause.Error())
+		st.Phase = marketv1alpha1.PhasePending
+		r.notReady(key(req), id, st, "Error", cause.Error())
 	}
 	if err := ssa.WriteStatus(ctx, c, id, &id.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
@@ -190,15 +208,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}); err != nil {
 		return reconcile.Result{}, err
 	}
-	return result, cause
+	if cause != nil {
+		return reconcile.Result{}, cause
+	}
+	return result, nil
+}
+
+// notReady sets every condition of an identity that could not be
+// reconciled to the reason, and stops following its operator: nothing in
+// status claims what was not checked.
+func (r *Reconciler) notReady(k string, id *marketv1alpha1.MarketIdentity, st *marketv1alpha1.MarketIdentityStatus, reason, msg string) {
+	r.unfollow(k, nil)
+	st.VouchedBy, st.InvalidRecords = nil, 0
+	for _, typ := range []string{marketv1alpha1.ConditionReady, marketv1alpha1.ConditionPublished, marketv1alpha1.ConditionVouched} {
+		setCondition(st, id.Generation, typ, metav1.ConditionFalse, reason, msg)
+	}
 }
 
 // sync resolves the identity's network and repo, publishes its
 // associations and reads its vouchers into st.
 func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id *marketv1alpha1.MarketIdentity, st *marketv1alpha1.MarketIdentityStatus) (reconcile.Result, error) {
-	if err := r.exclusive(ctx, c, id); err != nil {
-		return reconcile.Result{}, err
-	}
 	net := &marketv1alpha1.MarketNetwork{}
 	if err := c.Get(ctx, client.ObjectKey{Name: id.Spec.NetworkRef.Name}, net); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -213,14 +242,23 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if other, err := r.owner(ctx, c, id, repo); err != nil {
+		return reconcile.Result{}, err
+	} else if other != "" {
+		return reconcile.Result{}, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil,
+			"the account of AtprotoRepo %s is already the identity of MarketIdentity %s; one account is one identity", repo.Name, other)
+	}
 	if err := onNetworkPDS(net, repo); err != nil {
 		return reconcile.Result{}, err
 	}
 	st.DID = repo.Status.DID
 
-	f := r.follow(k, id, net)
-	if st.ObservedGeneration != id.Status.ObservedGeneration || f.published.IsZero() || time.Since(f.published) > cmp.Or(r.Resync, 2*time.Minute) ||
-		!meta.IsStatusConditionTrue(id.Status.Conditions, marketv1alpha1.ConditionReady) {
+	resync := cmp.Or(r.Resync, 2*time.Minute)
+	r.mu.Lock()
+	last := r.published[k]
+	r.mu.Unlock()
+	if last.uid != id.UID || last.gen != id.Generation || time.Since(last.time) > resync ||
+		!meta.IsStatusConditionTrue(id.Status.Conditions, marketv1alpha1.ConditionPublished) {
 		pc, err := r.connect(ctx, c, lc, repo)
 		if err != nil {
 			return reconcile.Result{}, err
@@ -231,38 +269,42 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id
 		}
 		st.Associations = published
 		r.mu.Lock()
-		f.published = time.Now()
+		if r.published == nil {
+			r.published = map[string]publishedAt{}
+		}
+		r.published[k] = publishedAt{uid: id.UID, gen: id.Generation, time: time.Now()}
 		r.mu.Unlock()
 	}
 	st.Phase = marketv1alpha1.PhaseReady
 	setCondition(st, id.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionTrue, marketv1alpha1.ReasonPublished,
 		fmt.Sprintf("%d association record(s) published", len(st.Associations)))
 	setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "participant "+st.DID)
-	r.vouch(id, net, f, st)
-	if len(f.subs) > 0 {
+	if r.vouch(k, id, net, st) {
 		return reconcile.Result{RequeueAfter: cmp.Or(r.Poll, 3*time.Second)}, nil
 	}
-	return reconcile.Result{RequeueAfter: cmp.Or(r.Resync, 2*time.Minute)}, nil
+	return reconcile.Result{RequeueAfter: resync}, nil
 }
 
-// exclusive refuses an identity whose repo is already the repo of an
-// older identity in the namespace: two identities would delete each
-// other's association records.
-func (r *Reconciler) exclusive(ctx context.Context, c client.Client, id *marketv1alpha1.MarketIdentity) error {
+// owner returns the name of an older identity of the namespace whose
+// account is repo's (named by the same repo, or holding the same DID), or
+// "" when id is the account's identity. Two identities of one account
+// would delete each other's association records.
+func (r *Reconciler) owner(ctx context.Context, c client.Client, id *marketv1alpha1.MarketIdentity, repo *atprotov1alpha1.AtprotoRepo) (string, error) {
 	var list marketv1alpha1.MarketIdentityList
-	if err := c.List(ctx, &list, client.InNamespace(id.Namespace), client.MatchingFields{byRepo: id.Spec.RepoRef.Name}); err != nil {
-		return err
+	if err := c.List(ctx, &list, client.InNamespace(id.Namespace)); err != nil {
+		return "", err
 	}
 	for i := range list.Items {
 		o := &list.Items[i]
-		if o.UID == id.UID {
+		same := o.Spec.RepoRef.Name == id.Spec.RepoRef.Name || (o.Status.DID != "" && o.Status.DID == repo.Status.DID)
+		if o.UID == id.UID || !same {
 			continue
 		}
 		if o.CreationTimestamp.Before(&id.CreationTimestamp) || (o.CreationTimestamp.Equal(&id.CreationTimestamp) && o.Name < id.Name) {
-			return conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "AtprotoRepo %s is already the repo of MarketIdentity %s; one repo is one identity", id.Spec.RepoRef.Name, o.Name)
+			return o.Name, nil
 		}
 	}
-	return nil
+	return "", nil
 }
 
 // onNetworkPDS refuses a repo whose PDS the network does not list.
@@ -283,7 +325,8 @@ func onNetworkPDS(net *marketv1alpha1.MarketNetwork, repo *atprotov1alpha1.Atpro
 }
 
 // publish makes the repo's association records equal the spec: one per
-// approved association (rkey: its DID), none other. Writes of one repo
+// approved association (rkey: its DID), none other (the association
+// collection of an identity's repo is the identity's). Writes of one repo
 // that overlap are one applyWrites batch.
 func publish(ctx context.Context, pc market.Publisher, id *marketv1alpha1.MarketIdentity) ([]marketv1alpha1.PublishedRecord, error) {
 	createdAt := id.CreationTimestamp.UTC().Format(time.RFC3339)
@@ -293,13 +336,13 @@ func publish(ctx context.Context, pc market.Publisher, id *marketv1alpha1.Market
 			return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, err, "spec.approvedAssociations[%d].did: %v", i, err)
 		}
 		if _, err := syntax.ParseRecordKey(a.DID); err != nil {
-			return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, err, "spec.approvedAssociations[%d].did: %s cannot name a record (characters outside A-Za-z0-9._:~-)", i, a.DID)
+			return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, err, "spec.approvedAssociations[%d].did: %s cannot name a record (characters outside A-Za-z0-9._:~-, or longer than 512)", i, a.DID)
 		}
 		want[a.DID] = true
 	}
-	existing, err := pc.ListRecords(ctx, lexicon.Association, 10000)
+	existing, err := pc.ListRecords(ctx, lexicon.Association, maxAssociations)
 	if err != nil {
-		return nil, repoconn.Classify(err)
+		return nil, err
 	}
 	out := make([]marketv1alpha1.PublishedRecord, len(id.Spec.ApprovedAssociations))
 	g, gctx := errgroup.WithContext(ctx)
@@ -319,15 +362,10 @@ func publish(ctx context.Context, pc market.Publisher, id *marketv1alpha1.Market
 			return nil
 		})
 	}
-	for _, rec := range existing {
-		rkey := rec.URI[strings.LastIndex(rec.URI, "/")+1:]
-		if want[rkey] {
-			continue
+	for _, rkey := range rkeys(existing) {
+		if !want[rkey] {
+			g.Go(func() error { _, err := pc.Publish(gctx, lexicon.Association, rkey, nil); return err })
 		}
-		g.Go(func() error {
-			_, err := pc.Publish(gctx, lexicon.Association, rkey, nil)
-			return err
-		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
@@ -336,141 +374,49 @@ func publish(ctx context.Context, pc market.Publisher, id *marketv1alpha1.Market
 	return out, nil
 }
 
-// follow returns the identity's subscriptions, made again when the
-// identity or its network's firehoses or operator changed.
-func (r *Reconciler) follow(k string, id *marketv1alpha1.MarketIdentity, net *marketv1alpha1.MarketNetwork) *follow {
-	sig := net.Spec.OperatorDID + "|" + strings.Join(net.Spec.Firehoses, ",")
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.follows == nil {
-		r.follows = map[string]*follow{}
-	}
-	f := r.follows[k]
-	if f != nil && f.uid == id.UID && f.network == sig {
-		f.generation = id.Generation
-		return f
-	}
-	if f != nil {
-		r.unsubscribe(f)
-	}
-	f = &follow{uid: id.UID, generation: id.Generation, network: sig}
-	if net.Spec.OperatorDID != "" && r.Hub != nil {
-		for _, src := range net.Spec.Firehoses {
-			sub, err := r.Hub.Subscribe(src, firehose.Filter{Collections: []string{lexicon.Association}, DIDs: []string{net.Spec.OperatorDID}, Check: r.check}, maxVouchers, firehose.State{})
-			if err == nil { // the network's Validate already checked every source
-				f.subs = append(f.subs, sub)
-			}
+// rkeys returns the record keys of records, skipping any that is not a
+// valid record key (it could not be deleted by key anyway).
+func rkeys(records []pds.Record) []string {
+	var out []string
+	for _, rec := range records {
+		rkey := rec.URI[strings.LastIndex(rec.URI, "/")+1:]
+		if _, err := syntax.ParseRecordKey(rkey); err == nil {
+			out = append(out, rkey)
 		}
 	}
-	r.follows[k] = f
-	return f
+	return out
 }
 
-func (r *Reconciler) unsubscribe(f *follow) {
-	for _, s := range f.subs {
-		r.Hub.Unsubscribe(s)
-	}
-	f.subs = nil
-}
-
-func (r *Reconciler) drop(k string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if f := r.follows[k]; f != nil {
-		r.unsubscribe(f)
-		delete(r.follows, k)
-	}
-}
-
-// vouch sets st.VouchedBy, st.InvalidRecords and the Vouched condition
-// from the operator's association records the subscriptions hold.
-func (r *Reconciler) vouch(id *marketv1alpha1.MarketIdentity, net *marketv1alpha1.MarketNetwork, f *follow, st *marketv1alpha1.MarketIdentityStatus) {
-	op := net.Spec.OperatorDID
-	switch op {
-	case "":
-		st.VouchedBy, st.InvalidRecords = nil, 0
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonNoOperator, "MarketNetwork "+net.Name+" names no operator")
-		return
-	case st.DID:
-		st.VouchedBy, st.InvalidRecords = nil, 0
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "this identity is the network's operator")
-		return
-	}
-	vouchers := map[string]marketv1alpha1.Voucher{}
-	var invalid int64
-	connected := false
-	for _, sub := range f.subs {
-		state, health, _ := sub.Snapshot()
-		connected = connected || health.Connected
-		invalid += state.Invalid
-		for _, rec := range state.Records {
-			// Every record here passed check (the association lexicon).
-			a, err := market.DecodeAssociation(rec.Value)
-			if err != nil || rec.DID() != op || a.Subject != st.DID {
-				continue
-			}
-			roles := make([]marketv1alpha1.Role, len(a.Roles))
-			for i, role := range a.Roles {
-				roles[i] = marketv1alpha1.Role(role)
-			}
-			vouchers[rec.URI] = marketv1alpha1.Voucher{DID: op, Roles: roles, URI: rec.URI, CID: rec.CID}
-		}
-	}
-	st.VouchedBy = nil
-	for _, v := range vouchers {
-		st.VouchedBy = append(st.VouchedBy, v)
-	}
-	slices.SortFunc(st.VouchedBy, func(a, b marketv1alpha1.Voucher) int { return cmp.Compare(a.URI, b.URI) })
-	st.InvalidRecords = invalid
-	switch {
-	case len(st.VouchedBy) > 0:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "vouched for by the operator "+op)
-	case !connected:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonConnecting, "connecting to the network's firehoses")
-	default:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonNotVouched, "no association record of the operator "+op+" names this identity")
-	}
-}
-
-// check validates a record from a firehose against the association
-// lexicon before the subscription keeps it; an invalid one is counted and
-// ignored.
-func (r *Reconciler) check(collection string, value json.RawMessage) error {
-	_, err := market.DecodeAssociation(value)
-	if err != nil && r.Invalid != nil {
-		r.Invalid.WithLabelValues(collection).Inc()
-	}
-	return err
-}
-
-// finalize deletes the association records the identity published, then
-// lets it go. Without its repo the records cannot be deleted: the
-// identity goes and an Event says so.
-func (r *Reconciler) finalize(ctx context.Context, c client.Client, lc string, id *marketv1alpha1.MarketIdentity) (reconcile.Result, error) {
+// finalize deletes the records knotless wrote for the identity in its
+// repo (its associations and the presences of the bidders that publish as
+// it), then lets it go. An identity that is not its account's (an older
+// one is) deletes nothing. Without its repo the records cannot be
+// deleted: the identity goes and a Warning Event says so.
+func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string, id *marketv1alpha1.MarketIdentity) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(id, Finalizer) {
 		return reconcile.Result{}, nil
 	}
+	c := cl.GetClient()
 	repo, err := market.Repo(ctx, c, id)
 	var ce *conditions.Error
 	switch {
 	case err == nil:
-		pc, err := r.connect(ctx, c, lc, repo)
+		other, err := r.owner(ctx, c, id, repo)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		g, gctx := errgroup.WithContext(ctx)
-		for _, a := range id.Spec.ApprovedAssociations {
-			g.Go(func() error { _, err := pc.Publish(gctx, lexicon.Association, a.DID, nil); return err })
-		}
-		if err := g.Wait(); err != nil {
-			return reconcile.Result{}, err
+		if other == "" {
+			if err := r.deleteRecords(ctx, c, lc, id, repo); err != nil {
+				return reconcile.Result{}, r.deleting(ctx, cl, id, err)
+			}
 		}
 	case errors.As(err, &ce) && ce.Reason == marketv1alpha1.ReasonNotFound:
-		// The repo is gone: nothing can delete its records any more.
-	case errors.As(err, &ce):
-		return reconcile.Result{RequeueAfter: 5 * time.Second}, nil
+		if len(id.Status.Associations) > 0 {
+			cl.GetEventRecorder(Name).Eventf(id, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
+				"AtprotoRepo %s is gone; the identity's association records could not be deleted", id.Spec.RepoRef.Name)
+		}
 	default:
-		return reconcile.Result{}, err
+		return reconcile.Result{}, r.deleting(ctx, cl, id, err)
 	}
 	if err := ssa.RemoveFinalizer(ctx, c, id, Finalizer); err != nil {
 		if apierrors.IsConflict(err) {
@@ -479,6 +425,47 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, lc string, i
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	return reconcile.Result{}, nil
+}
+
+// deleteRecords deletes the identity's association records and the
+// presence records of the MarketPresences that name it.
+func (r *Reconciler) deleteRecords(ctx context.Context, c client.Client, lc string, id *marketv1alpha1.MarketIdentity, repo *atprotov1alpha1.AtprotoRepo) error {
+	pc, err := r.connect(ctx, c, lc, repo)
+	if err != nil {
+		return err
+	}
+	existing, err := pc.ListRecords(ctx, lexicon.Association, maxAssociations)
+	if err != nil {
+		return err
+	}
+	var presences marketv1alpha1.MarketPresenceList
+	if err := c.List(ctx, &presences, client.InNamespace(id.Namespace)); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(32)
+	for _, rkey := range rkeys(existing) {
+		g.Go(func() error { _, err := pc.Publish(gctx, lexicon.Association, rkey, nil); return err })
+	}
+	for _, p := range presences.Items {
+		if p.Spec.IdentityRef.Name == id.Name {
+			g.Go(func() error { _, err := pc.Publish(gctx, lexicon.Presence, p.Name, nil); return err })
+		}
+	}
+	return g.Wait()
+}
+
+// deleting reports on a deleted identity that its records are not deleted
+// yet, and returns err for the rate-limited retry.
+func (r *Reconciler) deleting(ctx context.Context, cl cluster.Cluster, id *marketv1alpha1.MarketIdentity, err error) error {
+	st := id.Status.DeepCopy()
+	st.Phase = marketv1alpha1.PhaseDeleting
+	setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"),
+		"deleting the identity's records: "+err.Error())
+	if werr := ssa.WriteStatus(ctx, cl.GetClient(), id, &id.Status, st, ssa.StatusOptions{Manager: FieldManager, Replace: true}); werr != nil {
+		return werr
+	}
+	return err
 }
 
 func setCondition(st *marketv1alpha1.MarketIdentityStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -155,3 +155,39 @@ func TestPDSNotInNetwork(t *testing.T) {
 		t.Fatalf("Ready %+v, %d writes", c, repo.Writes)
 	}
 }
+
+// TestDeleteCleansTheRepo: deleting the identity deletes every association
+// record of its repo and the presence records of the bidders that publish
+// as it; a second identity of the same account deletes nothing.
+func TestDeleteCleansTheRepo(t *testing.T) {
+	objs := fixtures("", marketv1alpha1.Association{DID: bidder, Roles: []marketv1alpha1.Role{"bidder"}})
+	second := objs[2].DeepCopyObject().(*marketv1alpha1.MarketIdentity)
+	second.Name, second.UID = "second", "second-uid"
+	second.CreationTimestamp = metav1.NewTime(second.CreationTimestamp.Add(time.Minute))
+	presence := &marketv1alpha1.MarketPresence{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "b"},
+		Spec: marketv1alpha1.MarketPresenceSpec{IdentityRef: marketv1alpha1.LocalRef{Name: "op"}}}
+	repo := markettest.New(did)
+	repo.Put(lexicon.Presence, "b", []byte(`{}`))
+	r, ws := setup(repo, append(objs, second, presence)...)
+	reconcileIt(t, r, "op")
+	reconcileIt(t, r, "second")
+
+	if err := ws.Client.Delete(context.Background(), get(t, ws, "second")); err != nil {
+		t.Fatal(err)
+	}
+	reconcileIt(t, r, "second")
+	if recs, _ := repo.ListRecords(context.Background(), lexicon.Association, 100); len(recs) != 1 {
+		t.Fatalf("the second identity's deletion touched the first's records: %+v", recs)
+	}
+
+	if err := ws.Client.Delete(context.Background(), get(t, ws, "op")); err != nil {
+		t.Fatal(err)
+	}
+	reconcileIt(t, r, "op")
+	if recs, _ := repo.ListRecords(context.Background(), lexicon.Association, 100); len(recs) != 0 {
+		t.Fatalf("association records left: %+v", recs)
+	}
+	if rec, _ := repo.Get(context.Background(), lexicon.Presence, "b"); rec != nil {
+		t.Fatalf("presence record left: %s", rec.Value)
+	}
+}

@@ -144,6 +144,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			cause, result = nil, reconcile.Result{}
 		}
 	default:
+		st.Phase = marketv1alpha1.PhasePending
+		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionFalse, "Error", cause.Error())
 		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, "Error", cause.Error())
 	}
 	if err := ssa.WriteStatus(ctx, c, p, &p.Status, st, ssa.StatusOptions{
@@ -163,11 +165,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 // publish makes the presence record equal the spec. A record whose
 // content (all but updatedAt) already equals it is left alone.
 func (r *Reconciler) publish(ctx context.Context, c client.Client, lc string, p *marketv1alpha1.MarketPresence, st *marketv1alpha1.MarketPresenceStatus) error {
-	id, err := market.Identity(ctx, c, p.Namespace, p.Spec.IdentityRef.Name)
-	if err != nil {
-		return err
-	}
-	repo, err := market.Repo(ctx, c, id)
+	_, repo, err := market.IdentityRepo(ctx, c, p.Namespace, p.Spec.IdentityRef.Name)
 	if err != nil {
 		return err
 	}
@@ -181,7 +179,9 @@ func (r *Reconciler) publish(ctx context.Context, c client.Client, lc string, p 
 	if err != nil {
 		return err
 	}
-	if current != nil && sameContent(current.Value, desired) {
+	// A record someone else changed so that it no longer matches the
+	// lexicon is written again.
+	if current != nil && lexicon.ValidateRecord(lexicon.Presence, current.Value) == nil && sameContent(current.Value, desired) {
 		st.Record = &marketv1alpha1.PublishedRecord{URI: current.URI, CID: current.CID, Rev: rev(p.Status.Record, current.CID)}
 		st.UpdatedAt = updatedAt(current.Value, st.UpdatedAt)
 		return nil
@@ -246,10 +246,10 @@ func updatedAt(raw json.RawMessage, prev *metav1.Time) *metav1.Time {
 	return &mt
 }
 
-// finalize deletes the presence record, then lets the object go. The repo
-// is found through the identity, or, when the identity is gone, by the
-// DID of the published record. Without a repo the record cannot be
-// deleted: the object goes and a Warning Event says so.
+// finalize deletes the presence record, then lets the object go. The
+// repo is the one of the namespace whose DID published the record (or,
+// before it was published, the identity's). Without that repo the record
+// cannot be deleted: the object goes and a Warning Event says so.
 func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string, p *marketv1alpha1.MarketPresence) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(p, Finalizer) {
 		return reconcile.Result{}, nil
@@ -259,20 +259,20 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if repo != nil {
-		if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
-			return reconcile.Result{RequeueAfter: 5 * time.Second}, nil
-		}
-		pub, err := r.connect(ctx, c, lc, repo)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		if _, err := pub.Publish(ctx, lexicon.Presence, p.Name, nil); err != nil {
-			return reconcile.Result{}, err
-		}
-	} else if p.Status.Record != nil {
+	switch {
+	case repo == nil && p.Status.Record != nil:
 		cl.GetEventRecorder(Name).Eventf(p, nil, corev1.EventTypeWarning, "RecordLeft", "Delete",
 			"the repo that holds %s is gone; the record could not be deleted", p.Status.Record.URI)
+	case repo != nil:
+		if err := r.unpublish(ctx, c, lc, p, repo); err != nil {
+			st := p.Status.DeepCopy()
+			st.Phase = marketv1alpha1.PhaseDeleting
+			setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"), "deleting the presence record: "+err.Error())
+			if werr := ssa.WriteStatus(ctx, c, p, &p.Status, st, ssa.StatusOptions{Manager: FieldManager}); werr != nil {
+				return reconcile.Result{}, werr
+			}
+			return reconcile.Result{}, err // retried with backoff
+		}
 	}
 	if err := ssa.RemoveFinalizer(ctx, c, p, Finalizer); err != nil {
 		if apierrors.IsConflict(err) {
@@ -283,36 +283,48 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 	return reconcile.Result{}, nil
 }
 
-// repoOf finds the repo that holds the presence record: the identity's, or
-// the repo of the namespace whose DID published it. nil when neither
-// exists.
+func (r *Reconciler) unpublish(ctx context.Context, c client.Client, lc string, p *marketv1alpha1.MarketPresence, repo *atprotov1alpha1.AtprotoRepo) error {
+	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
+		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "AtprotoRepo %s is not Ready", repo.Name)
+	}
+	pub, err := r.connect(ctx, c, lc, repo)
+	if err != nil {
+		return err
+	}
+	_, err = pub.Publish(ctx, lexicon.Presence, p.Name, nil)
+	return err
+}
+
+// repoOf finds the repo of the presence's namespace that holds its
+// record: the one with the DID of the published record, else the
+// identity's. nil when there is none.
 func (r *Reconciler) repoOf(ctx context.Context, c client.Client, p *marketv1alpha1.MarketPresence) (*atprotov1alpha1.AtprotoRepo, error) {
-	id := &marketv1alpha1.MarketIdentity{}
-	err := c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Spec.IdentityRef.Name}, id)
-	if err == nil {
-		repo := &atprotov1alpha1.AtprotoRepo{}
-		err = c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: id.Spec.RepoRef.Name}, repo)
-		if err == nil {
-			return repo, nil
-		}
-	}
-	if !apierrors.IsNotFound(err) {
-		return nil, err
-	}
+	name := ""
 	if p.Status.Record == nil {
-		return nil, nil
+		id := &marketv1alpha1.MarketIdentity{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: p.Spec.IdentityRef.Name}, id); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		name = id.Spec.RepoRef.Name
 	}
-	did, _, _ := strings.Cut(strings.TrimPrefix(p.Status.Record.URI, "at://"), "/")
+	did, _, _ := strings.Cut(strings.TrimPrefix(recordURI(p), "at://"), "/")
 	var repos atprotov1alpha1.AtprotoRepoList
 	if err := c.List(ctx, &repos, client.InNamespace(p.Namespace)); err != nil {
 		return nil, err
 	}
 	for i := range repos.Items {
-		if repos.Items[i].Status.DID == did {
-			return &repos.Items[i], nil
+		if repo := &repos.Items[i]; (name != "" && repo.Name == name) || (did != "" && repo.Status.DID == did) {
+			return repo, nil
 		}
 	}
 	return nil, nil
+}
+
+func recordURI(p *marketv1alpha1.MarketPresence) string {
+	if p.Status.Record == nil {
+		return ""
+	}
+	return p.Status.Record.URI
 }
 
 func setCondition(st *marketv1alpha1.MarketPresenceStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -12,6 +12,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
@@ -53,7 +54,8 @@ func Identity(ctx context.Context, c client.Client, namespace, name string) (*ma
 		}
 		return nil, err
 	}
-	if !meta.IsStatusConditionTrue(id.Status.Conditions, marketv1alpha1.ConditionReady) || id.Status.DID == "" {
+	ready := meta.FindStatusCondition(id.Status.Conditions, marketv1alpha1.ConditionReady)
+	if ready == nil || ready.Status != metav1.ConditionTrue || ready.ObservedGeneration != id.Generation || id.Status.DID == "" {
 		msg := fmt.Sprintf("MarketIdentity %s is not Ready", name)
 		if cond := meta.FindStatusCondition(id.Status.Conditions, marketv1alpha1.ConditionReady); cond != nil {
 			msg += ": " + cond.Reason
@@ -61,6 +63,24 @@ func Identity(ctx context.Context, c client.Client, namespace, name string) (*ma
 		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "%s", msg)
 	}
 	return id, nil
+}
+
+// IdentityRepo returns the Ready identity named in namespace and its Ready
+// repo, once the identity has taken up that repo (their DIDs agree), or a
+// *conditions.Error (NotFound, NotReady).
+func IdentityRepo(ctx context.Context, c client.Client, namespace, name string) (*marketv1alpha1.MarketIdentity, *atprotov1alpha1.AtprotoRepo, error) {
+	id, err := Identity(ctx, c, namespace, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	repo, err := Repo(ctx, c, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if repo.Status.DID != id.Status.DID {
+		return nil, nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketIdentity %s has not taken up AtprotoRepo %s yet", id.Name, repo.Name)
+	}
+	return id, repo, nil
 }
 
 // Publisher is a repo's PDS as the market controllers use it.

@@ -47,8 +47,13 @@ const (
 	ReasonVouched       = "Vouched"
 	ReasonNotVouched    = "NotVouched"
 	ReasonNoOperator    = "NoOperator"
-	ReasonFollowing     = "Following"
 	ReasonConnecting    = "Connecting"
+	// ReasonSourceUnreachable: a firehose of the network, or the
+	// operator's PDS, could not be read.
+	ReasonSourceUnreachable = "SourceUnreachable"
+	// ReasonAddressNotAllowed: the operator's address policy refuses a
+	// firehose of the network or the operator's PDS.
+	ReasonAddressNotAllowed = "AddressNotAllowed"
 	// ReasonPDSNotInNetwork: the identity's repo is on a PDS the network
 	// does not list in spec.pdsHosts.
 	ReasonPDSNotInNetwork = "PDSNotInNetwork"

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/knotless-dev/knotless/internal/market"
@@ -52,7 +53,7 @@ func (r *Repo) ListRecords(_ context.Context, collection string, limit int) ([]p
 	defer r.mu.Unlock()
 	var out []pds.Record
 	for _, rec := range r.records {
-		if len(out) < limit && rec.URI[:len(r.uri(collection, ""))] == r.uri(collection, "") {
+		if len(out) < limit && strings.HasPrefix(rec.URI, r.uri(collection, "")) {
 			out = append(out, rec)
 		}
 	}
