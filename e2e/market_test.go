@@ -529,6 +529,23 @@ func TestMarketVouchingAcrossPDSes(t *testing.T) {
 		}
 	}
 	create(ctx, t, bc, bidder("k-3", "seller", "net", 33))
+	// The bidder's identity changes while the provider is down, and an
+	// identity is created.
+	sellerID := &marketv1alpha1.MarketIdentity{}
+	if err := bc.Get(ctx, client.ObjectKey{Namespace: "default", Name: "seller"}, sellerID); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = json.Marshal(map[string]any{"spec": map[string]any{"approvedAssociations": []any{map[string]any{"did": op.DID, "roles": []string{"operator"}}}}})
+	if err := bc.Patch(ctx, sellerID, client.RawPatch("application/merge-patch+json", raw), client.FieldOwner("e2e-user")); err != nil {
+		t.Fatal(err)
+	}
+	spare, err := pds2.CreateAccount(ctx, env.prefix+"spare.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spareRepo := secretRepo("spare", spare.Handle, "spare-password")
+	spareRepo.Spec.PDS.URL = pds2.URL
+	create(ctx, t, bc, passwordSecret("spare-password", spare.AppPassword), spareRepo, marketIdentity("spare", "spare", "net"))
 	userFields := map[string]string{}
 	for i := range 4 {
 		b := &marketv1alpha1.MarketBidder{}
@@ -558,6 +575,21 @@ func TestMarketVouchingAcrossPDSes(t *testing.T) {
 			t.Errorf("MarketBidder %s: the user's managedFields changed across the restart:\nbefore %s\nafter  %s", name, userFields[name], got)
 		}
 		onlyWriter(t, b, "knotless-marketbidder")
+	}
+	waitPDS(ctx, t, "the association made while the provider was down", func() (bool, string) {
+		_, err := getRecordFrom(ctx, env.pds, seller.DID, lexicon.Association, op.DID)
+		return err == nil, fmt.Sprint(err)
+	})
+	waitMarket(ctx, t, bc, &marketv1alpha1.MarketIdentity{}, "spare", "identity created while the provider was down", func(o client.Object) (bool, string) {
+		id := o.(*marketv1alpha1.MarketIdentity)
+		return ready(id.Status.Conditions, id.Generation) && id.Status.DID == spare.DID, summary(id.Status.Phase, id.Status.Conditions)
+	})
+	if err := bc.Get(ctx, client.ObjectKey{Namespace: "default", Name: "seller"}, sellerID); err != nil {
+		t.Fatal(err)
+	}
+	onlyWriter(t, sellerID, "knotless-marketidentity")
+	if len(sellerID.Spec.ApprovedAssociations) != 1 || sellerID.Spec.ApprovedAssociations[0].DID != op.DID {
+		t.Errorf("the identity's spec changed across the restart: %+v", sellerID.Spec)
 	}
 	netAfter := &marketv1alpha1.MarketNetwork{}
 	if err := bc.Get(ctx, client.ObjectKey{Name: "net"}, netAfter); err != nil {
@@ -597,6 +629,15 @@ func TestMarketVouchingAcrossPDSes(t *testing.T) {
 		t.Fatal(err)
 	}
 	vouched(false, marketv1alpha1.ReasonNotVouched)
+}
+
+// getRecordFrom reads a record from pds with a plain XRPC call.
+func getRecordFrom(ctx context.Context, pds *framework.PDS, did, collection, rkey string) (*pdsRecord, error) {
+	var out pdsRecord
+	if err := pds.XRPC(ctx, "com.atproto.repo.getRecord", "", url.Values{"repo": {did}, "collection": {collection}, "rkey": {rkey}}, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // userEntries is the user's managedFields entries of the main resource.
