@@ -168,7 +168,7 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := (&component.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the component controller: %w", err)
 	}
-	if err := (&atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool}).SetupWithManager(ctx, mgr); err != nil {
+	if err := (&atprotorepo.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Scheme: scheme}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorepo controller: %w", err)
 	}
 	if err := (&atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.AtprotoResync, Workers: o.AtprotoWorkers, Scheme: scheme}).SetupWithManager(mgr); err != nil {

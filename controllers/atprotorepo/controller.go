@@ -15,18 +15,22 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
@@ -37,6 +41,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/suspend"
 )
 
 const (
@@ -59,6 +64,8 @@ type Reconciler struct {
 	// Resync is how often a Ready repo is checked again (revision, and a
 	// changed Vault credential). Zero means 5 minutes.
 	Resync time.Duration
+	// Scheme knows the kinds of the repos' owner chains (suspend).
+	Scheme *runtime.Scheme
 }
 
 // SetupWithManager registers the controller, the index of repos by the
@@ -78,6 +85,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		For(&atprotov1alpha1.AtprotoRepo{}, predicates.SpecOrLifecycleChanged()).
 		Watches(&corev1.Secret{}, enqueueReferrers("Secret")).
 		Watches(&corev1.ConfigMap{}, enqueueReferrers("ConfigMap")).
+		// A Component's suspend or resume reaches the repo it owns.
+		Watches(&appsv1alpha1.Component{}, componentToRepo(), predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			// A reconcile never waits forever: a read from a workspace whose cache
@@ -97,6 +106,20 @@ func refsOf(o client.Object) []string {
 		refs = append(refs, ref.Kind+"/"+ref.Name)
 	}
 	return refs
+}
+
+// componentToRepo maps a Component whose template is a repo to that repo
+// (named like the Component) in the same workspace.
+func componentToRepo() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+			comp, ok := o.(*appsv1alpha1.Component)
+			if !ok || comp.Spec.Template.AtprotoRepo == nil {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
+		})
+	}
 }
 
 // enqueueReferrers maps a Secret or ConfigMap to the repos of its
@@ -135,6 +158,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		resync = 5 * time.Minute
 	}
 	st := repo.Status.DeepCopy()
+	// Suspended (by the repo's Component or Application): no login, no
+	// session refresh, no status but the Suspended condition. Deletion
+	// and clean-up above still run.
+	state, err := suspend.Effective(ctx, c, r.Scheme, repo)
+	var sce *conditions.Error
+	switch {
+	case errors.As(err, &sce):
+		st.ObservedGeneration = repo.Generation
+		setReady(st, repo.Generation, metav1.ConditionFalse, sce.Reason, sce.Message)
+		return reconcile.Result{}, ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{Manager: FieldManager})
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	if suspend.SetCondition(&st.Conditions, state, repo.Generation); state.Suspended {
+		r.Pool.Forget(lc, repo.UID)
+		return reconcile.Result{}, ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
+			Manager:  FieldManager,
+			Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, suspend.ConditionType),
+			Recorder: rec,
+			Action:   "Suspend",
+		})
+	}
 	st.ObservedGeneration = repo.Generation
 	pc, err := r.Pool.Connect(ctx, c, lc, repo)
 	if err == nil {

@@ -13,16 +13,20 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	"github.com/knotless-dev/knotless/apis"
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/suspend"
 )
 
 const (
@@ -236,5 +240,44 @@ func TestDeletedRepoDeletesItsRecordsFirst(t *testing.T) {
 	}
 	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "repo"}, &atprotov1alpha1.AtprotoRepo{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the repo is still there: %v", err)
+	}
+}
+
+// TestSuspendedRepoDoesNotLogIn: a repo whose Application is suspended
+// (through its Component) does not log in and says Suspended; resuming
+// logs in.
+func TestSuspendedRepoDoesNotLogIn(t *testing.T) {
+	f := pdstest.New(t)
+	app := &appsv1alpha1.Application{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app", UID: "app-uid"}, Spec: appsv1alpha1.ApplicationSpec{Suspend: true}}
+	comp := &appsv1alpha1.Component{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "repo", UID: "comp-uid",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Application", Name: "app", UID: "app-uid", Controller: ptr.To(true)}}}}
+	repo := repoOn(f.URL())
+	repo.OwnerReferences = []metav1.OwnerReference{{APIVersion: appsv1alpha1.GroupVersion.String(), Kind: "Component", Name: "repo", UID: "comp-uid", Controller: ptr.To(true)}}
+	r, ws := setup(local, app, comp, repo, credential(pdstest.Password))
+	r.Scheme = apis.NewScheme()
+	if _, err := reconcileRepo(r); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Calls("com.atproto.server.createSession"); n != 0 {
+		t.Fatalf("a suspended repo logged in %d times", n)
+	}
+	got := getRepo(t, ws)
+	if c := clustertest.Condition(t, got.Status.Conditions, suspend.ConditionType); c.Status != metav1.ConditionTrue {
+		t.Fatalf("Suspended %+v", c)
+	}
+
+	app.Spec.Suspend = false
+	if err := ws.Client.Update(context.Background(), app); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reconcileRepo(r); err != nil {
+		t.Fatal(err)
+	}
+	got = getRepo(t, ws)
+	if ready(t, got).Status != metav1.ConditionTrue || f.Calls("com.atproto.server.createSession") != 1 {
+		t.Fatalf("after resume: Ready %+v, %d logins", ready(t, got), f.Calls("com.atproto.server.createSession"))
+	}
+	if c := clustertest.Condition(t, got.Status.Conditions, suspend.ConditionType); c.Status != metav1.ConditionFalse {
+		t.Fatalf("Suspended after resume %+v", c)
 	}
 }
