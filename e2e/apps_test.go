@@ -53,6 +53,22 @@ func recordComponent(name, text string) appsv1alpha1.ApplicationComponent {
 	}}}
 }
 
+// waitRepoSuspended waits until the AtprotoRepo's Suspended condition has
+// the status.
+func waitRepoSuspended(ctx context.Context, t *testing.T, c client.Client, name string, want metav1.ConditionStatus) {
+	t.Helper()
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	if err := framework.Eventually(ctx, 30*time.Second, fmt.Sprintf("AtprotoRepo %s Suspended=%s", name, want), func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, repo); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(repo.Status.Conditions, "Suspended")
+		return cond != nil && cond.Status == want, fmt.Sprint(repo.Status.Conditions), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // patchApp merge-patches the Application's spec as the user.
 func patchApp(ctx context.Context, t *testing.T, c client.Client, spec map[string]any) {
 	t.Helper()
@@ -232,6 +248,8 @@ func TestApplicationLifecycle(t *testing.T) {
 	for _, name := range []string{"repo", "profile", "note"} {
 		waitComponent(ctx, t, c, name, appsv1alpha1.ComponentSuspended, appsv1alpha1.ReasonSuspended)
 	}
+	// The repo honours the suspend too: it says so and stops logging in.
+	waitRepoSuspended(ctx, t, c, "repo", metav1.ConditionTrue)
 
 	// While suspended: edit a template, add a component, remove one.
 	before := knotlessObjects(ctx, t, c)
@@ -282,6 +300,27 @@ func TestApplicationLifecycle(t *testing.T) {
 	}); err != nil {
 		t.Error(err)
 	}
+	waitRepoSuspended(ctx, t, c, "repo", metav1.ConditionFalse)
+
+	// A template that moves a record (new rkey): the old record leaves the
+	// PDS and the new one is written; the AtprotoRecord is made again.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(app), cur); err != nil {
+			return err
+		}
+		cur.Spec.Components[2].Template.AtprotoRecord.RKey = "extra2"
+		return c.Update(ctx, cur, client.FieldOwner(userManager))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, time.Minute, "record extra moved to extra2 on the PDS", func(ctx context.Context) (bool, string, error) {
+		old, moved := pdsText(ctx, t, acct.DID, "extra"), pdsText(ctx, t, acct.DID, "extra2")
+		return old == "" && moved == "new", fmt.Sprintf("extra %q, extra2 %q", old, moved), nil
+	}); err != nil {
+		dumpKnotless(ctx, t, c)
+		t.Fatal(err)
+	}
+	waitApp(ctx, t, c, appsv1alpha1.ApplicationReady, time.Minute)
 
 	// Delete: everything it owned goes, on kcp and on the PDS.
 	// As kubectl delete does: background propagation (kcp's default for
@@ -295,7 +334,7 @@ func TestApplicationLifecycle(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, rkey := range []string{"profile", "extra", "note"} {
+	for _, rkey := range []string{"profile", "extra", "extra2", "note"} {
 		if got := pdsText(ctx, t, acct.DID, rkey); got != "" {
 			t.Errorf("record %s still on the PDS after the application was deleted", rkey)
 		}
@@ -523,13 +562,16 @@ func TestComponentBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// An Application whose component sets two child kinds.
+	// An Application whose component sets two child kinds, or whose
+	// component name is not a DNS label: refused at admission.
 	bad := shopApp("nobody.test", "profile", "v1")
 	bad.Spec.Components[1].Template.AtprotoRepo = bad.Spec.Components[0].Template.AtprotoRepo
-	create(ctx, t, c, bad)
-	app := waitApp(ctx, t, c, appsv1alpha1.ApplicationFailed, time.Minute)
-	if cond := meta.FindStatusCondition(app.Status.Conditions, appsv1alpha1.ConditionReady); cond.Reason != appsv1alpha1.ReasonInvalidSpec || !strings.Contains(cond.Message, "spec.components[1].template") {
-		t.Fatalf("condition %+v, want InvalidSpec naming spec.components[1].template", cond)
+	if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "set exactly one of atprotoRepo and atprotoRecord") {
+		t.Errorf("two child kinds: %v, want Invalid saying to set exactly one", err)
+	}
+	bad = shopApp("nobody.test", "Not_A_Label", "v1")
+	if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.components[1].name") {
+		t.Errorf("a component name that is not a DNS label: %v, want Invalid naming spec.components[1].name", err)
 	}
 
 	time.Sleep(3 * time.Second)
@@ -543,15 +585,6 @@ func TestComponentBadInput(t *testing.T) {
 	}
 	if len(repos.Items)+len(recs.Items) != 0 {
 		t.Fatalf("bad input created children: %d repos, %d records", len(repos.Items), len(recs.Items))
-	}
-	var comps appsv1alpha1.ComponentList
-	if err := c.List(ctx, &comps); err != nil {
-		t.Fatal(err)
-	}
-	for _, comp := range comps.Items {
-		if metav1.IsControlledBy(&comp, app) {
-			t.Fatalf("the invalid Application created Component %s", comp.Name)
-		}
 	}
 }
 

@@ -376,26 +376,52 @@ func TestAtprotoInvalidSpec(t *testing.T) {
 	}
 	create(ctx, t, c, passwordSecret("cred", acct.AppPassword), secretRepo("repo", acct.Handle, "cred"))
 	waitRepo(ctx, t, c, "repo", atprotov1alpha1.ReasonReady)
-	bad := map[string]*atprotov1alpha1.AtprotoRecord{
-		"collection": record("bad-nsid", "repo", "a", `{"text":"x"}`),
-		"rkey":       record("bad-rkey", "repo", "a/b", `{"text":"x"}`),
-		"float":      record("bad-float", "repo", "b", `{"x":1.5}`),
-		"bigint":     record("bad-bigint", "repo", "c", `{"x":9007199254740993}`),
-		"$type":      record("bad-type", "repo", "d", `{"$type":"app.bsky.feed.post","text":"x"}`),
+	// What the schema can say is refused at admission, naming the field.
+	refused := map[string]*atprotov1alpha1.AtprotoRecord{
+		"spec.collection": record("bad-nsid", "repo", "a", `{"text":"x"}`),
+		"spec.rkey":       record("bad-rkey", "repo", "a/b", `{"text":"x"}`),
 	}
-	bad["collection"].Spec.Collection = "not an nsid"
+	refused["spec.collection"].Spec.Collection = "not an nsid"
+	for field, r := range refused {
+		if err := c.Create(ctx, r); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v, want Invalid naming %s", r.Name, err, field)
+		}
+	}
+	// What only the controller can judge is a condition.
+	bad := map[string]*atprotov1alpha1.AtprotoRecord{
+		"float":   record("bad-float", "repo", "b", `{"x":1.5}`),
+		"bigint":  record("bad-bigint", "repo", "c", `{"x":9007199254740993}`),
+		"$type":   record("bad-type", "repo", "d", `{"$type":"app.bsky.feed.post","text":"x"}`),
+		"lexicon": record("bad-lexicon", "repo", "e", `{"offers":"none"}`),
+	}
+	bad["lexicon"].Spec.Collection = "dev.knotless.market.presence"
 	for _, r := range bad {
 		create(ctx, t, c, r)
 	}
 	for want, r := range bad {
 		got := waitRecord(ctx, t, c, r.Name, atprotov1alpha1.ReasonInvalidSpec, nil)
 		msg := meta.FindStatusCondition(got.Status.Conditions, atprotov1alpha1.ConditionSynced).Message
-		if want == "float" || want == "bigint" || want == "$type" {
+		if ready := meta.FindStatusCondition(got.Status.Conditions, atprotov1alpha1.ConditionReady); ready == nil || ready.Reason != atprotov1alpha1.ReasonInvalidSpec {
+			t.Errorf("%s: Ready %+v, want InvalidSpec like Synced", r.Name, ready)
+		}
+		switch want {
+		case "float", "bigint", "$type":
 			want = "value"
+		case "lexicon":
+			want = "does not match lexicon dev.knotless.market.presence"
 		}
 		if !strings.Contains(msg, want) {
 			t.Errorf("%s: message %q does not name %q", r.Name, msg, want)
 		}
+	}
+	// repoRef, collection and rkey cannot change: the message says what to do.
+	moved := bad["float"].DeepCopy()
+	if err := c.Get(ctx, client.ObjectKeyFromObject(moved), moved); err != nil {
+		t.Fatal(err)
+	}
+	moved.Spec.RKey = "elsewhere"
+	if err := c.Update(ctx, moved); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "delete the AtprotoRecord and create it again") {
+		t.Errorf("changing rkey: %v, want Invalid saying to delete and recreate", err)
 	}
 	var list struct {
 		Records []json.RawMessage `json:"records"`

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -279,11 +280,11 @@ func TestAtprotoRecordWatch(t *testing.T) {
 		return maps.Equal(got, all), fmt.Sprintf("%d of %d", len(got), len(all))
 	})
 
-	// A spec change starts over; a bad spec says why.
+	// A bad spec is refused at admission, naming the field.
 	w = waitWatch(ctx, t, c1, "alice-notes", "current", time.Second, func(*atprotov1alpha1.AtprotoRecordWatch) (bool, string) { return true, "" })
 	w.Spec.Collections = []string{"not an nsid"}
-	if err := c1.Update(ctx, w); err == nil {
-		waitWatch(ctx, t, c1, "alice-notes", "InvalidSpec", 30*time.Second, watchReason(atprotov1alpha1.ReasonInvalidSpec))
+	if err := c1.Update(ctx, w); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.collections[0]") {
+		t.Errorf("a collection that is not an NSID: %v, want Invalid naming spec.collections[0]", err)
 	}
 }
 

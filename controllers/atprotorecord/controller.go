@@ -307,7 +307,10 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 	suspended := reason == suspend.ReasonSuspended
 	if !suspended {
 		st.ObservedGeneration = s.rec.Generation
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionSynced, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+		// Ready mirrors Synced, for kubectl wait and GitOps health checks.
+		for _, typ := range []string{atprotov1alpha1.ConditionSynced, atprotov1alpha1.ConditionReady} {
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+		}
 	}
 	suspend.SetCondition(&st.Conditions, s.suspended, s.rec.Generation)
 	return ssa.WriteStatus(ctx, s.c, s.rec, &s.rec.Status, st, ssa.StatusOptions{

@@ -189,6 +189,19 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentSuspended, metav1.ConditionFalse, appsv1alpha1.ReasonSuspended,
 			"suspended by "+state.By+": the "+ref.Kind+" is neither created nor changed", state, ref)
 	}
+	if found && (!existing.GetDeletionTimestamp().IsZero() || movesRecord(existing, child)) {
+		// An AtprotoRecord's repoRef, collection and rkey are immutable: a
+		// template that changes them moves the record. The old object goes
+		// first (its finalizer deletes the old record from the PDS); its
+		// deletion brings the component back to create the new one.
+		if existing.GetDeletionTimestamp().IsZero() {
+			if err := cc.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
+			ref.Kind+" "+ref.Name+" is being deleted; it is made again from the template once it is gone", state, ref)
+	}
 	if !found || !sameSpec(existing, child) {
 		if err := ssa.Child(ctx, cc, child, comp, FieldManager); err != nil {
 			return reconcile.Result{}, err
@@ -220,6 +233,18 @@ func childOf(comp *appsv1alpha1.Component) (client.Object, *appsv1alpha1.ChildRe
 	default:
 		return nil, nil, errors.New("spec.template sets no child kind; set atprotoRepo or atprotoRecord")
 	}
+}
+
+// movesRecord reports whether the template names another record than the
+// existing AtprotoRecord (repo, collection or rkey differ), which an
+// update cannot do.
+func movesRecord(existing, want client.Object) bool {
+	e, ok := existing.(*atprotov1alpha1.AtprotoRecord)
+	if !ok {
+		return false
+	}
+	w := want.(*atprotov1alpha1.AtprotoRecord).Spec
+	return e.Spec.RepoRef != w.RepoRef || e.Spec.Collection != w.Collection || e.Spec.RKey != w.RKey
 }
 
 // sameSpec reports whether the existing child's spec equals the template's.

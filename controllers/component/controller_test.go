@@ -378,3 +378,38 @@ func TestDeletingComponentCreatesNothing(t *testing.T) {
 	noChildren(t, ws)
 	checkReady(t, getComponent(t, ws), appsv1alpha1.ComponentDeleting, metav1.ConditionFalse, appsv1alpha1.ReasonDeleting)
 }
+
+// TestTemplateThatMovesTheRecordRecreatesIt: a template whose rkey
+// changes cannot update the AtprotoRecord (repoRef, collection and rkey
+// are immutable): the component deletes it, waits for it to go, and then
+// creates it again from the template.
+func TestTemplateThatMovesTheRecordRecreatesIt(t *testing.T) {
+	spec := func(rkey string) *atprotov1alpha1.AtprotoRecordSpec {
+		return &atprotov1alpha1.AtprotoRecordSpec{RepoRef: atprotov1alpha1.LocalObjectRef{Name: "repo"}, Collection: "app.bsky.actor.profile", RKey: rkey, Value: apiextensionsv1.JSON{Raw: []byte(`{}`)}}
+	}
+	comp := component(appsv1alpha1.ComponentTemplate{AtprotoRecord: spec("self")})
+	r, ws := setup(application(false), comp)
+	reconcileComponent(t, r)
+	rec := &atprotov1alpha1.AtprotoRecord{}
+	key := client.ObjectKey{Namespace: ns, Name: "profile"}
+	if err := ws.Client.Get(context.Background(), key, rec); err != nil || rec.Spec.RKey != "self" {
+		t.Fatalf("record %+v, %v", rec.Spec, err)
+	}
+
+	comp = getComponent(t, ws)
+	comp.Spec.Template.AtprotoRecord = spec("other")
+	comp.Generation = 2
+	if err := ws.Client.Update(context.Background(), comp); err != nil {
+		t.Fatal(err)
+	}
+	reconcileComponent(t, r)
+	if err := ws.Client.Get(context.Background(), key, rec); err == nil && rec.DeletionTimestamp.IsZero() {
+		t.Fatalf("the record that moves was not deleted: %+v", rec.Spec)
+	}
+	checkReady(t, getComponent(t, ws), appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing)
+
+	reconcileComponent(t, r) // the old object is gone (no finalizer in the fake)
+	if err := ws.Client.Get(context.Background(), key, rec); err != nil || rec.Spec.RKey != "other" {
+		t.Fatalf("record after the move %+v, %v", rec.Spec, err)
+	}
+}

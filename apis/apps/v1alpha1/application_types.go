@@ -63,6 +63,7 @@ type ApplicationComponent struct {
 	// unique in the namespace).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Name string `json:"name"`
 	// Template of the child object.
 	Template ComponentTemplate `json:"template"`
@@ -70,6 +71,8 @@ type ApplicationComponent struct {
 
 // ComponentTemplate describes the one child object of a Component. Exactly
 // one field is set.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.atprotoRepo) != has(self.atprotoRecord)",message="set exactly one of atprotoRepo and atprotoRecord"
 type ComponentTemplate struct {
 	// AtprotoRepo is the spec of an AtprotoRepo.
 	// +optional
@@ -123,7 +126,7 @@ type ApplicationMarketStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Namespaced,categories=knotless
+// +kubebuilder:resource:scope=Namespaced,categories=knotless,shortName=kapp
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
@@ -172,14 +175,18 @@ type ComponentSpec struct {
 
 // ChildRef names a Component's child object (same namespace).
 type ChildRef struct {
+	// APIVersion of the child.
 	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Name       string `json:"name"`
+	// Kind of the child.
+	Kind string `json:"kind"`
+	// Name of the child (the Component's name).
+	Name string `json:"name"`
 }
 
 // ComponentStatus is written by the component controller only (field
 // manager "knotless-component").
 type ComponentStatus struct {
+	// ObservedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Phase summarises the conditions.
@@ -200,7 +207,7 @@ type ComponentStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Namespaced,categories=knotless
+// +kubebuilder:resource:scope=Namespaced,categories=knotless,shortName=kcomp
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=`.status.child.kind`

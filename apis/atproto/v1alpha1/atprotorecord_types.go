@@ -8,14 +8,21 @@ import (
 // AtprotoRecordSpec is written only by the user.
 type AtprotoRecordSpec struct {
 	// RepoRef names the AtprotoRepo (same namespace) the record lives in.
+	// Immutable on an AtprotoRecord: delete and recreate it to move the
+	// record.
 	RepoRef LocalObjectRef `json:"repoRef"`
 	// Collection is the record's NSID, for example app.bsky.actor.profile.
+	// Immutable on an AtprotoRecord.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)+(\.[a-zA-Z]([a-zA-Z0-9]{0,62})?)$`
 	Collection string `json:"collection"`
-	// RKey is the record key.
+	// RKey is the record key: 1 to 512 of A-Z a-z 0-9 . _ : ~ -, not "."
+	// or "..". Immutable on an AtprotoRecord.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_~.:-]+$`
+	// +kubebuilder:validation:XValidation:rule="self != '.' && self != '..'",message="a record key cannot be . or .."
 	RKey string `json:"rkey"`
 	// Value is the record as JSON. No floats; integers up to 2^53; a $type,
 	// if present, equals the collection.
@@ -27,6 +34,7 @@ type AtprotoRecordSpec struct {
 // AtprotoRecordStatus is written only by the atprotorecord controller and
 // is taken from reading the record back from the PDS.
 type AtprotoRecordStatus struct {
+	// ObservedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// URI is the record's at:// URI.
@@ -38,6 +46,9 @@ type AtprotoRecordStatus struct {
 	// Rev of the repo when the record was last read back.
 	// +optional
 	Rev string `json:"rev,omitempty"`
+	// Conditions: Ready and Synced (the record on the PDS equals spec;
+	// Ready mirrors it, for kubectl wait and GitOps health checks), and
+	// Suspended while an owner suspends it.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -48,16 +59,22 @@ type AtprotoRecordStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=knotless
+// +kubebuilder:resource:categories=knotless,shortName=arec
 // +kubebuilder:printcolumn:name="Collection",type=string,JSONPath=`.spec.collection`
 // +kubebuilder:printcolumn:name="RKey",type=string,JSONPath=`.spec.rkey`
-// +kubebuilder:printcolumn:name="Synced",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].status`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Synced",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].status`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type AtprotoRecord struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// Spec is the record. Its repoRef, collection and rkey name the record
+	// on the PDS and cannot change: delete the AtprotoRecord and create it
+	// again to move a record (a Component does that itself when its
+	// template moves the record).
+	// +kubebuilder:validation:XValidation:rule="self.repoRef == oldSelf.repoRef && self.collection == oldSelf.collection && self.rkey == oldSelf.rkey",message="repoRef, collection and rkey are immutable: delete the AtprotoRecord and create it again to move the record"
 	Spec   AtprotoRecordSpec   `json:"spec"`
 	Status AtprotoRecordStatus `json:"status,omitempty"`
 }

@@ -26,6 +26,7 @@ type WatchSource struct {
 	// records from the PDS that hosts each DID when it resyncs.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^/?#@\s]+/?$`
 	URL string `json:"url"`
 }
 
@@ -37,18 +38,23 @@ type AtprotoRecordWatchSpec struct {
 	// Collections are the NSIDs whose records are kept.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:items:Pattern=`^[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)+(\.[a-zA-Z]([a-zA-Z0-9]{0,62})?)$`
 	// +listType=set
 	Collections []string `json:"collections"`
 	// DIDs, if set, are the only repos followed; empty follows every repo
 	// the source carries.
 	// +optional
 	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=2048
+	// +kubebuilder:validation:items:Pattern=`^did:[a-z]+:[a-zA-Z0-9._:%-]*[a-zA-Z0-9._-]$`
 	// +listType=set
 	DIDs []string `json:"dids,omitempty"`
 	// MaxRecords bounds status.records (default 100, at most 500). When more
 	// records match, the ones changed longest ago leave status.records and
 	// status.evicted counts them; list them from their repo.
 	// +optional
+	// +kubebuilder:default=100
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=500
 	MaxRecords int32 `json:"maxRecords,omitempty"`
@@ -78,6 +84,7 @@ type WatchedRecord struct {
 
 // WatchedRepo is how far the watch has applied one repo.
 type WatchedRepo struct {
+	// DID of the repo.
 	DID string `json:"did"`
 	// Rev of the last commit applied; older or equal commits are skipped.
 	// +optional
@@ -93,8 +100,10 @@ type WatchedRepo struct {
 type WatchResync struct {
 	// Reason is Initial, OutdatedCursor, FutureCursor, PrevDataMismatch or
 	// Sync.
-	Reason string      `json:"reason"`
-	Time   metav1.Time `json:"time"`
+	Reason string `json:"reason"`
+	// Time of the listing.
+	Time metav1.Time `json:"time"`
+	// DID of the one repo listed, when only one was.
 	// +optional
 	DID string `json:"did,omitempty"`
 }
@@ -103,6 +112,7 @@ type WatchResync struct {
 // controller (field manager knotless-atprotorecordwatch), in one apply
 // that carries the records and the cursor they are complete up to.
 type AtprotoRecordWatchStatus struct {
+	// ObservedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Cursor is the firehose sequence number every event up to which is
@@ -143,6 +153,7 @@ type AtprotoRecordWatchStatus struct {
 	// LastResync is the last time records were listed from the source.
 	// +optional
 	LastResync *WatchResync `json:"lastResync,omitempty"`
+	// Conditions: Ready (following the source).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -154,7 +165,7 @@ type AtprotoRecordWatchStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=knotless
+// +kubebuilder:resource:categories=knotless,shortName=awatch
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.url`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`

@@ -33,8 +33,10 @@ const (
 
 // PDS says where a repo lives.
 type PDS struct {
-	// URL of the PDS, for example https://pds.example.
-	// +kubebuilder:validation:Pattern=`^https?://`
+	// URL of the PDS, http(s)://host[:port] without a path, for example
+	// https://pds.example.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^/?#@\s]+$`
 	URL string `json:"url"`
 	// CABundle, if set, is the PEM bundle that verifies the PDS's TLS
 	// certificate instead of the system roots.
@@ -48,6 +50,8 @@ type PDS struct {
 type Credential struct {
 	// Identifier of the account: its handle or DID.
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^(did:[a-z]+:[a-zA-Z0-9._:%-]*[a-zA-Z0-9._-]|([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)+[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)$`
 	Identifier string `json:"identifier"`
 	// SecretKeyRef is a key of a Secret in this workspace holding the app
 	// password.
@@ -60,12 +64,15 @@ type Credential struct {
 
 // AtprotoRepoSpec is written only by the user.
 type AtprotoRepoSpec struct {
-	PDS        PDS        `json:"pds"`
+	// PDS is where the repo lives.
+	PDS PDS `json:"pds"`
+	// Credential is how knotless logs in to the account.
 	Credential Credential `json:"credential"`
 }
 
 // AtprotoRepoStatus is written only by the atprotorepo controller.
 type AtprotoRepoStatus struct {
+	// ObservedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// DID of the account, as the PDS reported it.
@@ -77,6 +84,8 @@ type AtprotoRepoStatus struct {
 	// Rev is the repo's latest commit revision, as the PDS reported it.
 	// +optional
 	Rev string `json:"rev,omitempty"`
+	// Conditions: Ready (logged in to the PDS), and Suspended while an
+	// owner suspends the repo.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -87,7 +96,7 @@ type AtprotoRepoStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:path=atprotorepos,categories=knotless
+// +kubebuilder:resource:path=atprotorepos,categories=knotless,shortName=arepo
 // +kubebuilder:printcolumn:name="DID",type=string,JSONPath=`.status.did`
 // +kubebuilder:printcolumn:name="Handle",type=string,JSONPath=`.status.handle`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

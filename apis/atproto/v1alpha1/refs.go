@@ -42,6 +42,7 @@ type VaultKeyRef struct {
 
 // LocalObjectRef names an object of a known kind in the same namespace.
 type LocalObjectRef struct {
+	// Name of the object.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
 }

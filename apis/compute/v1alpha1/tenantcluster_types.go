@@ -69,8 +69,10 @@ type KeyRef struct {
 
 // SecretRef names a Secret in a namespace of the TenantCluster's workspace.
 type SecretRef struct {
+	// Namespace of the Secret.
 	// +kubebuilder:validation:MinLength=1
 	Namespace string `json:"namespace"`
+	// Name of the Secret.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
 }
@@ -105,6 +107,7 @@ type TenantClusterSpec struct {
 
 // TenantClusterStatus is written only by the tenantcluster controller.
 type TenantClusterStatus struct {
+	// ObservedGeneration is the generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Phase is Initializing, Connecting, Ready or Unknown; kcp makes the
@@ -120,6 +123,8 @@ type TenantClusterStatus struct {
 	// probe.
 	// +optional
 	TenantVersion string `json:"tenantVersion,omitempty"`
+	// Conditions: Ready (the last probe through the mount proxy) and
+	// Mounted (the child workspace exists).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -132,7 +137,7 @@ type TenantClusterStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:path=tenantclusters,scope=Cluster,categories=knotless
+// +kubebuilder:resource:path=tenantclusters,scope=Cluster,categories=knotless,shortName=tc
 // +kubebuilder:metadata:annotations="experimental.tenancy.kcp.io/is-mount=true"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
