@@ -142,12 +142,27 @@ func run(ctx context.Context, o *options.Options) error {
 		// (make bench-engage); the default samples every 512 KiB.
 		runtime.MemProfileRate = 4096
 	}
+	le := o.LeaderElection
+	if le.Enabled {
+		if err := bootstrap.EnsureNamespace(ctx, wsCfg, le.Namespace); err != nil {
+			return fmt.Errorf("the leader election Lease's namespace %s in %s: %w", le.Namespace, ws, err)
+		}
+		logger.Info("leader election: only the holder of the Lease reconciles", "lease", le.Namespace+"/"+le.ID, "workspace", ws.String())
+	}
 	mgr, err := mcmanager.New(wsCfg, provider, manager.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:  o.HealthProbeBindAddress,
 		PprofBindAddress:        o.PprofBindAddress,
 		GracefulShutdownTimeout: &o.ShutdownTimeout,
+		LeaderElection:          le.Enabled,
+		LeaderElectionID:        le.ID,
+		LeaderElectionNamespace: le.Namespace,
+		// A replica that stops gracefully hands the Lease over at once.
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &le.LeaseDuration,
+		RenewDeadline:                 &le.RenewDeadline,
+		RetryPeriod:                   &le.RetryPeriod,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

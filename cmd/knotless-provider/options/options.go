@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
@@ -68,6 +69,20 @@ type Options struct {
 	Mount MountOptions
 	// Logs are the --zap-* logging flags.
 	Logs zap.Options
+	// LeaderElection makes replicas take turns (--leader-elect).
+	LeaderElection LeaderElectionOptions
+}
+
+// LeaderElectionOptions configure leader election: replicas compete for a
+// Lease in the provider workspace and only the holder reconciles.
+type LeaderElectionOptions struct {
+	// Enabled is --leader-elect.
+	Enabled bool
+	// Namespace and ID name the Lease in the provider workspace.
+	Namespace, ID string
+	// LeaseDuration, RenewDeadline and RetryPeriod are client-go's leader
+	// election timings (LeaseDuration > RenewDeadline > RetryPeriod).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
 // MountOptions configure the TenantCluster controller's view of
@@ -105,6 +120,10 @@ func NewOptions() *Options {
 		WatchFlushInterval:     2 * time.Second,
 		Vault:                  vault.Config{AppRole: vault.AppRoleConfig{MountPath: vault.DefaultAppRoleMount}, Prefix: vault.DefaultPrefix, Timeout: vault.DefaultTimeout},
 		Mount:                  MountOptions{ProbeInterval: 30 * time.Second},
+		LeaderElection: LeaderElectionOptions{
+			Namespace: "default", ID: "knotless-provider",
+			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		},
 	}
 }
 
@@ -135,6 +154,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Mount.ProbeInterval, "tenant-probe-interval", o.Mount.ProbeInterval, "how often a TenantCluster's tenant is probed through the shim")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) that PDS and firehose connections may reach, and where plain http may carry credentials; empty allows public addresses only (link-local and metadata addresses, kcp's and the mount proxy's are never reached)")
 	fs.StringVar(&o.FirehoseMetricSources, "firehose-metric-sources", o.FirehoseMetricSources, "comma-separated host or host:port of firehose sources whose metrics carry their own source label; every other source is labelled \"other\" (metric labels come from a bounded set)")
+	fs.BoolVar(&o.LeaderElection.Enabled, "leader-elect", o.LeaderElection.Enabled, "take turns with other replicas through a Lease in the provider workspace; only the holder reconciles")
+	fs.StringVar(&o.LeaderElection.Namespace, "leader-election-namespace", o.LeaderElection.Namespace, "namespace of the Lease in the provider workspace (created if missing)")
+	fs.StringVar(&o.LeaderElection.ID, "leader-election-id", o.LeaderElection.ID, "name of the Lease")
+	fs.DurationVar(&o.LeaderElection.LeaseDuration, "leader-election-lease-duration", o.LeaderElection.LeaseDuration, "how long a replica waits before it takes over a Lease that was not renewed")
+	fs.DurationVar(&o.LeaderElection.RenewDeadline, "leader-election-renew-deadline", o.LeaderElection.RenewDeadline, "how long the leader tries to renew before it gives up (and exits)")
+	fs.DurationVar(&o.LeaderElection.RetryPeriod, "leader-election-retry-period", o.LeaderElection.RetryPeriod, "how often replicas try to acquire or renew the Lease")
 	vault.BindFlags(fs, &o.Vault)
 	o.Logs.BindFlags(fs)
 }
@@ -171,7 +196,26 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--allow-private-networks: %w", err))
 	}
 	errs = append(errs, validateMetricSources(o.FirehoseMetricSources), validateVault(o.Vault))
+	errs = append(errs, o.LeaderElection.validate()...)
 	return flagcheck.Join(errs...)
+}
+
+func (l LeaderElectionOptions) validate() []error {
+	errs := []error{
+		flagcheck.Positive("--leader-election-lease-duration", l.LeaseDuration),
+		flagcheck.Positive("--leader-election-renew-deadline", l.RenewDeadline),
+		flagcheck.Positive("--leader-election-retry-period", l.RetryPeriod),
+	}
+	if l.LeaseDuration <= l.RenewDeadline || l.RenewDeadline <= l.RetryPeriod {
+		errs = append(errs, fmt.Errorf("want --leader-election-lease-duration (%s) > --leader-election-renew-deadline (%s) > --leader-election-retry-period (%s)", l.LeaseDuration, l.RenewDeadline, l.RetryPeriod))
+	}
+	if msgs := validation.IsDNS1123Label(l.Namespace); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--leader-election-namespace %q: %s", l.Namespace, strings.Join(msgs, "; ")))
+	}
+	if msgs := validation.IsDNS1123Subdomain(l.ID); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--leader-election-id %q: %s", l.ID, strings.Join(msgs, "; ")))
+	}
+	return errs
 }
 
 func (m MountOptions) validate() []error {

@@ -72,6 +72,8 @@ func TestFlags(t *testing.T) {
 	want := []string{
 		"allow-private-networks", "atproto-max-batch", "atproto-resync", "atproto-workers", "bootstrap-only",
 		"connect-timeout", "context", "firehose-metric-sources", "health-probe-bind-address", "kubeconfig",
+		"leader-elect", "leader-election-id", "leader-election-lease-duration", "leader-election-namespace",
+		"leader-election-renew-deadline", "leader-election-retry-period",
 		"metrics-bind-address", "mount-url", "mountproxy-ca-file", "mountproxy-client-cert-file",
 		"mountproxy-client-key-file", "mountproxy-group-header", "mountproxy-url", "mountproxy-user-header",
 		"plc-url", "pprof-bind-address", "shutdown-timeout", "tenant-probe-interval", "vault-address",
@@ -111,6 +113,7 @@ func TestValidateAcceptsWhatTheSuiteAndDevPass(t *testing.T) {
 			"--mountproxy-ca-file", "/e2e/shim-ca.crt", "--mountproxy-client-cert-file", "/e2e/probe.crt", "--mountproxy-client-key-file", "/e2e/probe.key",
 			"--mountproxy-user-header", userHeader, "--mountproxy-group-header", groupHeader, "--tenant-probe-interval", "2s",
 			"--atproto-max-batch", "1",
+			"--leader-elect", "--leader-election-lease-duration", "6s", "--leader-election-renew-deadline", "4s", "--leader-election-retry-period", "1s",
 		},
 		"e2e bootstrap-only":       {"--kubeconfig", "/e2e/admin.kubeconfig", "--workspace", "root:e2e-abc-org:knotless", "--bootstrap-only"},
 		"e2e unreachable kcp":      {"--kubeconfig", "/e2e/unreachable.kubeconfig", "--connect-timeout", "2s"},
@@ -158,6 +161,12 @@ func TestValidate(t *testing.T) {
 		{name: "invalid workspace path", change: func(o *Options) { o.Workspace = "root:Not_Valid" }, want: []string{`--workspace "root:Not_Valid" is not a valid workspace path`}},
 		{name: "empty workspace path", change: func(o *Options) { o.Workspace = "" }, want: []string{"--workspace"}},
 		{name: "nested workspace path", change: func(o *Options) { o.Workspace = "root:org:knotless" }},
+		{name: "leader election", change: func(o *Options) { o.LeaderElection.Enabled = true }},
+		{name: "lease shorter than the renew deadline", change: func(o *Options) { o.LeaderElection.LeaseDuration = 5 * time.Second },
+			want: []string{"want --leader-election-lease-duration (5s) > --leader-election-renew-deadline (10s) > --leader-election-retry-period (2s)"}},
+		{name: "retry period not positive", change: func(o *Options) { o.LeaderElection.RetryPeriod = 0 }, want: []string{"--leader-election-retry-period"}},
+		{name: "lease namespace not a DNS label", change: func(o *Options) { o.LeaderElection.Namespace = "Kube_System" }, want: []string{`--leader-election-namespace "Kube_System"`}},
+		{name: "lease name not a DNS subdomain", change: func(o *Options) { o.LeaderElection.ID = "knotless provider" }, want: []string{`--leader-election-id "knotless provider"`}},
 
 		{name: "endpoints disabled", change: func(o *Options) {
 			o.MetricsBindAddress, o.HealthProbeBindAddress, o.PprofBindAddress = "0", "0", "0"
