@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,10 +72,32 @@ func resourceVersions(ctx context.Context, t *testing.T) map[string]string {
 	return out
 }
 
-// TestBootstrapIsIdempotent: a second bootstrap run changes nothing.
+// TestBootstrapIsIdempotent: a second bootstrap run changes nothing, and
+// leaves alone an operator's change of who may use the WorkspaceTypes.
 func TestBootstrapIsIdempotent(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
+	pc, err := framework.ClientFor(env.admin, env.providerWS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{}
+	if err := pc.Get(ctx, client.ObjectKey{Name: "knotless:consumer"}, crb); err != nil {
+		t.Fatal(err)
+	}
+	original := slices.Clone(crb.Subjects)
+	crb.Subjects = append(crb.Subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "Group", Name: "operators-choice"})
+	if err := pc.Update(ctx, crb); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := pc.Get(context.WithoutCancel(ctx), client.ObjectKey{Name: "knotless:consumer"}, crb); err == nil {
+			crb.Subjects = original
+			if err := pc.Update(context.WithoutCancel(ctx), crb); err != nil {
+				t.Errorf("restoring the ClusterRoleBinding: %v", err)
+			}
+		}
+	}()
 	before := resourceVersions(ctx, t)
 	out, err := exec.CommandContext(ctx, env.provider.Bin, "--kubeconfig", env.kcp.Kubeconfig,
 		"--workspace", env.providerWS.String(), "--bootstrap-only").CombinedOutput()
@@ -91,6 +114,12 @@ func TestBootstrapIsIdempotent(t *testing.T) {
 		if _, ok := before[k]; !ok {
 			t.Errorf("%s appeared on the second run", k)
 		}
+	}
+	if err := pc.Get(ctx, client.ObjectKey{Name: "knotless:consumer"}, crb); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(crb.Subjects, func(s rbacv1.Subject) bool { return s.Name == "operators-choice" }) {
+		t.Errorf("bootstrap reverted the operator's subjects: %+v", crb.Subjects)
 	}
 	t.Logf("%d objects unchanged by a second bootstrap", len(before))
 }
@@ -327,4 +356,22 @@ func TestProviderReportsBindingsToExportsItNoLongerServes(t *testing.T) {
 		}
 	}
 	_ = wc.Delete(ctx, binding)
+}
+
+// TestStartupLineNamesTheCommit: the provider's start-up line names the
+// version and the commit it was built from.
+func TestStartupLineNamesTheCommit(t *testing.T) {
+	raw, err := os.ReadFile(env.provider.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.Contains(line, `"msg":"starting"`) {
+			if !strings.Contains(line, `"version":`) || !strings.Contains(line, `"commit":`) || strings.Contains(line, `"commit":"unknown"`) {
+				t.Errorf("start-up line without version and commit: %s", line)
+			}
+			return
+		}
+	}
+	t.Error("no start-up line in the provider's log")
 }

@@ -134,6 +134,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 			}
 		}
+		if obj.GetKind() != "WorkspaceType" {
+			// The RBAC that says who may use the types is the operator's
+			// once it exists: it is created, never reverted.
+			if err := createIfMissing(ctx, c, obj); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if err := apply(ctx, c, obj); err != nil {
 			return nil, err
 		}
@@ -228,6 +236,17 @@ func apply(ctx context.Context, c client.Client, obj *unstructured.Unstructured)
 	obj.SetResourceVersion("")
 	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// createIfMissing creates obj unless an object of its kind and name
+// exists; an existing one is left as it is.
+func createIfMissing(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
+	obj.SetManagedFields(nil)
+	obj.SetResourceVersion("")
+	if err := c.Create(ctx, obj, client.FieldOwner(FieldOwner)); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
 	}
 	return nil
 }
