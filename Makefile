@@ -7,12 +7,15 @@ GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
 .PHONY: bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records clean
 
+# The commit is stamped into the binaries and printed in their start-up line.
+LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+
 all: build
 
 ## build: the knotless binaries into bin/
 build:
-	go build -o $(BIN)/knotless-provider ./cmd/knotless-provider
-	go build -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-provider ./cmd/knotless-provider
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
 
 ## tools: kcp and the kubectl plugins from their pinned tool modules
 tools:

@@ -28,6 +28,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/cmd/internal/buildinfo"
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
 	"github.com/knotless-dev/knotless/cmd/knotless-mountproxy/options"
 	"github.com/knotless-dev/knotless/controllers/mountregistry"
@@ -149,7 +150,8 @@ func run(ctx context.Context, o *options.Options) error {
 			return err
 		}
 	}
-	logger.Info("reading TenantClusters", "workspace", ws.String(), "export", apis.Export, "allowedNetworks", o.AllowPrivateNetworks, "reservedAddresses", len(reserved))
+	version, commit := buildinfo.Get()
+	logger.Info("reading TenantClusters", "version", version, "commit", commit, "workspace", ws.String(), "export", apis.Export, "allowedNetworks", o.AllowPrivateNetworks, "reservedAddresses", len(reserved))
 	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -36,6 +35,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/cmd/internal/buildinfo"
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
 	"github.com/knotless-dev/knotless/cmd/knotless-provider/options"
 	"github.com/knotless-dev/knotless/controllers/application"
@@ -107,11 +107,8 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := bootstrap.WaitForKCP(ctx, cfg, o.ConnectTimeout); err != nil {
 		return err
 	}
-	version := "devel"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		version = bi.Main.Version
-	}
-	logger.Info("starting", "version", version, "kcp", cfg.Host, "workspace", ws.String())
+	version, commit := buildinfo.Get()
+	logger.Info("starting", "version", version, "commit", commit, "kcp", cfg.Host, "workspace", ws.String())
 
 	res, err := bootstrap.Run(ctx, bootstrap.Options{
 		Config: cfg, Workspace: ws, Exports: exports.FS, WorkspaceTypes: workspacetypes.FS,

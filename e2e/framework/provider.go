@@ -17,12 +17,25 @@ import (
 // Build builds cmd/<name> into dir and returns the binary's path.
 func Build(ctx context.Context, repoRoot, dir, name string) (string, error) {
 	out := filepath.Join(dir, name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/"+name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", LDFlags(ctx, repoRoot), "-o", out, "./cmd/"+name)
 	cmd.Dir = repoRoot
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building %s: %w\n%s", name, err, b)
 	}
 	return out, nil
+}
+
+// LDFlags stamps the work tree's commit (and "-dirty" for uncommitted
+// changes) into a knotless binary, as make build does.
+func LDFlags(ctx context.Context, repoRoot string) string {
+	cmd := exec.CommandContext(ctx, "git", "describe", "--always", "--dirty", "--abbrev=12")
+	cmd.Dir = repoRoot
+	out, err := cmd.Output()
+	commit := strings.TrimSpace(string(out))
+	if err != nil || commit == "" {
+		commit = "unknown"
+	}
+	return "-X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=" + commit
 }
 
 // Provider is a running knotless-provider.

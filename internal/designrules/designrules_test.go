@@ -83,6 +83,9 @@ var readOnlyTables = []string{
 	// The catalog of the embedded lexicons, built once from files compiled
 	// into the binary and never changed.
 	"internal/lexicon/lexicon.go loadCatalog",
+	// Set by the linker (-ldflags -X), never written by the program.
+	"cmd/internal/buildinfo/buildinfo.go Version",
+	"cmd/internal/buildinfo/buildinfo.go Commit",
 }
 
 // TestNoPackageLevelMutableState (R11): no init functions, and
