@@ -172,6 +172,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, err
 	}
 	if suspend.SetCondition(&st.Conditions, state, repo.Generation); state.Suspended {
+		// Not Ready while suspended: records and market objects that are
+		// not suspended themselves must not log in through it either.
+		st.ObservedGeneration = repo.Generation
+		setReady(st, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
 		r.Pool.Forget(lc, repo.UID)
 		return reconcile.Result{}, ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
 			Manager:  FieldManager,

@@ -265,6 +265,11 @@ func TestSuspendedRepoDoesNotLogIn(t *testing.T) {
 	if c := clustertest.Condition(t, got.Status.Conditions, suspend.ConditionType); c.Status != metav1.ConditionTrue {
 		t.Fatalf("Suspended %+v", c)
 	}
+	// Not Ready: records outside the suspended chain must not log in
+	// through it.
+	if c := ready(t, got); c.Status != metav1.ConditionFalse || c.Reason != suspend.ReasonSuspended {
+		t.Fatalf("Ready while suspended %+v", c)
+	}
 
 	app.Spec.Suspend = false
 	if err := ws.Client.Update(context.Background(), app); err != nil {

@@ -199,8 +199,17 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 				return reconcile.Result{}, err
 			}
 		}
-		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
-			ref.Kind+" "+ref.Name+" is being deleted; it is made again from the template once it is gone", state, ref)
+		// Say why the old object does not go (its PDS unreachable, its
+		// credential gone): that is what holds the move up.
+		phase, status, reason, msg := appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
+			ref.Kind+" "+ref.Name+" is being deleted; it is made again from the template once it is gone"
+		if p, _, why, detail := mirror(existing, ref.Kind); p == appsv1alpha1.ComponentFailed || (why != "" && why != appsv1alpha1.ReasonProgressing && why != atprotov1alpha1.ReasonSynced) {
+			if p == appsv1alpha1.ComponentFailed {
+				phase = p
+			}
+			reason, msg = why, msg+"; the old "+ref.Kind+" reports "+why+": "+detail
+		}
+		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, phase, status, reason, msg, state, ref)
 	}
 	if !found || !sameSpec(existing, child) {
 		if err := ssa.Child(ctx, cc, child, comp, FieldManager); err != nil {
