@@ -36,7 +36,7 @@ type PDS struct {
 	// URL of the PDS, http(s)://host[:port] without a path, for example
 	// https://pds.example.
 	// +kubebuilder:validation:MaxLength=2048
-	// +kubebuilder:validation:Pattern=`^https?://[^/?#@\s]+$`
+	// +kubebuilder:validation:Pattern=`^https?://[^/?#@\s]+/?$`
 	URL string `json:"url"`
 	// CABundle, if set, is the PEM bundle that verifies the PDS's TLS
 	// certificate instead of the system roots.
@@ -48,10 +48,10 @@ type PDS struct {
 // secretKeyRef and vault is set; the referenced value is an app password.
 // +kubebuilder:validation:XValidation:rule="has(self.secretKeyRef) != has(self.vault)",message="set exactly one of secretKeyRef and vault"
 type Credential struct {
-	// Identifier of the account: its handle or DID.
+	// Identifier of the account: its handle, DID or email.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
-	// +kubebuilder:validation:Pattern=`^(did:[a-z]+:[a-zA-Z0-9._:%-]*[a-zA-Z0-9._-]|([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)+[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)$`
+	// +kubebuilder:validation:Pattern=`^(did:[a-z]+:[a-zA-Z0-9._:%-]*[a-zA-Z0-9._-]|([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)+[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?|[^@\s]+@[^@\s]+)$`
 	Identifier string `json:"identifier"`
 	// SecretKeyRef is a key of a Secret in this workspace holding the app
 	// password.
