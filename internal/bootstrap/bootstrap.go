@@ -134,9 +134,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 			}
 		}
-		if obj.GetKind() != "WorkspaceType" {
-			// The RBAC that says who may use the types is the operator's
-			// once it exists: it is created, never reverted.
+		if obj.GetKind() == "ClusterRoleBinding" {
+			// Who may use the types is the operator's once the binding
+			// exists: it is created, never reverted (the ClusterRole's
+			// rules are knotless's and applied like the rest).
 			if err := createIfMissing(ctx, c, obj); err != nil {
 				return nil, err
 			}

@@ -111,6 +111,9 @@ func EnsureNamespace(ctx context.Context, cfg *rest.Config, name string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		return nil
+	}
 	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
