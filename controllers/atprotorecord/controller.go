@@ -184,6 +184,12 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		// a backstop should that event be missed.
 		return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
 	}
+	if !repo.DeletionTimestamp.IsZero() {
+		// A repo being deleted deletes its records; nothing new is written
+		// into it.
+		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
+			fmt.Sprintf("AtprotoRepo %s is being deleted", repo.Name), nil)
+	}
 	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
 		msg := fmt.Sprintf("AtprotoRepo %s is not Ready", repo.Name)
 		if c := meta.FindStatusCondition(repo.Status.Conditions, atprotov1alpha1.ConditionReady); c != nil {

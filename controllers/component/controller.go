@@ -211,6 +211,14 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, phase, status, reason, msg, state, ref)
 	}
+	if !found {
+		if repo := repoBeingDeleted(ctx, cc, child); repo != "" {
+			// The repo's finalizer would delete a record made now: look
+			// again shortly (the repo is not watched from here).
+			return reconcile.Result{RequeueAfter: 5 * time.Second}, s.r.status(ctx, s.c, s.events, comp, appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
+				"AtprotoRepo "+repo+" is being deleted; the record is not made until it is gone or back", state, ref)
+		}
+	}
 	if !found || !sameSpec(existing, child) {
 		if err := ssa.Child(ctx, cc, child, comp, FieldManager); err != nil {
 			return reconcile.Result{}, err
@@ -242,6 +250,20 @@ func childOf(comp *appsv1alpha1.Component) (client.Object, *appsv1alpha1.ChildRe
 	default:
 		return nil, nil, errors.New("spec.template sets no child kind; set atprotoRepo or atprotoRecord")
 	}
+}
+
+// repoBeingDeleted returns the name of the AtprotoRepo an AtprotoRecord
+// child names when that repo is being deleted, else "".
+func repoBeingDeleted(ctx context.Context, c client.Client, child client.Object) string {
+	rec, ok := child.(*atprotov1alpha1.AtprotoRecord)
+	if !ok {
+		return ""
+	}
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: rec.Namespace, Name: rec.Spec.RepoRef.Name}, repo); err != nil || repo.DeletionTimestamp.IsZero() {
+		return ""
+	}
+	return repo.Name
 }
 
 // movesRecord reports whether the template names another record than the

@@ -413,3 +413,25 @@ func TestTemplateThatMovesTheRecordRecreatesIt(t *testing.T) {
 		t.Fatalf("record after the move %+v, %v", rec.Spec, err)
 	}
 }
+
+// TestNoRecordIntoARepoBeingDeleted: a record component whose repo is
+// being deleted makes no record (the repo's finalizer would delete it
+// again) and says why.
+func TestNoRecordIntoARepoBeingDeleted(t *testing.T) {
+	now := metav1.Now()
+	repo := &atprotov1alpha1.AtprotoRepo{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "repo", DeletionTimestamp: &now, Finalizers: []string{"atproto.knotless.dev/records"}}}
+	comp := component(appsv1alpha1.ComponentTemplate{AtprotoRecord: &atprotov1alpha1.AtprotoRecordSpec{
+		RepoRef: atprotov1alpha1.LocalObjectRef{Name: "repo"}, Collection: "app.bsky.actor.profile", RKey: "self", Value: apiextensionsv1.JSON{Raw: []byte(`{}`)}}})
+	r, ws := setup(application(false), comp, repo)
+	res, err := r.Reconcile(context.Background(), mcreconcile.Request{ClusterName: lc, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "profile"}}})
+	if err != nil || res.RequeueAfter == 0 {
+		t.Fatalf("reconcile: %+v, %v; want a requeue", res, err)
+	}
+	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "profile"}, &atprotov1alpha1.AtprotoRecord{}); err == nil {
+		t.Fatal("a record was made into a repo being deleted")
+	}
+	c := checkReady(t, getComponent(t, ws), appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing)
+	if !strings.Contains(c.Message, "being deleted") {
+		t.Fatalf("message %q", c.Message)
+	}
+}
