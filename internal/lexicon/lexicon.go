@@ -17,9 +17,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -28,6 +25,7 @@ import (
 	lex "github.com/bluesky-social/indigo/atproto/lexicon"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/lexicons"
 )
 
@@ -151,8 +149,10 @@ func ValidateRecord(collection string, value json.RawMessage) error {
 	if depth(value) > maxDepth {
 		return newError(collection, fmt.Sprintf("record is nested deeper than %d levels", maxDepth))
 	}
-	if reason := checkNumbers(value); reason != "" {
-		return newError(collection, reason)
+	// atdata alone would take 1.0 or 1e2 for integers and round integers
+	// beyond 2^53 (it decodes numbers as float64).
+	if err := pds.CheckValue(value); err != nil {
+		return newError(collection, err.Error())
 	}
 	data, err := atdata.UnmarshalJSON(value)
 	if err != nil {
@@ -178,61 +178,6 @@ const MaxRecordBytes = 64 << 10
 
 // maxDepth bounds how deeply a market record nests (the lexicons need 4).
 const maxDepth = 16
-
-// maxSafeInteger is the largest integer every ATProto implementation
-// (JavaScript included) holds exactly: 2^53-1.
-const maxSafeInteger = 1<<53 - 1
-
-// checkNumbers returns why value has a number that is not an integer in
-// ±(2^53-1), or "". atdata alone would take 1.0 or 1e2 for integers and
-// round integers beyond 2^53 (it decodes numbers as float64).
-func checkNumbers(value json.RawMessage) string {
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return "record is not JSON: " + err.Error()
-	}
-	return walkNumbers(v, "")
-}
-
-// walkNumbers returns why v has a number that is not a safe integer, or
-// "". The path is built only for the number it reports.
-func walkNumbers(v any, path string) string {
-	bad, where := findNumber(v)
-	if bad == "" {
-		return ""
-	}
-	slices.Reverse(where)
-	return "field " + strings.TrimPrefix(path+strings.Join(where, ""), ".") + ": " + bad
-}
-
-// findNumber returns what is wrong with the first bad number in v and its
-// path, innermost segment first.
-func findNumber(v any) (string, []string) {
-	switch v := v.(type) {
-	case json.Number:
-		if strings.ContainsAny(string(v), ".eE") {
-			return "not an integer (ATProto records have no floats)", nil
-		}
-		if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || n > maxSafeInteger || n < -maxSafeInteger {
-			return "integer outside ±(2^53-1)", nil
-		}
-	case map[string]any:
-		for _, k := range slices.Sorted(maps.Keys(v)) {
-			if bad, where := findNumber(v[k]); bad != "" {
-				return bad, append(where, "."+k)
-			}
-		}
-	case []any:
-		for i, e := range v {
-			if bad, where := findNumber(e); bad != "" {
-				return bad, append(where, "["+strconv.Itoa(i)+"]")
-			}
-		}
-	}
-	return "", nil
-}
 
 // depth returns how deeply the JSON value nests objects and arrays (a
 // scan of the bytes, before anything is decoded).

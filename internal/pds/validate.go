@@ -60,20 +60,12 @@ func recordMap(collection, rkey string, value json.RawMessage) (map[string]any, 
 	if err := validateKey(collection, rkey); err != nil {
 		return nil, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.UseNumber()
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, &SpecError{Field: "value", Reason: "must be a JSON object"}
-	}
-	if err := checkObject(dec, "value", 1); err != nil {
+	if err := CheckValue(value); err != nil {
 		return nil, err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, &SpecError{Field: "value", Reason: "unexpected data after the JSON object"}
 	}
 
 	var m map[string]any
-	dec = json.NewDecoder(bytes.NewReader(value))
+	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.UseNumber()
 	if err := dec.Decode(&m); err != nil {
 		return nil, &SpecError{Field: "value", Reason: "invalid JSON: " + err.Error()}
@@ -86,6 +78,24 @@ func recordMap(collection, rkey string, value json.RawMessage) (map[string]any, 
 		m["$type"] = collection
 	}
 	return m, nil
+}
+
+// CheckValue checks that value is one JSON object, nested at most 64
+// levels, without floats and without integers outside ±(2^53-1). Errors
+// are *SpecError naming the field (value.a.b[2]).
+func CheckValue(value json.RawMessage) error {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return &SpecError{Field: "value", Reason: "must be a JSON object"}
+	}
+	if err := checkObject(dec, "value", 1); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return &SpecError{Field: "value", Reason: "unexpected data after the JSON object"}
+	}
+	return nil
 }
 
 // checkObject walks the members of an object whose '{' was read.
