@@ -141,11 +141,16 @@ type pdsRecord struct {
 	Value json.RawMessage `json:"value"`
 }
 
-// getRecord reads a record straight from the PDS with a plain XRPC call.
+// getRecord reads a record straight from the suite's PDS with a plain
+// XRPC call.
 func getRecord(ctx context.Context, did, collection, rkey string) (*pdsRecord, error) {
+	return getRecordFrom(ctx, env.pds, did, collection, rkey)
+}
+
+// getRecordFrom reads a record from pds with a plain XRPC call.
+func getRecordFrom(ctx context.Context, pds *framework.PDS, did, collection, rkey string) (*pdsRecord, error) {
 	var out pdsRecord
-	err := env.pds.XRPC(ctx, "com.atproto.repo.getRecord", "", url.Values{"repo": {did}, "collection": {collection}, "rkey": {rkey}}, nil, &out)
-	if err != nil {
+	if err := pds.XRPC(ctx, "com.atproto.repo.getRecord", "", url.Values{"repo": {did}, "collection": {collection}, "rkey": {rkey}}, nil, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

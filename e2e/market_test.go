@@ -182,8 +182,7 @@ type presence struct {
 // nil when it does not exist.
 func readPresence(ctx context.Context, t *testing.T, pds *framework.PDS, did, rkey string) (*presence, string) {
 	t.Helper()
-	var out pdsRecord
-	err := pds.XRPC(ctx, "com.atproto.repo.getRecord", "", url.Values{"repo": {did}, "collection": {lexicon.Presence}, "rkey": {rkey}}, nil, &out)
+	out, err := getRecordFrom(ctx, pds, did, lexicon.Presence, rkey)
 	if isNotFound(err) {
 		return nil, ""
 	}
@@ -629,15 +628,6 @@ func TestMarketVouchingAcrossPDSes(t *testing.T) {
 		t.Fatal(err)
 	}
 	vouched(false, marketv1alpha1.ReasonNotVouched)
-}
-
-// getRecordFrom reads a record from pds with a plain XRPC call.
-func getRecordFrom(ctx context.Context, pds *framework.PDS, did, collection, rkey string) (*pdsRecord, error) {
-	var out pdsRecord
-	if err := pds.XRPC(ctx, "com.atproto.repo.getRecord", "", url.Values{"repo": {did}, "collection": {collection}, "rkey": {rkey}}, nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
 }
 
 // userEntries is the user's managedFields entries of the main resource.
