@@ -146,6 +146,11 @@ func ValidateRecord(collection string, value json.RawMessage) error {
 	if len(value) > MaxRecordBytes {
 		return newError(collection, fmt.Sprintf("record is larger than %d bytes", MaxRecordBytes))
 	}
+	if !utf8.Valid(value) {
+		// The decoders would turn the bytes into U+FFFD while the raw
+		// value, kept by a subscription, still carries them.
+		return newError(collection, "record is not valid UTF-8")
+	}
 	if depth(value) > maxDepth {
 		return newError(collection, fmt.Sprintf("record is nested deeper than %d levels", maxDepth))
 	}
