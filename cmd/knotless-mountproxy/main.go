@@ -130,8 +130,16 @@ func run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry}).SetupWithManager(ctx, mgr); err != nil {
+	// Ready only once the registry has read every TenantCluster, so a
+	// replica never refuses tenants it has not read yet.
+	readiness := mountregistry.NewReadiness()
+	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry, Readiness: readiness}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the registry controller: %w", err)
+	}
+	if err := mgr.GetLocalManager().Add(&mountregistry.InitialList{
+		Config: wsCfg, Client: mgr.GetLocalManager().GetAPIReader(), Export: apis.Export, Readiness: readiness, Log: logger.WithName("initial-list"),
+	}); err != nil {
+		return err
 	}
 	// The shim's listener is a runnable of the manager: it starts and is
 	// joined with it (R10).
@@ -146,7 +154,7 @@ func run(ctx context.Context, o *options.Options) error {
 		if err := mgr.GetLocalManager().AddHealthzCheck("ping", ok); err != nil {
 			return err
 		}
-		if err := mgr.GetLocalManager().AddReadyzCheck("ping", ok); err != nil {
+		if err := mgr.GetLocalManager().AddReadyzCheck("tenantclusters", readiness.Check); err != nil {
 			return err
 		}
 	}

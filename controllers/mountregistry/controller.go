@@ -39,6 +39,9 @@ const (
 type Reconciler struct {
 	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
 	Registry   *mountproxy.Registry
+	// Readiness, when set, learns of every TenantCluster the registry
+	// handled (the shim's /readyz).
+	Readiness *Readiness
 }
 
 // SetupWithManager registers the controller and its reference index.
@@ -59,7 +62,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 }
 
 // Reconcile implements mcreconcile.Reconciler.
-func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (_ reconcile.Result, err error) {
 	lc := string(req.ClusterName)
 	cl, err := r.GetCluster(ctx, req.ClusterName)
 	if err != nil {
@@ -69,6 +72,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err := cl.GetClient().Get(ctx, req.NamespacedName, tc); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Registry.Revoke(lc, req.Name)
+			r.Readiness.Observed(lc, req.Namespace, req.Name, "", true)
 			log.FromContext(ctx).Info("tenant revoked: TenantCluster deleted", "workspace", lc, "name", req.Name)
 			return reconcile.Result{}, nil
 		}
@@ -76,19 +80,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}
 	if !tc.DeletionTimestamp.IsZero() {
 		r.Registry.Revoke(lc, tc.Name)
+		r.Readiness.Observed(lc, tc.Namespace, tc.Name, tc.ResourceVersion, true)
 		return reconcile.Result{}, nil
 	}
-	t, err := tenant.Resolve(ctx, cl.GetClient(), lc, tc)
+	// Every outcome below but an error (retried) is the registry's answer
+	// for this version of the TenantCluster.
+	defer func() {
+		if err == nil {
+			r.Readiness.Observed(lc, tc.Namespace, tc.Name, tc.ResourceVersion, false)
+		}
+	}()
+	t, resolveErr := tenant.Resolve(ctx, cl.GetClient(), lc, tc)
 	var ce *conditions.Error
 	switch {
-	case errors.As(err, &ce):
+	case errors.As(resolveErr, &ce):
 		// Not retried: a change of the TenantCluster or of what it
 		// references triggers the next reconcile.
 		r.Registry.Revoke(lc, tc.Name)
 		log.FromContext(ctx).Info("tenant revoked", "workspace", lc, "name", tc.Name, "reason", ce.Reason, "message", ce.Message)
 		return reconcile.Result{}, nil
-	case err != nil:
-		return reconcile.Result{}, err
+	case resolveErr != nil:
+		return reconcile.Result{}, resolveErr
 	}
 	if err := r.Registry.Set(t); err != nil {
 		r.Registry.Revoke(lc, tc.Name)
