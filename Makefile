@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records clean
+.PHONY: images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -16,6 +16,15 @@ all: build
 build:
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-provider ./cmd/knotless-provider
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
+
+## images: container images of both binaries with docker, FROM scratch (hack/images.sh; KNOTLESS_IMAGE_TAG, default dev)
+images:
+	hack/images.sh
+
+## chart-lint: helm lint and helm template of deploy/charts/knotless (helm pinned in hack/tools/helm)
+chart-lint:
+	hack/tool.sh helm helm.sh/helm/v3/cmd/helm
+	hack/chart-lint.sh
 
 ## tools: kcp and the kubectl plugins from their pinned tool modules
 tools:
