@@ -85,6 +85,9 @@ const (
 	ResyncSync             = "Sync"
 	ResyncUnverified       = "Unverified"
 	ResyncReconnect        = "Reconnect"
+	// ResyncRefresh: the consumer asked for a repo to be listed again
+	// (Subscription.Refresh), not trusting the stream alone.
+	ResyncRefresh = "Refresh"
 )
 
 // State is what a subscription has applied. Records and Repos are
@@ -127,6 +130,10 @@ type Health struct {
 	Err error
 	// Resyncing is true while the subscription's records are being listed.
 	Resyncing bool
+	// Full is true while all of them are (a new subscription, a cursor the
+	// source lost): what the subscription holds may miss any repo. While
+	// only some repos are listed again, Resyncing is true and Full false.
+	Full bool
 	// ResyncErr is the last failed listing's error while Resyncing.
 	ResyncErr error
 }
@@ -141,6 +148,8 @@ type Subscription struct {
 	state State
 	// version increases with every change of state.
 	version uint64
+	// changed gets a token (never blocking) at every change of version.
+	changed chan struct{}
 	// gen is the connection generation the subscription has seen every
 	// event of (0: none yet).
 	gen uint64
@@ -164,7 +173,7 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1)}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
@@ -172,6 +181,32 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	}
 	s.full = initial.Cursor == 0
 	return s
+}
+
+// bump marks a change of state (s.mu is held) and wakes a Changed reader.
+func (s *Subscription) bump() {
+	s.version++
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Changed returns a channel that receives a value after the subscription
+// changed (records, health of a listing, counters): a reader that waits
+// on it and then takes a Snapshot sees every change, coalesced.
+func (s *Subscription) Changed() <-chan struct{} { return s.changed }
+
+// Refresh asks for did's records to be listed again from its PDS, as if
+// the stream had missed commits: a consumer that acts on records of a few
+// repos reconciles from listRecords now and then, not from the firehose
+// alone (the firehose is at-least-once and drops slow consumers). A
+// listing already owed is not queued twice.
+func (s *Subscription) Refresh(did string) {
+	if s.stream == nil || did == "" {
+		return
+	}
+	s.stream.requestResync(s, did, ResyncRefresh, 0)
 }
 
 // LoadRecords builds a record map from records listed newest first, as a
@@ -205,10 +240,25 @@ func (s *Subscription) Snapshot() (State, Health, uint64) {
 		st.Cursor = max(s.state.Cursor, s.hold)
 	}
 	health.Resyncing = s.full || len(s.pending) > 0
+	health.Full = s.full
 	if health.Resyncing {
 		health.ResyncErr = s.resyncErr
 	}
 	return st, health, s.version
+}
+
+// Health returns the stream's health as the subscription sees it, without
+// copying its records.
+func (s *Subscription) Health() Health {
+	_, _, health := s.stream.position()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	health.Resyncing = s.full || len(s.pending) > 0
+	health.Full = s.full
+	if health.Resyncing {
+		health.ResyncErr = s.resyncErr
+	}
+	return health
 }
 
 // settle folds the stream's safe cursor into the state when a connection
@@ -225,7 +275,7 @@ func (s *Subscription) settle(safe int64, gen uint64) {
 	}
 	if c > s.state.Cursor {
 		s.state.Cursor = c
-		s.version++
+		s.bump()
 	}
 }
 
@@ -301,7 +351,7 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 	if !u.time.IsZero() {
 		s.state.LastEventTime = u.time
 	}
-	s.version++
+	s.bump()
 	return resync
 }
 
@@ -332,7 +382,7 @@ func (s *Subscription) rejected() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.state.Errors++
-	s.version++
+	s.bump()
 }
 
 // resyncFailed counts a failed listing and keeps its error for Health.
@@ -341,7 +391,7 @@ func (s *Subscription) resyncFailed(err error) {
 	defer s.mu.Unlock()
 	s.state.Errors++
 	s.resyncErr = err
-	s.version++
+	s.bump()
 }
 
 func (s *Subscription) join(gen uint64) {
@@ -363,7 +413,7 @@ func (s *Subscription) reset() {
 	defer s.mu.Unlock()
 	s.state.Cursor = 0
 	s.full = true
-	s.version++
+	s.bump()
 }
 
 // owe records that a repo (did) or everything (did == "") must be listed
@@ -371,7 +421,7 @@ func (s *Subscription) reset() {
 func (s *Subscription) owe(did, reason string, seq int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.version++
+	s.bump()
 	if did == "" {
 		if !s.full || s.fullReason == "" {
 			s.fullReason = reason
@@ -415,7 +465,7 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 	} else {
 		s.state.Repos[did] = Repo{Rev: l.rev}
 	}
-	s.version++
+	s.bump()
 	return true
 }
 
@@ -438,7 +488,7 @@ func (s *Subscription) dropReposExcept(dids []string) {
 			delete(s.state.Repos, did)
 		}
 	}
-	s.version++
+	s.bump()
 }
 
 // resynced records a finished listing.
@@ -455,5 +505,5 @@ func (s *Subscription) resynced(did, reason string) {
 	}
 	s.state.LastResync = &Resync{Reason: reason, Time: time.Now(), DID: did}
 	s.resyncErr = nil
-	s.version++
+	s.bump()
 }

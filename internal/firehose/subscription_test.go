@@ -41,3 +41,41 @@ func TestCheckRefusesRecords(t *testing.T) {
 		t.Fatalf("after a listing: records %v, %d invalid", st.Records, st.Invalid)
 	}
 }
+
+// TestChangedAndRefresh: Changed wakes a reader after every change
+// (coalesced); Refresh owes a listing of one repo, which makes the
+// subscription Resyncing but not Full.
+func TestChangedAndRefresh(t *testing.T) {
+	sub := testSub(testStream(t, identity.NewMockDirectory()), Filter{Collections: []string{testCollection}})
+	drain := func() bool {
+		select {
+		case <-sub.Changed():
+			return true
+		default:
+			return false
+		}
+	}
+	drain()
+	if drain() {
+		t.Fatal("Changed fired without a change")
+	}
+	for i := range 3 {
+		sub.apply(&commitUpdate{seq: int64(10 + i), did: "did:plc:alice", rev: "222222222222" + string(rune('a'+i)), ops: []opUpdate{{action: "create", collection: testCollection, rkey: "a", cid: "c" + string(rune('a'+i)), value: json.RawMessage(`{}`)}}})
+	}
+	if !drain() || drain() {
+		t.Fatal("three changes should wake a reader once")
+	}
+	sub.resynced("", ResyncInitial)
+	drain()
+	sub.Refresh("did:plc:alice")
+	if !drain() {
+		t.Fatal("Refresh did not wake the reader")
+	}
+	if h := sub.Health(); !h.Resyncing || h.Full {
+		t.Fatalf("after Refresh: %+v", h)
+	}
+	sub.resynced("did:plc:alice", ResyncRefresh)
+	if h := sub.Health(); h.Resyncing || h.Full {
+		t.Fatalf("after the listing: %+v", h)
+	}
+}
