@@ -1,0 +1,198 @@
+package market
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/knotless-dev/knotless/internal/lexicon"
+)
+
+// Record states and reason codes of the market's lease and release
+// records (docs/lexicons.md). Reason codes of a lease (a decline) are the
+// bidder's; those of a release are the requester's.
+const (
+	LeaseConfirmed = "confirmed"
+	LeaseDeclined  = "declined"
+	LeaseRunning   = "running"
+	LeaseCompleted = "completed"
+
+	// Bidder-side reasons (lease.reason).
+	DeclineNoCapacity = "no-capacity"
+	DeclineExpired    = "expired"
+	DeclineSuspended  = "suspended"
+	DeclineInvalid    = "invalid"
+
+	// Requester-side reasons (release.reason).
+	ReleaseReplicasLowered  = "replicas-lowered"
+	ReleaseRequesterDeleted = "requester-deleted"
+	ReleaseSuspended        = "suspended"
+	ReleaseContractFailed   = "contract-failed"
+)
+
+// StrongRef is com.atproto.repo.strongRef: a record's at-URI and the CID
+// of the version meant.
+type StrongRef struct {
+	URI string `json:"uri"`
+	CID string `json:"cid"`
+}
+
+// Request is the content of a dev.knotless.market.request record.
+type Request struct {
+	Type            string `json:"$type"`
+	Shape           Shape  `json:"shape"`
+	MaxPricePerHour Price  `json:"maxPricePerHour"`
+	BidDeadline     string `json:"bidDeadline"`
+	NoticeSeconds   int64  `json:"noticeSeconds"`
+	Network         string `json:"network,omitempty"`
+	ReplicaIndex    int64  `json:"replicaIndex"`
+	CreatedAt       string `json:"createdAt"`
+}
+
+// Bid is the content of a dev.knotless.market.bid record.
+type Bid struct {
+	Type         string    `json:"$type"`
+	Request      StrongRef `json:"request"`
+	PricePerHour Price     `json:"pricePerHour"`
+	Shape        *Shape    `json:"shape,omitempty"`
+	ValidUntil   string    `json:"validUntil"`
+	Driver       string    `json:"driver,omitempty"`
+	CreatedAt    string    `json:"createdAt"`
+}
+
+// Accept is the content of a dev.knotless.market.accept record.
+type Accept struct {
+	Type      string    `json:"$type"`
+	Bid       StrongRef `json:"bid"`
+	Request   StrongRef `json:"request"`
+	ConfirmBy string    `json:"confirmBy"`
+	CreatedAt string    `json:"createdAt"`
+}
+
+// Lease is the content of a dev.knotless.market.lease record.
+type Lease struct {
+	Type          string    `json:"$type"`
+	Accept        StrongRef `json:"accept"`
+	State         string    `json:"state"`
+	Reason        string    `json:"reason,omitempty"`
+	CAFingerprint string    `json:"caFingerprint,omitempty"`
+	UpdatedAt     string    `json:"updatedAt,omitempty"`
+	CreatedAt     string    `json:"createdAt"`
+}
+
+// Release is the content of a dev.knotless.market.release record.
+type Release struct {
+	Type      string    `json:"$type"`
+	Lease     StrongRef `json:"lease"`
+	Reason    string    `json:"reason"`
+	CreatedAt string    `json:"createdAt"`
+}
+
+// Decode validates a record value against the lexicon of collection and
+// decodes it into out. An invalid record is a *lexicon.Error.
+func Decode(collection string, value json.RawMessage, out any) error {
+	if err := lexicon.ValidateRecord(collection, value); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(value, out); err != nil {
+		return &lexicon.Error{Collection: collection, Reason: err.Error()}
+	}
+	return nil
+}
+
+// Time formats t as a record datetime (UTC, milliseconds).
+func Time(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// ParseTime parses a record datetime; the zero time when it is not one.
+func ParseTime(s string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// keyAlphabet is lowercase base32: record keys and object names.
+const keyAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
+
+// Hash is a short, stable digest of s for names and record keys: the
+// first n characters of the lowercase base32 SHA-256 of s (n ≤ 52).
+func Hash(s string, n int) string {
+	sum := sha256.Sum256([]byte(s))
+	return base32.NewEncoding(keyAlphabet).WithPadding(base32.NoPadding).EncodeToString(sum[:])[:n]
+}
+
+// Owner is the part of a participant's record keys that says which
+// MarketRequester or MarketBidder (by UID) wrote them: several may publish
+// as one identity, and each lists only its own records.
+func Owner(uid string) string { return Hash(uid, 8) }
+
+// Every market record but a request has a key derived from its writer
+// and the record it answers, so a retry rewrites the same record instead
+// of making a second one: a prefix letter, the Owner, and 24 characters
+// of the hash of the answered record's at-URI.
+const (
+	prefixRequest = "r"
+	prefixBid     = "b"
+	prefixAccept  = "a"
+	prefixLease   = "l"
+	prefixRelease = "x"
+)
+
+func derivedKey(prefix, owner, parentURI string) string { return prefix + owner + Hash(parentURI, 24) }
+
+// BidKey is the record key of owner's bid on the request at requestURI.
+func BidKey(owner, requestURI string) string { return derivedKey(prefixBid, owner, requestURI) }
+
+// AcceptKey is the record key of owner's accept of the bid at bidURI.
+func AcceptKey(owner, bidURI string) string { return derivedKey(prefixAccept, owner, bidURI) }
+
+// LeaseKey is the record key of owner's lease answering the accept at
+// acceptURI.
+func LeaseKey(owner, acceptURI string) string { return derivedKey(prefixLease, owner, acceptURI) }
+
+// ReleaseKey is the record key of owner's release of the lease at
+// leaseURI.
+func ReleaseKey(owner, leaseURI string) string { return derivedKey(prefixRelease, owner, leaseURI) }
+
+// Owns reports whether rkey is a derived key (bid, accept, lease, release)
+// written by owner.
+func Owns(owner, rkey string) bool {
+	return len(rkey) == 1+len(owner)+24 && rkey[1:1+len(owner)] == owner
+}
+
+// RequestKey is the record key of owner's request for a replica, in its
+// attempt (counting from 1).
+func RequestKey(owner string, replica, attempt int32) string {
+	return fmt.Sprintf("%s%s-%d-%d", prefixRequest, owner, replica, attempt)
+}
+
+// ParseRequestKey returns the replica and attempt of a request key of
+// owner, and whether the key is one.
+func ParseRequestKey(owner, rkey string) (replica, attempt int32, ok bool) {
+	rest, found := strings.CutPrefix(rkey, prefixRequest+owner+"-")
+	if !found {
+		return 0, 0, false
+	}
+	if _, err := fmt.Sscanf(rest, "%d-%d", &replica, &attempt); err != nil || replica < 0 || attempt < 1 ||
+		rest != fmt.Sprintf("%d-%d", replica, attempt) {
+		return 0, 0, false
+	}
+	return replica, attempt, true
+}
+
+// URI is the at-URI of a record.
+func URI(did, collection, rkey string) string { return "at://" + did + "/" + collection + "/" + rkey }
+
+// SplitURI returns the repo (DID), collection and record key of an
+// at-URI; empty strings when it is not one.
+func SplitURI(uri string) (did, collection, rkey string) {
+	parts := strings.Split(strings.TrimPrefix(uri, "at://"), "/")
+	if !strings.HasPrefix(uri, "at://") || len(parts) != 3 {
+		return "", "", ""
+	}
+	return parts[0], parts[1], parts[2]
+}
