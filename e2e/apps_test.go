@@ -566,7 +566,7 @@ func TestComponentBadInput(t *testing.T) {
 	// component name is not a DNS label: refused at admission.
 	bad := shopApp("nobody.test", "profile", "v1")
 	bad.Spec.Components[1].Template.AtprotoRepo = bad.Spec.Components[0].Template.AtprotoRepo
-	if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "set exactly one of atprotoRepo and atprotoRecord") {
+	if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "set exactly one of atprotoRepo, atprotoRecord and marketRequester") {
 		t.Errorf("two child kinds: %v, want Invalid saying to set exactly one", err)
 	}
 	bad = shopApp("nobody.test", "Not_A_Label", "v1")

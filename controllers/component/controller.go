@@ -1,6 +1,7 @@
 // Package component reconciles Components: each owns exactly one child
-// object made from its template (an AtprotoRepo or an AtprotoRecord, named
-// like the Component) and mirrors that child's readiness in its status.
+// object made from its template (an AtprotoRepo, an AtprotoRecord or a
+// MarketRequester, named like the Component) and mirrors that child's
+// readiness in its status.
 // While the Component or its Application is suspended it creates and
 // changes nothing; the child stays as it is, and deletions (by kcp's
 // garbage collector through the owner references) still complete.
@@ -36,6 +37,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
@@ -86,6 +88,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Watches(&appsv1alpha1.Application{}, applicationToComponents(), predicate.GenerationChangedPredicate{}).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, childToComponent()).
 		Watches(&atprotov1alpha1.AtprotoRecord{}, childToComponent()).
+		Watches(&marketv1alpha1.MarketRequester{}, childToComponent()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 8,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
@@ -241,14 +244,17 @@ func childOf(comp *appsv1alpha1.Component) (client.Object, *appsv1alpha1.ChildRe
 	meta := metav1.ObjectMeta{Name: comp.Name, Namespace: comp.Namespace}
 	gv := atprotov1alpha1.GroupVersion.String()
 	switch {
-	case t.AtprotoRepo != nil && t.AtprotoRecord != nil:
-		return nil, nil, errors.New("spec.template sets both atprotoRepo and atprotoRecord; set exactly one")
+	case (t.AtprotoRepo != nil && t.AtprotoRecord != nil) || (t.MarketRequester != nil && (t.AtprotoRepo != nil || t.AtprotoRecord != nil)):
+		return nil, nil, errors.New("spec.template sets more than one child kind; set exactly one of atprotoRepo, atprotoRecord and marketRequester")
+	case t.MarketRequester != nil:
+		return &marketv1alpha1.MarketRequester{ObjectMeta: meta, Spec: *t.MarketRequester},
+			&appsv1alpha1.ChildRef{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "MarketRequester", Name: comp.Name}, nil
 	case t.AtprotoRepo != nil:
 		return &atprotov1alpha1.AtprotoRepo{ObjectMeta: meta, Spec: *t.AtprotoRepo}, &appsv1alpha1.ChildRef{APIVersion: gv, Kind: "AtprotoRepo", Name: comp.Name}, nil
 	case t.AtprotoRecord != nil:
 		return &atprotov1alpha1.AtprotoRecord{ObjectMeta: meta, Spec: *t.AtprotoRecord}, &appsv1alpha1.ChildRef{APIVersion: gv, Kind: "AtprotoRecord", Name: comp.Name}, nil
 	default:
-		return nil, nil, errors.New("spec.template sets no child kind; set atprotoRepo or atprotoRecord")
+		return nil, nil, errors.New("spec.template sets no child kind; set atprotoRepo, atprotoRecord or marketRequester")
 	}
 }
 
@@ -287,6 +293,8 @@ func sameSpec(existing, want client.Object) bool {
 		w := want.(*atprotov1alpha1.AtprotoRecord)
 		return e.Spec.RepoRef == w.Spec.RepoRef && e.Spec.Collection == w.Spec.Collection && e.Spec.RKey == w.Spec.RKey &&
 			pds.JSONEqual(e.Spec.Value.Raw, w.Spec.Value.Raw)
+	case *marketv1alpha1.MarketRequester:
+		return apiequality.Semantic.DeepEqual(e.Spec, want.(*marketv1alpha1.MarketRequester).Spec)
 	}
 	return false
 }
@@ -300,6 +308,8 @@ func mirror(child client.Object, kind string) (appsv1alpha1.ComponentPhase, meta
 		cond, observed = meta.FindStatusCondition(c.Status.Conditions, atprotov1alpha1.ConditionReady), c.Status.ObservedGeneration
 	case *atprotov1alpha1.AtprotoRecord:
 		cond, observed = meta.FindStatusCondition(c.Status.Conditions, atprotov1alpha1.ConditionSynced), c.Status.ObservedGeneration
+	case *marketv1alpha1.MarketRequester:
+		cond, observed = meta.FindStatusCondition(c.Status.Conditions, marketv1alpha1.ConditionReady), c.Status.ObservedGeneration
 	}
 	switch {
 	case cond == nil || observed != gen:

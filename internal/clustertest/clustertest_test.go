@@ -33,8 +33,8 @@ func TestKnotlessKindsHaveStatusSubresource(t *testing.T) {
 		kinds = append(kinds, kindOf(o))
 	}
 	slices.Sort(kinds)
-	want := []string{"Application", "AtprotoRecord", "AtprotoRecordWatch", "AtprotoRepo", "Component",
-		"MarketBidder", "MarketIdentity", "MarketNetwork", "MarketPresence", "TenantCluster"}
+	want := []string{"Application", "AtprotoRecord", "AtprotoRecordWatch", "AtprotoRepo", "Bid", "Component", "ComputeContract",
+		"MarketBidder", "MarketIdentity", "MarketNetwork", "MarketPresence", "MarketRequester", "TenantCluster"}
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("kinds with a status subresource %v, want %v", kinds, want)
 	}

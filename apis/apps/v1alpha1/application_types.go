@@ -4,6 +4,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 )
 
 // ApplicationPhase is the coarse state of an Application.
@@ -72,7 +73,7 @@ type ApplicationComponent struct {
 // ComponentTemplate describes the one child object of a Component. Exactly
 // one field is set.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.atprotoRepo) != has(self.atprotoRecord)",message="set exactly one of atprotoRepo and atprotoRecord"
+// +kubebuilder:validation:XValidation:rule="[has(self.atprotoRepo), has(self.atprotoRecord), has(self.marketRequester)].filter(x, x).size() == 1",message="set exactly one of atprotoRepo, atprotoRecord and marketRequester"
 type ComponentTemplate struct {
 	// AtprotoRepo is the spec of an AtprotoRepo.
 	// +optional
@@ -80,6 +81,10 @@ type ComponentTemplate struct {
 	// AtprotoRecord is the spec of an AtprotoRecord.
 	// +optional
 	AtprotoRecord *atprotov1alpha1.AtprotoRecordSpec `json:"atprotoRecord,omitempty"`
+	// MarketRequester is the spec of a MarketRequester: the application
+	// buys its VMs in a market, and its suspend releases them.
+	// +optional
+	MarketRequester *marketv1alpha1.MarketRequesterSpec `json:"marketRequester,omitempty"`
 }
 
 // ApplicationStatus is written by the application controller only

@@ -12,6 +12,7 @@ package v1alpha1
 
 import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -283,6 +284,11 @@ func (in *ComponentTemplate) DeepCopyInto(out *ComponentTemplate) {
 	if in.AtprotoRecord != nil {
 		in, out := &in.AtprotoRecord, &out.AtprotoRecord
 		*out = new(atprotov1alpha1.AtprotoRecordSpec)
+		(*in).DeepCopyInto(*out)
+	}
+	if in.MarketRequester != nil {
+		in, out := &in.MarketRequester, &out.MarketRequester
+		*out = new(marketv1alpha1.MarketRequesterSpec)
 		(*in).DeepCopyInto(*out)
 	}
 }

@@ -22,6 +22,9 @@ func AddToScheme(s *runtime.Scheme) error {
 		&MarketIdentity{}, &MarketIdentityList{},
 		&MarketBidder{}, &MarketBidderList{},
 		&MarketPresence{}, &MarketPresenceList{},
+		&MarketRequester{}, &MarketRequesterList{},
+		&Bid{}, &BidList{},
+		&ComputeContract{}, &ComputeContractList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -71,9 +71,18 @@ type MarketBidderSpec struct {
 	// +optional
 	Driver Driver `json:"driver,omitempty"`
 	// Suspend stops the bidder from taking new requests: its presence says
-	// so. What it already runs is still served and released.
+	// so, it makes no new bids and declines accepts. What it already runs
+	// is still served and released.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+	// BidValiditySeconds is how long after a request's bid deadline the
+	// bidder's bid stays valid (its validUntil): the time the requester
+	// has to accept it. The bid's capacity is reserved until then.
+	// +kubebuilder:validation:Minimum=5
+	// +kubebuilder:validation:Maximum=3600
+	// +kubebuilder:default=60
+	// +optional
+	BidValiditySeconds int32 `json:"bidValiditySeconds,omitempty"`
 }
 
 // MarketBidderStatus is written only by the marketbidder controller.
@@ -91,6 +100,19 @@ type MarketBidderStatus struct {
 	// published.
 	// +optional
 	PresenceURI string `json:"presenceURI,omitempty"`
+	// OpenBids is how many of the bidder's bids may still be accepted
+	// (each holds capacity).
+	// +optional
+	OpenBids int32 `json:"openBids,omitempty"`
+	// Leased is how many VMs the bidder has confirmed leases for.
+	// +optional
+	Leased int32 `json:"leased,omitempty"`
+	// IgnoredRecords counts the records concerning this bidder that it
+	// ignored as forged or inconsistent (an accept in a repo that is not
+	// the requester's, one that names another version of the bid), as
+	// the network's records stand now.
+	// +optional
+	IgnoredRecords int64 `json:"ignoredRecords,omitempty"`
 	// Conditions: Ready.
 	// +optional
 	// +listType=map
@@ -107,6 +129,8 @@ type MarketBidderStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="DID",type=string,JSONPath=`.status.did`
 // +kubebuilder:printcolumn:name="Suspend",type=boolean,JSONPath=`.spec.suspend`
+// +kubebuilder:printcolumn:name="Bids",type=integer,JSONPath=`.status.openBids`
+// +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leased`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MarketBidder struct {
