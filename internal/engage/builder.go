@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -33,6 +34,7 @@ type Builder struct {
 	name    string
 	forObj  client.Object
 	watches []watch
+	raw     []source.TypedSource[mcreconcile.Request]
 	opts    controller.TypedOptions[mcreconcile.Request]
 }
 
@@ -73,6 +75,14 @@ func (b *Builder) Watches(obj client.Object, h mchandler.TypedEventHandlerFunc[c
 	return b
 }
 
+// WatchesRawSource adds a source that is not a kind of the engaged
+// workspaces (for example the market feeds, which wake a controller when
+// a record on a firehose concerns one of its objects).
+func (b *Builder) WatchesRawSource(src source.TypedSource[mcreconcile.Request]) *Builder {
+	b.raw = append(b.raw, src)
+	return b
+}
+
 // WithOptions sets the controller's options.
 func (b *Builder) WithOptions(o controller.TypedOptions[mcreconcile.Request]) *Builder {
 	b.opts = o
@@ -110,6 +120,9 @@ func (b *Builder) Complete(r mcreconcile.Reconciler) error {
 			h = mchandler.TypedEnqueueRequestForOwner[client.Object](b.forObj, handler.OnlyControllerOwner())
 		}
 		bld = bld.WatchesRawSource(p.Kind(w.obj, h, w.preds...))
+	}
+	for _, src := range b.raw {
+		bld = bld.WatchesRawSource(src)
 	}
 	return bld.Complete(mcreconcile.NewClusterNotFoundWrapper(r))
 }

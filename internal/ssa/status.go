@@ -99,7 +99,8 @@ func ConditionChanged(before, after []metav1.Condition, typ string) *StatusEvent
 
 // PhaseChanged is the Event of a change of phase from before to after,
 // for kinds whose phase sums them up (Application, Component): the new
-// phase is its reason, or Resumed when before is the suspended phase; it
+// phase is its reason, or Resumed when before is the suspended phase (""
+// for kinds that have none); it
 // is a Warning when after is the failed phase. note is its message (the
 // Ready condition's). nil when the phase did not change.
 func PhaseChanged[P ~string](before, after, failed, suspended P, note string) *StatusEvent {
@@ -110,7 +111,7 @@ func PhaseChanged[P ~string](before, after, failed, suspended P, note string) *S
 	switch {
 	case after == failed:
 		ev.Type = corev1.EventTypeWarning
-	case before == suspended:
+	case suspended != "" && before == suspended:
 		ev.Reason = suspend.ReasonResumed
 	}
 	return ev

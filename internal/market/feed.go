@@ -1,0 +1,663 @@
+package market
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+)
+
+// Collections are the records a market feed keeps: everything a
+// requester or a bidder reads of the other side.
+func Collections() []string {
+	return []string{lexicon.Association, lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Release, lexicon.Reclaim}
+}
+
+// Role is the side a follower of the feeds takes.
+type Role string
+
+// Roles.
+const (
+	RoleRequester Role = "requester"
+	RoleBidder    Role = "bidder"
+)
+
+// Follower is a MarketRequester or MarketBidder that reads the market's
+// records: its side, the DID it trades as, and the request that
+// reconciles it.
+type Follower struct {
+	Role    Role
+	DID     string
+	Request mcreconcile.Request
+}
+
+// FeedsOptions configure Feeds; zero fields take defaults.
+type FeedsOptions struct {
+	// MaxRecords bounds the records one source's feed keeps (default
+	// 200000; the ones changed longest ago go first).
+	MaxRecords int
+	// RefreshEvery bounds how often one repo is listed again on request
+	// (View.Refresh; default 30 s).
+	RefreshEvery time.Duration
+	// Registry, if set, gets knotless_market_feed_invalid_records_total.
+	Registry prometheus.Registerer
+	Log      logr.Logger
+	// Now is the clock that says when a record was first seen (default
+	// time.Now).
+	Now func() time.Time
+}
+
+// Feeds shares the market's firehose subscriptions among every requester
+// and bidder the provider reconciles: one subscription per source,
+// whatever workspace its followers are in. It indexes the records by the
+// record they answer, remembers when it first saw each version (deadlines
+// are judged by the reader's clock, never by a record's own createdAt),
+// and wakes the followers a changed record concerns: bidders for every
+// request, a requester for a bid or lease that answers its records, a
+// bidder for an accept or release of its bids and leases (found by DID:
+// the follower registry is the index of requesters and bidders by DID
+// over every engaged workspace).
+//
+// Only records of commits the firehose library verified (or of a listing
+// from the repo's own PDS) are kept; each is validated against its
+// lexicon first and an invalid one is counted and ignored.
+type Feeds struct {
+	hub     *firehose.Hub
+	opts    FeedsOptions
+	invalid *prometheus.CounterVec
+
+	mu        sync.Mutex
+	ctx       context.Context
+	wg        sync.WaitGroup
+	feeds     map[string]*feed
+	followers map[mcreconcile.Request]*following
+	triggers  map[Role]chan event.TypedGenericEvent[mcreconcile.Request]
+}
+
+type following struct {
+	Follower
+	sources []string
+}
+
+// NewFeeds returns the feeds over hub. Add it to the manager (it is a
+// runnable that needs leader election, like the hub).
+func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
+	if opts.MaxRecords <= 0 {
+		opts.MaxRecords = 200_000
+	}
+	if opts.RefreshEvery <= 0 {
+		opts.RefreshEvery = 30 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	f := &Feeds{
+		hub: hub, opts: opts,
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "knotless_market_feed_invalid_records_total",
+			Help: "Market records read from firehoses for requests, bids and contracts that did not match their lexicon and were ignored.",
+		}, []string{"collection"}),
+		feeds:     map[string]*feed{},
+		followers: map[mcreconcile.Request]*following{},
+		triggers: map[Role]chan event.TypedGenericEvent[mcreconcile.Request]{
+			RoleRequester: make(chan event.TypedGenericEvent[mcreconcile.Request], 4096),
+			RoleBidder:    make(chan event.TypedGenericEvent[mcreconcile.Request], 4096),
+		},
+	}
+	if opts.Registry != nil {
+		if err := opts.Registry.Register(f.invalid); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// Start runs the feeds' indexers until ctx ends and waits for them.
+func (f *Feeds) Start(ctx context.Context) error {
+	f.mu.Lock()
+	f.ctx = ctx
+	for _, fd := range f.feeds {
+		f.run(fd)
+	}
+	f.mu.Unlock()
+	<-ctx.Done()
+	f.wg.Wait()
+	return nil
+}
+
+// run starts fd's indexer; f.mu is held and f.ctx set.
+func (f *Feeds) run(fd *feed) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	fd.stop = cancel
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		fd.run(ctx, f)
+	}()
+}
+
+// Source is the controller source through which the feeds wake the
+// followers of role.
+func (f *Feeds) Source(role Role) source.TypedSource[mcreconcile.Request] {
+	return source.TypedChannel[mcreconcile.Request, mcreconcile.Request](f.triggers[role], handler.TypedFuncs[mcreconcile.Request, mcreconcile.Request]{
+		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[mcreconcile.Request], q workqueue.TypedRateLimitingInterface[mcreconcile.Request]) {
+			q.Add(e.Object)
+		},
+	})
+}
+
+// wake enqueues reqs for their role's controller; a full channel drops
+// them (every follower also looks again at its own deadlines).
+func (f *Feeds) wake(role Role, reqs []mcreconcile.Request) {
+	for _, r := range reqs {
+		select {
+		case f.triggers[role] <- event.TypedGenericEvent[mcreconcile.Request]{Object: r}:
+		default:
+		}
+	}
+}
+
+// Market is what the market controllers read the other side's records
+// through: Feeds, or a fake in unit tests.
+type Market interface {
+	// Follow registers fl as a reader of sources (firehose URLs of its
+	// network) and returns its view of them.
+	Follow(fl Follower, sources []string) (Reader, error)
+	// Unfollow forgets the follower of req.
+	Unfollow(req mcreconcile.Request)
+}
+
+// Reader is a follower's view of the market's records.
+type Reader interface {
+	// Complete is nil when the view is complete: what is absent from it
+	// is absent from the repos. Otherwise it says why not.
+	Complete() error
+	// Get returns the record at uri, or nil.
+	Get(uri string) *Rec
+	// Children returns the records of collection that answer the record
+	// at uri (an accept is also a child of its request).
+	Children(uri, collection string) []*Rec
+	// Requests returns every request record.
+	Requests() []*Rec
+	// Vouches reports whether voucher's repo has an association record
+	// naming subject with role.
+	Vouches(voucher, subject, role string) bool
+	// Refresh asks for did's records to be listed again (rate-limited).
+	Refresh(did string)
+}
+
+var (
+	_ Market = (*Feeds)(nil)
+	_ Reader = View{}
+)
+
+// Follow registers fl as a reader of sources (firehose URLs of its
+// network) and returns its view of them. Following again replaces the
+// sources and DID; feeds nobody follows any more are dropped.
+func (f *Feeds) Follow(fl Follower, sources []string) (Reader, error) {
+	var norm []string
+	for _, s := range sources {
+		n, err := firehose.NormalizeSource(s)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(norm, n) {
+			norm = append(norm, n)
+		}
+	}
+	slices.Sort(norm)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	prev := f.followers[fl.Request]
+	for _, src := range norm {
+		if f.feeds[src] != nil {
+			continue
+		}
+		fd := &feed{source: src, users: map[mcreconcile.Request]bool{}, refreshed: map[string]time.Time{}}
+		fd.idx.Store(&index{})
+		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check}, f.opts.MaxRecords, firehose.State{})
+		if err != nil {
+			return nil, err
+		}
+		fd.sub = sub
+		f.feeds[src] = fd
+		if f.ctx != nil {
+			f.run(fd)
+		}
+	}
+	v := View{refreshEvery: f.opts.RefreshEvery, now: f.opts.Now}
+	for _, src := range norm {
+		fd := f.feeds[src]
+		fd.users[fl.Request] = true
+		v.feeds = append(v.feeds, fd)
+	}
+	f.followers[fl.Request] = &following{Follower: fl, sources: norm}
+	if prev != nil {
+		f.release(fl.Request, prev.sources, norm)
+	}
+	return v, nil
+}
+
+// Unfollow forgets req; feeds nobody follows any more are dropped.
+func (f *Feeds) Unfollow(req mcreconcile.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	prev := f.followers[req]
+	if prev == nil {
+		return
+	}
+	delete(f.followers, req)
+	f.release(req, prev.sources, nil)
+}
+
+// release drops req from the feeds of sources not in keep; f.mu is held.
+func (f *Feeds) release(req mcreconcile.Request, sources, keep []string) {
+	for _, src := range sources {
+		if slices.Contains(keep, src) {
+			continue
+		}
+		fd := f.feeds[src]
+		if fd == nil {
+			continue
+		}
+		delete(fd.users, req)
+		if len(fd.users) == 0 {
+			delete(f.feeds, src)
+			f.hub.Unsubscribe(fd.sub)
+			if fd.stop != nil {
+				fd.stop()
+			}
+		}
+	}
+}
+
+// Followers returns the followers of role that trade as did (the index of
+// requesters and bidders by DID over every engaged workspace).
+func (f *Feeds) Followers(role Role, did string) []mcreconcile.Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []mcreconcile.Request
+	for req, fl := range f.followers {
+		if fl.Role == role && fl.DID == did && did != "" {
+			out = append(out, req)
+		}
+	}
+	return out
+}
+
+// usersOf returns the followers of role that read the feed of src.
+func (f *Feeds) usersOf(src string, role Role) []mcreconcile.Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fd := f.feeds[src]
+	if fd == nil {
+		return nil
+	}
+	var out []mcreconcile.Request
+	for req := range fd.users {
+		if fl := f.followers[req]; fl != nil && fl.Role == role {
+			out = append(out, req)
+		}
+	}
+	return out
+}
+
+// check validates a record from a firehose before a feed keeps it.
+func (f *Feeds) check(collection string, value json.RawMessage) error {
+	err := lexicon.ValidateRecord(collection, value)
+	if err != nil {
+		label := collection
+		if !slices.Contains(Collections(), label) {
+			label = "other"
+		}
+		f.invalid.WithLabelValues(label).Inc()
+	}
+	return err
+}
+
+// route wakes the followers that changed records concern.
+func (f *Feeds) route(src string, changed []*Rec) {
+	var requesters, bidders []mcreconcile.Request
+	allBidders, all := false, false
+	for _, r := range changed {
+		parentDID, _, _ := SplitURI(r.Parent.URI)
+		switch r.Collection {
+		case lexicon.Request:
+			allBidders = true
+		case lexicon.Bid, lexicon.Lease:
+			requesters = append(requesters, f.Followers(RoleRequester, parentDID)...)
+		case lexicon.Accept, lexicon.Release, lexicon.Reclaim:
+			bidders = append(bidders, f.Followers(RoleBidder, parentDID)...)
+		case lexicon.Association:
+			all = true
+		}
+	}
+	if all || allBidders {
+		bidders = f.usersOf(src, RoleBidder)
+	}
+	if all {
+		requesters = f.usersOf(src, RoleRequester)
+	}
+	f.wake(RoleRequester, requesters)
+	f.wake(RoleBidder, bidders)
+}
+
+// feed is one source's records.
+type feed struct {
+	source string
+	sub    *firehose.Subscription
+	stop   context.CancelFunc
+	// users are guarded by Feeds.mu.
+	users map[mcreconcile.Request]bool
+
+	idx atomic.Pointer[index]
+
+	mu        sync.Mutex
+	refreshed map[string]time.Time
+}
+
+// index is one snapshot of a feed, never changed once stored.
+type index struct {
+	version  uint64
+	built    bool
+	health   firehose.Health
+	recs     map[string]*Rec
+	children map[string][]*Rec
+	requests []*Rec
+}
+
+// healthEvery is how often an idle feed reads its stream's health.
+const healthEvery = time.Second
+
+func (fd *feed) run(ctx context.Context, f *Feeds) {
+	tick := time.NewTicker(healthEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-fd.sub.Changed():
+			prev := fd.idx.Load()
+			state, health, version := fd.sub.Snapshot()
+			next, changed := build(prev, state, version, health, f.opts.Now(), f.opts.Log)
+			fd.idx.Store(next)
+			if len(changed) > 0 {
+				f.route(fd.source, changed)
+			}
+		case <-tick.C:
+			prev := fd.idx.Load()
+			if h := fd.sub.Health(); h.Connected != prev.health.Connected || h.Full != prev.health.Full || !sameErr(h.Err, prev.health.Err) || !sameErr(h.ResyncErr, prev.health.ResyncErr) {
+				next := *prev
+				next.health = h
+				fd.idx.Store(&next)
+				if (prev.health.Full && !h.Full) || (!prev.health.Connected && h.Connected) {
+					// A listing ended: every follower may decide now.
+					f.wake(RoleRequester, f.usersOf(fd.source, RoleRequester))
+					f.wake(RoleBidder, f.usersOf(fd.source, RoleBidder))
+				}
+			}
+		}
+	}
+}
+
+func sameErr(a, b error) bool {
+	if a == nil || b == nil {
+		return (a == nil) == (b == nil)
+	}
+	return a.Error() == b.Error()
+}
+
+// build indexes a subscription's state, keeping what prev knew of records
+// it saw already (when it first saw them), and returns the records that
+// are new, changed or gone (as they were).
+func build(prev *index, state firehose.State, version uint64, health firehose.Health, now time.Time, log logr.Logger) (*index, []*Rec) {
+	next := &index{version: version, built: true, health: health, recs: make(map[string]*Rec, len(state.Records)), children: map[string][]*Rec{}}
+	var changed []*Rec
+	for uri, r := range state.Records {
+		rec := prev.recs[uri]
+		if rec == nil || rec.CID != r.CID {
+			var err error
+			if rec, err = NewRec(r.URI, r.CID, r.Rev, r.Value, now); err != nil {
+				log.V(1).Info("ignoring a market record", "uri", uri, "err", err)
+				continue
+			}
+			changed = append(changed, rec)
+		}
+		next.recs[uri] = rec
+		if rec.Parent.URI != "" {
+			next.children[rec.Parent.URI] = append(next.children[rec.Parent.URI], rec)
+		}
+		if rec.Accept != nil && rec.Accept.Request.URI != "" && rec.Accept.Request.URI != rec.Parent.URI {
+			next.children[rec.Accept.Request.URI] = append(next.children[rec.Accept.Request.URI], rec)
+		}
+		if rec.Collection == lexicon.Request {
+			next.requests = append(next.requests, rec)
+		}
+	}
+	for uri, rec := range prev.recs {
+		if n := next.recs[uri]; n == nil {
+			changed = append(changed, rec)
+		}
+	}
+	return next, changed
+}
+
+// Rec is a market record a feed keeps, decoded.
+type Rec struct {
+	URI, CID, DID, Collection, RKey string
+	// Rev of the commit that wrote it (empty when a listing found it).
+	Rev string
+	// FirstSeen is when this feed first saw this version, by the
+	// provider's clock.
+	FirstSeen time.Time
+	// Parent is the record this one answers (a bid's request, an accept's
+	// bid, a lease's accept, a release's or reclaim's lease).
+	Parent StrongRef
+
+	Request     *Request
+	Bid         *Bid
+	Accept      *Accept
+	Lease       *Lease
+	Release     *Release
+	Reclaim     *Reclaim
+	Association *Association
+}
+
+// Ref is the record's strong reference.
+func (r *Rec) Ref() StrongRef { return StrongRef{URI: r.URI, CID: r.CID} }
+
+// Reclaim is the content of a dev.knotless.market.reclaim record.
+type Reclaim struct {
+	Type           string    `json:"$type"`
+	Lease          StrongRef `json:"lease"`
+	Reason         string    `json:"reason"`
+	TerminateAfter string    `json:"terminateAfter"`
+	CreatedAt      string    `json:"createdAt"`
+}
+
+// NewRec decodes a market record (already validated against its
+// lexicon) first seen at firstSeen.
+func NewRec(uri, cid, rev string, value json.RawMessage, firstSeen time.Time) (*Rec, error) {
+	did, col, rkey := SplitURI(uri)
+	if did == "" {
+		return nil, fmt.Errorf("not an at-URI: %q", uri)
+	}
+	rec := &Rec{URI: uri, CID: cid, DID: did, Collection: col, RKey: rkey, Rev: rev, FirstSeen: firstSeen}
+	r := struct{ Value json.RawMessage }{value}
+	var err error
+	switch col {
+	case lexicon.Request:
+		rec.Request = &Request{}
+		err = json.Unmarshal(r.Value, rec.Request)
+	case lexicon.Bid:
+		rec.Bid = &Bid{}
+		err = json.Unmarshal(r.Value, rec.Bid)
+		rec.Parent = rec.Bid.Request
+	case lexicon.Accept:
+		rec.Accept = &Accept{}
+		err = json.Unmarshal(r.Value, rec.Accept)
+		rec.Parent = rec.Accept.Bid
+	case lexicon.Lease:
+		rec.Lease = &Lease{}
+		err = json.Unmarshal(r.Value, rec.Lease)
+		rec.Parent = rec.Lease.Accept
+	case lexicon.Release:
+		rec.Release = &Release{}
+		err = json.Unmarshal(r.Value, rec.Release)
+		rec.Parent = rec.Release.Lease
+	case lexicon.Reclaim:
+		rec.Reclaim = &Reclaim{}
+		err = json.Unmarshal(r.Value, rec.Reclaim)
+		rec.Parent = rec.Reclaim.Lease
+	case lexicon.Association:
+		rec.Association = &Association{}
+		err = json.Unmarshal(r.Value, rec.Association)
+	default:
+		return nil, fmt.Errorf("collection %s is not a market record", col)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// View is a follower's view of its network's feeds.
+type View struct {
+	feeds        []*feed
+	refreshEvery time.Duration
+	now          func() time.Time
+}
+
+// ErrIncomplete is returned by View.Complete while a feed is connecting or
+// listing records: what is missing may be there.
+var ErrIncomplete = errors.New("the network's firehoses are being read")
+
+// Complete reports whether every feed of the view is connected and has
+// no full listing outstanding, so that what is absent from it is absent
+// from the repos; otherwise it says why not. (A repo listed again on
+// request does not make the view incomplete: until the listing ends it
+// holds what the firehose said.)
+func (v View) Complete() error {
+	if len(v.feeds) == 0 {
+		return errors.New("the network lists no firehose")
+	}
+	for _, fd := range v.feeds {
+		idx := fd.idx.Load()
+		h := idx.health
+		switch {
+		case !idx.built:
+			return ErrIncomplete
+		case h.Full && h.ResyncErr != nil:
+			return fmt.Errorf("listing the records of %s: %w", fd.source, h.ResyncErr)
+		case !h.Connected && h.Err != nil:
+			return fmt.Errorf("reading %s: %w", fd.source, h.Err)
+		case h.Full || !h.Connected:
+			return ErrIncomplete
+		}
+	}
+	return nil
+}
+
+// Get returns the record at uri, or nil. When sources disagree, the
+// version of the newer commit wins.
+func (v View) Get(uri string) *Rec {
+	var best *Rec
+	for _, fd := range v.feeds {
+		if r := fd.idx.Load().recs[uri]; r != nil && (best == nil || r.Rev > best.Rev) {
+			best = r
+		}
+	}
+	return best
+}
+
+// Children returns the records that answer the record at uri, of
+// collection, one per URI.
+func (v View) Children(uri, collection string) []*Rec {
+	var out []*Rec
+	for _, fd := range v.feeds {
+		for _, r := range fd.idx.Load().children[uri] {
+			if r.Collection != collection {
+				continue
+			}
+			if i := slices.IndexFunc(out, func(o *Rec) bool { return o.URI == r.URI }); i >= 0 {
+				if r.Rev > out[i].Rev {
+					out[i] = r
+				}
+				continue
+			}
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Rec) int { return strings.Compare(a.URI, b.URI) })
+	return out
+}
+
+// Requests returns every request record of the view, one per URI.
+func (v View) Requests() []*Rec {
+	seen := map[string]int{}
+	var out []*Rec
+	for _, fd := range v.feeds {
+		for _, r := range fd.idx.Load().requests {
+			if i, ok := seen[r.URI]; ok {
+				if r.Rev > out[i].Rev {
+					out[i] = r
+				}
+				continue
+			}
+			seen[r.URI] = len(out)
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Rec) int { return strings.Compare(a.URI, b.URI) })
+	return out
+}
+
+// Vouches reports whether voucher has an association record in its own
+// repo that names subject with role.
+func (v View) Vouches(voucher, subject, role string) bool {
+	if voucher == "" || subject == "" {
+		return false
+	}
+	r := v.Get(URI(voucher, lexicon.Association, subject))
+	return r != nil && r.Association != nil && r.Association.Subject == subject && slices.Contains(r.Association.Roles, role)
+}
+
+// Refresh lists did's market records again from its PDS on every feed of
+// the view, at most once per FeedsOptions.RefreshEvery per feed: a
+// follower reconciles the repos it deals with from listRecords now and
+// then, not from the firehose alone.
+func (v View) Refresh(did string) {
+	now := v.now()
+	for _, fd := range v.feeds {
+		fd.mu.Lock()
+		due := now.Sub(fd.refreshed[did]) >= v.refreshEvery
+		if due {
+			fd.refreshed[did] = now
+			for k, t := range fd.refreshed {
+				if now.Sub(t) > 10*v.refreshEvery {
+					delete(fd.refreshed, k)
+				}
+			}
+		}
+		fd.mu.Unlock()
+		if due {
+			fd.sub.Refresh(did)
+		}
+	}
+}

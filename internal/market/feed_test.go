@@ -1,0 +1,136 @@
+package market
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+)
+
+func rec(t *testing.T, did, collection, rkey, cid string, v any) firehose.Record {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return firehose.Record{URI: URI(did, collection, rkey), CID: cid, Value: b}
+}
+
+// TestBuildIndexesAndRemembersFirstSeen: a feed's index finds records by
+// the record they answer (an accept also by its request), keeps when it
+// first saw each version, and reports new, changed and deleted records.
+func TestBuildIndexesAndRemembersFirstSeen(t *testing.T) {
+	t0 := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
+	req := rec(t, "did:plc:req", lexicon.Request, "r1", "c1", Request{Type: lexicon.Request, Shape: Shape{CPUMillis: 1, MemoryMiB: 1},
+		MaxPricePerHour: Price{1, "credits"}, BidDeadline: Time(t0), CreatedAt: Time(t0)})
+	bid := rec(t, "did:plc:bid", lexicon.Bid, "b1", "c2", Bid{Type: lexicon.Bid, Request: StrongRef{req.URI, "c1"}, PricePerHour: Price{1, "credits"}, ValidUntil: Time(t0), CreatedAt: Time(t0)})
+	acc := rec(t, "did:plc:req", lexicon.Accept, "a1", "c3", Accept{Type: lexicon.Accept, Bid: StrongRef{bid.URI, "c2"}, Request: StrongRef{req.URI, "c1"}, ConfirmBy: Time(t0), CreatedAt: Time(t0)})
+	state := firehose.State{Records: map[string]firehose.Record{req.URI: req, bid.URI: bid}}
+	idx, changed := build(&index{}, state, 1, firehose.Health{Connected: true}, t0, logr.Discard())
+	if len(changed) != 2 || len(idx.requests) != 1 || len(idx.children[req.URI]) != 1 {
+		t.Fatalf("changed %d, requests %d, children %v", len(changed), len(idx.requests), idx.children)
+	}
+	state.Records[acc.URI] = acc
+	idx2, changed := build(idx, state, 2, firehose.Health{Connected: true}, t0.Add(time.Minute), logr.Discard())
+	if len(changed) != 1 || changed[0].URI != acc.URI {
+		t.Fatalf("changed %v", changed)
+	}
+	if idx2.recs[bid.URI].FirstSeen != t0 || idx2.recs[acc.URI].FirstSeen != t0.Add(time.Minute) {
+		t.Errorf("first seen: bid %v, accept %v", idx2.recs[bid.URI].FirstSeen, idx2.recs[acc.URI].FirstSeen)
+	}
+	fd := &feed{}
+	fd.idx.Store(idx2)
+	v := View{feeds: []*feed{fd}, refreshEvery: time.Second, now: time.Now}
+	if got := v.Children(req.URI, lexicon.Accept); len(got) != 1 || got[0].URI != acc.URI {
+		t.Errorf("accepts of the request: %v", got)
+	}
+	if got := v.Children(bid.URI, lexicon.Accept); len(got) != 1 {
+		t.Errorf("accepts of the bid: %v", got)
+	}
+	if err := v.Complete(); err != nil {
+		t.Errorf("Complete: %v", err)
+	}
+	delete(state.Records, bid.URI)
+	_, changed = build(idx2, state, 3, firehose.Health{Connected: true, Full: true}, t0, logr.Discard())
+	if len(changed) != 1 || changed[0].URI != bid.URI {
+		t.Errorf("a deleted record is a change: %v", changed)
+	}
+	fd.idx.Store(&index{built: true, health: firehose.Health{Connected: true, Full: true}})
+	if v.Complete() == nil {
+		t.Error("a feed in a full listing is complete")
+	}
+}
+
+// TestRouteWakesWhomARecordConcerns: a request wakes every bidder of the
+// feed; a bid or lease the requester whose record it answers; an accept
+// or release the bidder whose record it answers.
+func TestRouteWakesWhomARecordConcerns(t *testing.T) {
+	f, err := NewFeeds(nil, FeedsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(name string) mcreconcile.Request {
+		return mcreconcile.Request{ClusterName: "ws", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}}
+	}
+	f.followers[req("shop")] = &following{Follower: Follower{Role: RoleRequester, DID: "did:plc:shop", Request: req("shop")}, sources: []string{"https://pds"}}
+	f.followers[req("acme")] = &following{Follower: Follower{Role: RoleBidder, DID: "did:plc:acme", Request: req("acme")}, sources: []string{"https://pds"}}
+	f.followers[req("other")] = &following{Follower: Follower{Role: RoleBidder, DID: "did:plc:other", Request: req("other")}, sources: []string{"https://pds"}}
+	f.feeds["https://pds"] = &feed{users: map[mcreconcile.Request]bool{req("shop"): true, req("acme"): true, req("other"): true}}
+	woken := func() map[string]bool {
+		out := map[string]bool{}
+		for _, role := range []Role{RoleRequester, RoleBidder} {
+			for len(f.triggers[role]) > 0 {
+				out[string(role)+"/"+(<-f.triggers[role]).Object.Name] = true
+			}
+		}
+		return out
+	}
+	f.route("https://pds", []*Rec{{Collection: lexicon.Request}})
+	if w := woken(); len(w) != 2 || !w["bidder/acme"] || !w["bidder/other"] {
+		t.Errorf("a request woke %v", w)
+	}
+	f.route("https://pds", []*Rec{{Collection: lexicon.Bid, Parent: StrongRef{URI: URI("did:plc:shop", lexicon.Request, "r")}}})
+	if w := woken(); len(w) != 1 || !w["requester/shop"] {
+		t.Errorf("a bid woke %v", w)
+	}
+	f.route("https://pds", []*Rec{{Collection: lexicon.Accept, Parent: StrongRef{URI: URI("did:plc:acme", lexicon.Bid, "b")}}})
+	if w := woken(); len(w) != 1 || !w["bidder/acme"] {
+		t.Errorf("an accept woke %v", w)
+	}
+	if got := f.Followers(RoleRequester, "did:plc:shop"); len(got) != 1 {
+		t.Errorf("the DID index: %v", got)
+	}
+}
+
+// TestKeys: record keys are stable, derived from owner and parent, and
+// request keys parse back.
+func TestKeys(t *testing.T) {
+	owner := Owner("uid-1")
+	if BidKey(owner, "at://a/b/c") != BidKey(owner, "at://a/b/c") || BidKey(owner, "at://a/b/c") == BidKey(Owner("uid-2"), "at://a/b/c") {
+		t.Error("bid keys are not derived from owner and request")
+	}
+	for _, k := range []string{BidKey(owner, "x"), AcceptKey(owner, "x"), LeaseKey(owner, "x"), ReleaseKey(owner, "x")} {
+		if !Owns(owner, k) || Owns(Owner("uid-2"), k) || len(k) != 33 {
+			t.Errorf("key %s", k)
+		}
+	}
+	k := RequestKey(owner, 3, 7)
+	if i, a, ok := ParseRequestKey(owner, k); !ok || i != 3 || a != 7 {
+		t.Errorf("ParseRequestKey(%s) = %d %d %v", k, i, a, ok)
+	}
+	for _, bad := range []string{"r" + owner + "-3", "r" + owner + "-03-1", "r" + owner + "--1-1", "r" + owner + "-1-0", "x"} {
+		if _, _, ok := ParseRequestKey(owner, bad); ok {
+			t.Errorf("ParseRequestKey(%s) accepted", bad)
+		}
+	}
+	if n := ChildName("a-very-long-name-of-a-requester-in-a-namespace-xyz", "k"); len(n) > 63 {
+		t.Errorf("ChildName too long: %s", n)
+	}
+}
