@@ -25,6 +25,7 @@ import (
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	kcpclientset "github.com/kcp-dev/sdk/client/clientset/versioned/cluster"
 	"github.com/prometheus/client_golang/prometheus"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -47,12 +48,14 @@ import (
 	"github.com/knotless-dev/knotless/controllers/marketidentity"
 	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/controllers/marketpresence"
+	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/controllers/tenantcluster"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -196,7 +199,7 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
-	if err := setupMarket(ctx, mgr, pool, hub, o.AtprotoResync); err != nil {
+	if err := setupMarket(ctx, mgr, scheme, pool, hub, o.AtprotoResync); err != nil {
 		return err
 	}
 	// The cluster-aware client adds /clusters/<workspace> to the server's
@@ -321,10 +324,8 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 	return vc, nil
 }
 
-// registerMetrics adds the engaged-workspace gauge and the provider
-// restart counter.
 // setupMarket registers the market controllers and their metric.
-func setupMarket(ctx context.Context, mgr mcmanager.Manager, pool *repoconn.Pool, hub *firehose.Hub, resync time.Duration) error {
+func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, resync time.Duration) error {
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "knotless_market_invalid_records_total",
 		Help:        "Market records read from firehoses that did not match their lexicon and were ignored.",
@@ -339,8 +340,24 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, pool *repoconn.Pool
 	if err := (&marketidentity.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Hub: hub, Resync: resync, Invalid: invalid}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketidentity controller: %w", err)
 	}
-	if err := (&marketbidder.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(ctx, mgr); err != nil {
+	feeds, err := market.NewFeeds(hub, market.FeedsOptions{Registry: metrics.Registry, Log: mgr.GetLogger().WithName("market-feeds")})
+	if err != nil {
+		return err
+	}
+	if err := mgr.GetLocalManager().Add(feeds); err != nil {
+		return err
+	}
+	if err := (&marketbidder.Reconciler{
+		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleBidder),
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync,
+	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketbidder controller: %w", err)
+	}
+	if err := (&marketrequester.Reconciler{
+		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync,
+	}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}
 	if err := (&marketpresence.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: resync}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketpresence controller: %w", err)
@@ -348,6 +365,8 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, pool *repoconn.Pool
 	return nil
 }
 
+// registerMetrics adds the engaged-workspace gauge and the provider
+// restart counter.
 func registerMetrics(reg prometheus.Registerer, p *engage.Provider) error {
 	labels := prometheus.Labels{"export": apis.Export}
 	if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -1,18 +1,32 @@
-// Package marketbidder reconciles MarketBidders: it checks the bidder's
-// network and identity, and applies its MarketPresence (a generated child
-// with a controller owner reference, R07) from the offers, the free
-// capacity and spec.suspend. A suspended bidder's presence says it takes
-// no new requests; suspend never stops work on what it already runs
-// (seed defect D04). It is the only status writer of MarketBidder (field
-// manager FieldManager) and never writes the bidder's spec.
+// Package marketbidder reconciles MarketBidders: the selling side of the
+// compute market. It checks the bidder's network and identity, bids on
+// the requests of the network it can serve (capacity is reserved for each
+// open bid and freed on every terminal signal: the bid lost, expired, its
+// request went or changed, or it was declined), answers the requester's
+// accept with a lease record (confirmed, or declined with a reason), holds
+// a ComputeContract per lease (owned by the MarketBidder) and ends the
+// lease when the requester releases it. It applies the MarketPresence (a
+// generated child with a controller owner reference, R07) from the
+// offers, the free capacity and spec.suspend.
+//
+// What it acts on is the records: its own bids and leases (listed from
+// its repo: the inventory, so a restart never loses a reservation) and the
+// requesters' requests, accepts and releases (from the network's
+// firehoses, verified, and listed again from the requesters' repos now and
+// then). A suspended bidder makes no new bids and declines accepts, but
+// still ends leases that are released (seed defect D04). It is the only
+// status writer of MarketBidder and of the Bids and ComputeContracts it
+// owns (field manager FieldManager) and never writes the bidder's spec.
 package marketbidder
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,27 +34,35 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/predicates"
+	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
 const (
 	// Name is the controller's name.
 	Name = "marketbidder"
-	// FieldManager owns MarketBidder status and the spec of its
-	// MarketPresence.
+	// FieldManager owns MarketBidder status and finalizer, the spec of its
+	// MarketPresence, and the spec and status of its Bids and
+	// ComputeContracts.
 	FieldManager = "knotless-marketbidder"
+	// Finalizer deletes the bidder's bid and lease records before it goes.
+	Finalizer = "market.knotless.dev/bidder"
 
 	byIdentity = "market.knotless.dev/bidder-identity"
 	byNetwork  = "market.knotless.dev/bidder-network"
@@ -49,6 +71,52 @@ const (
 // Reconciler reconciles MarketBidders in every engaged workspace.
 type Reconciler struct {
 	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Pool       *repoconn.Pool
+	// Market is where the requesters' records are read (market.Feeds).
+	// Without it the bidder only publishes its presence.
+	Market market.Market
+	// Source wakes bidders when a record concerning them changes
+	// (Feeds.Source(market.RoleBidder)); nil in unit tests.
+	Source source.TypedSource[mcreconcile.Request]
+	// Inventories hold each bidder's own records.
+	Inventories *market.Inventories
+	// Resync is how often a bidder with nothing due is looked at again
+	// (default 2m).
+	Resync time.Duration
+	// Connect returns the Publisher of a repo (default market.Client with
+	// Pool); tests replace it.
+	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
+	if r.Connect != nil {
+		return r.Connect(ctx, c, lc, repo)
+	}
+	return market.Client(ctx, r.Pool, c, lc, repo)
+}
+
+func (r *Reconciler) resync() time.Duration { return cmp.Or(r.Resync, 2*time.Minute) }
+
+func key(req mcreconcile.Request) string {
+	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
+}
+
+func (r *Reconciler) forget(req mcreconcile.Request) {
+	if r.Market != nil {
+		r.Market.Unfollow(req)
+	}
+	if r.Inventories != nil {
+		r.Inventories.Forget(key(req))
+	}
 }
 
 // SetupWithManager registers the controller and its indexes.
@@ -64,17 +132,21 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		return err
 	}
 	bidders := func() client.ObjectList { return &marketv1alpha1.MarketBidderList{} }
-	return engage.ControllerManagedBy(mgr).
+	b := engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&marketv1alpha1.MarketBidder{}, predicates.SpecOrLifecycleChanged()).
 		Owns(&marketv1alpha1.MarketPresence{}).
 		Watches(&marketv1alpha1.MarketIdentity{}, mapping.ByIndex(bidders, byIdentity, client.Object.GetName)).
 		Watches(&marketv1alpha1.MarketNetwork{}, mapping.ByClusterIndex(bidders, byNetwork, client.Object.GetName)).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
-			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
-			ReconciliationTimeout: time.Minute,
-		}).
-		Complete(r)
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout:   time.Minute,
+			MaxConcurrentReconciles: 8,
+		})
+	if r.Source != nil {
+		b = b.WatchesRawSource(r.Source)
+	}
+	return b.Complete(r)
 }
 
 // Reconcile implements mcreconcile.Reconciler.
@@ -85,14 +157,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}
 	c := cl.GetClient()
 	b := &marketv1alpha1.MarketBidder{}
-	if err := c.Get(ctx, req.NamespacedName, b); err != nil || !b.DeletionTimestamp.IsZero() {
-		// Its presence is deleted with it (owner reference); the
-		// presence's finalizer deletes the record.
+	if err := c.Get(ctx, req.NamespacedName, b); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !b.DeletionTimestamp.IsZero() {
+		// Its presence is deleted with it (owner reference); the
+		// presence's finalizer deletes the record. Its bids and leases
+		// are deleted here.
+		return r.finalize(ctx, cl, req, b)
+	}
+	if r.Market != nil && !controllerutil.ContainsFinalizer(b, Finalizer) {
+		if err := ssa.Metadata(ctx, c, b, []string{Finalizer}, nil, FieldManager); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
 	}
 	st := b.Status.DeepCopy()
 	st.ObservedGeneration = b.Generation
-	cause := r.sync(ctx, c, b, st)
+	t, cause := r.sync(ctx, cl, req, b, st)
+	result := reconcile.Result{RequeueAfter: r.resync()}
+	if t != nil && !t.next.IsZero() {
+		result.RequeueAfter = min(max(t.next.Sub(r.now())+50*time.Millisecond, 50*time.Millisecond), r.resync())
+	}
 	var ce *conditions.Error
 	switch {
 	case cause == nil:
@@ -102,7 +190,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			st.Phase = marketv1alpha1.PhaseFailed
 		}
 		setReady(st, b.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
-		cause = nil // a watch or a spec edit brings the bidder back
+		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || ce.Reason == marketv1alpha1.ReasonInvalidSpec {
+			cause = nil // a watch or a spec edit brings the bidder back
+		}
 	default:
 		setReady(st, b.Generation, metav1.ConditionFalse, "Error", cause.Error())
 	}
@@ -115,43 +205,123 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, cause
+	return result, cause
 }
 
-// sync applies the bidder's presence and reads its state into st.
-func (r *Reconciler) sync(ctx context.Context, c client.Client, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) error {
+// finalize deletes a deleted bidder's bid and lease records, then lets it
+// go. Without a usable repo they cannot be deleted: it goes and a Warning
+// Event says so.
+func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(b, Finalizer) {
+		r.forget(req)
+		return reconcile.Result{}, nil
+	}
+	c := cl.GetClient()
+	t, err := r.trader(ctx, cl, req, b, b.Status.DeepCopy())
+	switch {
+	case err != nil && (conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotFound || conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotReady):
+		if b.Status.OpenBids > 0 || b.Status.Leased > 0 {
+			cl.GetEventRecorder(Name).Eventf(b, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
+				"the bidder's repo is not usable (%v); its bid and lease records could not be deleted", err)
+		}
+	case err != nil:
+		return reconcile.Result{}, err
+	case !t.withdrawAll():
+		return reconcile.Result{}, errors.Join(t.errs...)
+	}
+	if err := ssa.RemoveFinalizer(ctx, c, b, Finalizer); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	r.forget(req)
+	return reconcile.Result{}, nil
+}
+
+// trader prepares the bidder's trading: its identity and repo (Ready),
+// network, the market's records and its own. A missing or unready one is
+// a *conditions.Error.
+func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) (*trader, error) {
+	c := cl.GetClient()
+	net := &marketv1alpha1.MarketNetwork{}
+	if err := c.Get(ctx, client.ObjectKey{Name: b.Spec.NetworkRef.Name}, net); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, conditions.Errorf(marketv1alpha1.ReasonNotFound, err, "MarketNetwork %s not found", b.Spec.NetworkRef.Name)
+		}
+		return nil, err
+	}
+	id, repo, err := market.IdentityRepo(ctx, c, b.Namespace, b.Spec.IdentityRef.Name)
+	if err != nil {
+		return nil, err
+	}
+	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: r.now(), id: id, net: net,
+		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID))}
+	if b.Spec.Suspend {
+		t.stop = "suspended"
+	}
+	if t.view, err = r.Market.Follow(followerOf(req, id.Status.DID), net.Spec.Firehoses); err != nil {
+		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", net.Name, err)
+	}
+	pub, err := r.connect(ctx, c, string(req.ClusterName), repo)
+	if err != nil {
+		return nil, err
+	}
+	if t.inv, err = r.Inventories.Open(ctx, key(req), id.Status.DID, t.owner, pub, lexicon.Bid, lexicon.Lease); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// sync trades, applies the bidder's presence and reads its state into st.
+func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) (*trader, error) {
+	c := cl.GetClient()
 	if b.Spec.Driver != "" && b.Spec.Driver != marketv1alpha1.DriverProcess {
-		return conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "spec.driver: %q is not a driver knotless has (process)", b.Spec.Driver)
+		return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "spec.driver: %q is not a driver knotless has (process)", b.Spec.Driver)
 	}
 	net := &marketv1alpha1.MarketNetwork{}
 	if err := c.Get(ctx, client.ObjectKey{Name: b.Spec.NetworkRef.Name}, net); err != nil {
 		if apierrors.IsNotFound(err) {
-			return conditions.Errorf(marketv1alpha1.ReasonNotFound, err, "MarketNetwork %s not found", b.Spec.NetworkRef.Name)
+			return nil, conditions.Errorf(marketv1alpha1.ReasonNotFound, err, "MarketNetwork %s not found", b.Spec.NetworkRef.Name)
 		}
-		return err
+		return nil, err
 	}
 	if err := marketnetwork.Validate(&net.Spec); err != nil {
-		return conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", net.Name, err)
+		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", net.Name, err)
 	}
 	id, err := market.Identity(ctx, c, b.Namespace, b.Spec.IdentityRef.Name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	st.DID = id.Status.DID
 	if id.Spec.NetworkRef.Name != net.Name {
-		return conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "MarketIdentity %s takes part in MarketNetwork %s, not %s", id.Name, id.Spec.NetworkRef.Name, net.Name)
+		return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "MarketIdentity %s takes part in MarketNetwork %s, not %s", id.Name, id.Spec.NetworkRef.Name, net.Name)
 	}
 
-	desired := Presence(b, marketnetwork.Namespace(&net.Spec))
+	// Trading decides the free capacity the presence advertises.
+	var t *trader
+	var tradeErr error
+	if r.Market != nil {
+		if t, tradeErr = r.trader(ctx, cl, req, b, st); tradeErr == nil {
+			t.run()
+			tradeErr = errors.Join(t.errs...)
+			st.OpenBids, st.Leased, st.IgnoredRecords = 0, 0, int64(len(t.ignored))
+			for i := range b.Spec.Offers {
+				st.OpenBids += t.reserved[i]
+				st.Leased += t.used[i]
+			}
+		}
+	}
+	desired := Presence(b, marketnetwork.NetworkName(net), t)
 	if err := ssa.Child(ctx, c, desired, b, FieldManager); err != nil {
-		return err
+		return t, err
 	}
 	p := &marketv1alpha1.MarketPresence{}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(desired), p); err != nil {
 		if apierrors.IsNotFound(err) {
-			return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being created", desired.Name)
+			return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being created", desired.Name)
 		}
-		return err
+		return t, err
 	}
 	if p.Status.Record != nil {
 		st.PresenceURI = p.Status.Record.URI
@@ -159,24 +329,30 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, b *marketv1alpha
 	pc := meta.FindStatusCondition(p.Status.Conditions, marketv1alpha1.ConditionReady)
 	published := pc != nil && pc.Status == metav1.ConditionTrue && p.Status.ObservedGeneration == p.Generation
 	switch {
+	case tradeErr != nil:
+		return t, tradeErr
 	case !published && pc != nil && pc.ObservedGeneration == p.Generation:
-		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s: %s: %s", p.Name, pc.Reason, pc.Message)
+		return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s: %s: %s", p.Name, pc.Reason, pc.Message)
 	case !published:
-		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being published", p.Name)
+		return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being published", p.Name)
 	case b.Spec.Suspend:
 		st.Phase = marketv1alpha1.PhaseSuspended
-		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, "suspended: the presence says the bidder takes no new requests")
+		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, "suspended: the presence says the bidder takes no new requests; leases still end when released")
 	default:
 		st.Phase = marketv1alpha1.PhaseReady
-		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "presence published as "+st.PresenceURI)
+		msg := "presence published as " + st.PresenceURI
+		if t != nil {
+			msg += fmt.Sprintf("; %d open bid(s), %d VM(s) leased", st.OpenBids, st.Leased)
+		}
+		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
 	}
-	return nil
+	return t, nil
 }
 
 // Presence is the bidder's MarketPresence: its offers with their free
-// capacity (all of it until contracts exist) and whether it takes new
-// requests.
-func Presence(b *marketv1alpha1.MarketBidder, network string) *marketv1alpha1.MarketPresence {
+// capacity (what leases and open bids leave; all of it without a trader)
+// and whether it takes new requests.
+func Presence(b *marketv1alpha1.MarketBidder, network string, t *trader) *marketv1alpha1.MarketPresence {
 	p := &marketv1alpha1.MarketPresence{
 		ObjectMeta: metav1.ObjectMeta{Name: b.Name, Namespace: b.Namespace},
 		Spec: marketv1alpha1.MarketPresenceSpec{
@@ -189,8 +365,12 @@ func Presence(b *marketv1alpha1.MarketBidder, network string) *marketv1alpha1.Ma
 	if p.Spec.Driver == "" {
 		p.Spec.Driver = marketv1alpha1.DriverProcess
 	}
-	for _, o := range b.Spec.Offers {
-		p.Spec.Offers = append(p.Spec.Offers, marketv1alpha1.PresenceOffer{Offer: o, Free: o.Capacity})
+	for i, o := range b.Spec.Offers {
+		free := o.Capacity
+		if t != nil && t.used != nil {
+			free = t.free(i)
+		}
+		p.Spec.Offers = append(p.Spec.Offers, marketv1alpha1.PresenceOffer{Offer: o, Free: free})
 	}
 	return p
 }

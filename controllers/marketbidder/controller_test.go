@@ -71,7 +71,7 @@ func TestPresenceFromBidder(t *testing.T) {
 	if ref := metav1.GetControllerOf(p); ref == nil || ref.UID != "b-uid" || ref.Kind != "MarketBidder" {
 		t.Fatalf("presence owner %+v", ref)
 	}
-	if !p.Spec.AcceptingRequests || p.Spec.Driver != marketv1alpha1.DriverProcess || p.Spec.Network != lexicon.Namespace ||
+	if !p.Spec.AcceptingRequests || p.Spec.Driver != marketv1alpha1.DriverProcess || p.Spec.Network != lexicon.Namespace+"/net" ||
 		len(p.Spec.Offers) != 1 || p.Spec.Offers[0].Free != 3 || p.Spec.Offers[0].PricePerHour.Amount != 25 {
 		t.Fatalf("presence spec %+v", p.Spec)
 	}

@@ -87,6 +87,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	})
 }
 
+// NetworkName is how the market's records name a network: its lexicon namespace
+// and its name, "<namespace>/<name>" (a requester and a bidder trade in a
+// network of the same name and namespace in their own workspaces).
+func NetworkName(n *marketv1alpha1.MarketNetwork) string {
+	return Namespace(&n.Spec) + "/" + n.Name
+}
+
 // Namespace is the network's lexicon namespace (the default when unset).
 func Namespace(spec *marketv1alpha1.MarketNetworkSpec) string {
 	if spec.Namespace == "" {

@@ -1,0 +1,669 @@
+package marketbidder
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+const (
+	// maxBidWindow: requests whose deadline is further away than this are
+	// not bid on (a reservation would be held for that long).
+	maxBidWindow = time.Hour
+	// keepFinished is how many finished contracts and settled Bids a
+	// bidder keeps.
+	keepFinished = 20
+	// settleAfter: a lease that is over (completed or declined) is deleted
+	// with its bid once the requester has removed its accept, or after
+	// this long at the latest.
+	settleAfter = 10 * time.Minute
+	// publishers bounds the bid records written at once (the writes of one
+	// repo go together in applyWrites batches).
+	publishers = 16
+)
+
+// trader is one reconcile of one MarketBidder's trading: its bids, the
+// accepts they get and the leases it holds.
+type trader struct {
+	ctx     context.Context
+	c       client.Client
+	b       *marketv1alpha1.MarketBidder
+	st      *marketv1alpha1.MarketBidderStatus
+	events  events.EventRecorder
+	now     time.Time
+	id      *marketv1alpha1.MarketIdentity
+	net     *marketv1alpha1.MarketNetwork
+	network string
+	view    market.Reader
+	inv     *market.Inventory
+	owner   string
+	// stop is why no new work is taken ("" when it may be).
+	stop string
+
+	// used and reserved count, per offer, the VMs leased and held by open
+	// bids.
+	used, reserved []int32
+	bids           map[string]*marketv1alpha1.Bid
+	contracts      map[string]*marketv1alpha1.ComputeContract
+	ignored        map[string]bool
+	next           time.Time
+	errs           []error
+}
+
+func (t *trader) due(at time.Time) {
+	if !at.IsZero() && (t.next.IsZero() || at.Before(t.next)) {
+		t.next = at
+	}
+}
+
+// ownBid is one of the bidder's bid records.
+type ownBid struct {
+	uri, cid, rkey string
+	bid            *market.Bid
+	offer          int
+	leased         bool
+}
+
+// ownLease is one of the bidder's lease records.
+type ownLease struct {
+	uri, cid, rkey string
+	lease          *market.Lease
+	bid            *ownBid
+}
+
+func (t *trader) capacity(offer int) int32 {
+	if offer < 0 || offer >= len(t.b.Spec.Offers) {
+		return 0
+	}
+	return t.b.Spec.Offers[offer].Capacity
+}
+
+// free is what an offer can still take.
+func (t *trader) free(offer int) int32 {
+	return max(t.capacity(offer)-t.used[offer]-t.reserved[offer], 0)
+}
+
+// offerOf finds the offer a bid was made from by its shape and price;
+// -1 when the bidder no longer offers it.
+func (t *trader) offerOf(b *market.Bid) int {
+	for i, o := range t.b.Spec.Offers {
+		if b.Shape != nil && o.CPUMillis == b.Shape.CPUMillis && o.MemoryMiB == b.Shape.MemoryMiB && o.Name == b.Shape.Name {
+			return i
+		}
+	}
+	return -1
+}
+
+// run does the bidder's trading: leases first (what it runs), then its
+// open bids (what it holds), then new bids on requests it can serve.
+func (t *trader) run() {
+	t.used, t.reserved = make([]int32, len(t.b.Spec.Offers)), make([]int32, len(t.b.Spec.Offers))
+	if err := t.load(); err != nil {
+		t.errs = append(t.errs, err)
+		return
+	}
+	bids := map[string]*ownBid{}
+	for _, rec := range t.inv.List(lexicon.Bid) {
+		var b market.Bid
+		if market.Decode(lexicon.Bid, rec.Value, &b) != nil {
+			continue
+		}
+		_, _, rkey := market.SplitURI(rec.URI)
+		ob := &ownBid{uri: rec.URI, cid: rec.CID, rkey: rkey, bid: &b}
+		ob.offer = t.offerOf(&b)
+		bids[rec.URI] = ob
+	}
+	for _, rec := range t.inv.List(lexicon.Lease) {
+		var l market.Lease
+		if market.Decode(lexicon.Lease, rec.Value, &l) != nil {
+			continue
+		}
+		_, _, rkey := market.SplitURI(rec.URI)
+		ol := &ownLease{uri: rec.URI, cid: rec.CID, rkey: rkey, lease: &l}
+		if ob := bids[t.bidOfAccept(l.Accept.URI)]; ob != nil {
+			ob.leased, ol.bid = true, ob
+		}
+		t.lease(ol)
+	}
+	for _, uri := range sortedKeys(bids) {
+		if ob := bids[uri]; !ob.leased {
+			t.openBid(ob)
+		}
+	}
+	if t.stop == "" {
+		t.bidOnRequests(bids)
+	}
+	t.prune()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// load reads the Bids and ComputeContracts the bidder owns.
+func (t *trader) load() error {
+	t.bids, t.contracts, t.ignored = map[string]*marketv1alpha1.Bid{}, map[string]*marketv1alpha1.ComputeContract{}, map[string]bool{}
+	var bids marketv1alpha1.BidList
+	if err := t.c.List(t.ctx, &bids, client.InNamespace(t.b.Namespace)); err != nil {
+		return err
+	}
+	for i := range bids.Items {
+		if b := &bids.Items[i]; metav1.IsControlledBy(b, t.b) && b.Spec.Side == marketv1alpha1.SideBidder {
+			t.bids[b.Name] = b
+		}
+	}
+	var ccs marketv1alpha1.ComputeContractList
+	if err := t.c.List(t.ctx, &ccs, client.InNamespace(t.b.Namespace)); err != nil {
+		return err
+	}
+	for i := range ccs.Items {
+		if cc := &ccs.Items[i]; metav1.IsControlledBy(cc, t.b) && cc.Spec.Side == marketv1alpha1.SideBidder {
+			t.contracts[cc.Name] = cc
+		}
+	}
+	return nil
+}
+
+// bidOfAccept returns the URI of the bid an accept took: from the accept
+// record, or from the contract made for it.
+func (t *trader) bidOfAccept(acceptURI string) string {
+	if a := t.view.Get(acceptURI); a != nil && a.Accept != nil {
+		return a.Accept.Bid.URI
+	}
+	if cc := t.contracts[market.ChildName(t.b.Name, acceptURI)]; cc != nil {
+		return cc.Spec.Bid.URI
+	}
+	return ""
+}
+
+// lease follows one lease: a live one counts against its offer until the
+// requester releases it (or withdraws its accept); one that is over goes,
+// with its bid, once the requester has cleaned up.
+func (t *trader) lease(ol *ownLease) {
+	l := ol.lease
+	requester, _, _ := market.SplitURI(l.Accept.URI)
+	acc := t.view.Get(l.Accept.URI)
+	complete := t.view.Complete() == nil
+	t.view.Refresh(requester)
+	if acc != nil && acc.DID != requester {
+		acc = nil
+	}
+	offer := -1
+	if ol.bid != nil {
+		offer = ol.bid.offer
+	}
+	cc := t.contracts[market.ChildName(t.b.Name, l.Accept.URI)]
+	switch l.State {
+	case market.LeaseConfirmed, market.LeaseRunning:
+		release := t.releaseOf(ol, requester)
+		if release == nil && (acc != nil || !complete) {
+			if offer >= 0 {
+				t.used[offer]++
+			}
+			phase := marketv1alpha1.ContractProvisioning
+			if l.State == market.LeaseRunning {
+				phase = marketv1alpha1.ContractActive
+			}
+			t.errs = append(t.errs, t.contract(ol, acc, cc, phase, ""))
+			t.due(t.now.Add(30 * time.Second))
+			return
+		}
+		// Released, or the requester withdrew its accept: the lease ends.
+		// (Part 3 stops the VM first.)
+		reason := "accept-withdrawn"
+		if release != nil {
+			reason = release.Release.Reason
+		}
+		done := *l
+		done.State, done.UpdatedAt = market.LeaseCompleted, market.Time(t.now)
+		if _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); err != nil {
+			t.errs = append(t.errs, err)
+			return
+		}
+		t.events.Eventf(t.b, nil, corev1.EventTypeNormal, "Completed", "Release", "lease %s ended: %s", ol.uri, reason)
+		t.errs = append(t.errs, t.contract(ol, acc, cc, marketv1alpha1.ContractCompleted, reason))
+		t.due(t.now.Add(5 * time.Second))
+	case market.LeaseCompleted, market.LeaseDeclined:
+		if cc != nil && live(cc) {
+			phase, reason := marketv1alpha1.ContractCompleted, cc.Status.Reason
+			if l.State == market.LeaseDeclined {
+				phase, reason = marketv1alpha1.ContractFailed, l.Reason
+			}
+			t.errs = append(t.errs, t.contract(ol, acc, cc, phase, reason))
+		}
+		// The requester removes its accept (and release) once it has seen
+		// the end; then the bidder's records of the deal go.
+		settled := complete && acc == nil
+		if at := market.ParseTime(cmp.Or(l.UpdatedAt, l.CreatedAt)); !at.IsZero() && t.now.Sub(at) > settleAfter {
+			settled = true
+		}
+		if !settled {
+			t.due(t.now.Add(30 * time.Second))
+			return
+		}
+		if err := t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey); err != nil {
+			t.errs = append(t.errs, err)
+			return
+		}
+		if ol.bid != nil {
+			t.errs = append(t.errs, t.inv.Delete(t.ctx, lexicon.Bid, ol.bid.rkey))
+		}
+	}
+}
+
+// releaseOf returns the requester's release of the lease, if any; a
+// release in another repo than the requester's is forged (counted).
+func (t *trader) releaseOf(ol *ownLease, requester string) *market.Rec {
+	var found *market.Rec
+	for _, r := range t.view.Children(ol.uri, lexicon.Release) {
+		if r.DID != requester {
+			t.ignored[r.URI+"|"+r.CID] = true
+			continue
+		}
+		found = r
+	}
+	return found
+}
+
+// contract applies the bidder's ComputeContract of a lease and its
+// status.
+func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.ComputeContract, phase marketv1alpha1.ContractPhase, reason string) error {
+	name := market.ChildName(t.b.Name, ol.lease.Accept.URI)
+	if cc == nil {
+		if acc == nil || acc.Accept == nil || ol.bid == nil {
+			return nil // nothing to make it from: the deal is over
+		}
+		requester, _, _ := market.SplitURI(ol.lease.Accept.URI)
+		cc = &marketv1alpha1.ComputeContract{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.b.Namespace},
+			Spec: marketv1alpha1.ComputeContractSpec{
+				Side:         marketv1alpha1.SideBidder,
+				RequesterDID: requester,
+				BidderDID:    t.st.DID,
+				PricePerHour: marketv1alpha1.Price{Amount: ol.bid.bid.PricePerHour.Amount, Currency: ol.bid.bid.PricePerHour.Currency},
+				Request:      market.APIRef(acc.Accept.Request),
+				Bid:          market.APIRef(acc.Accept.Bid),
+				Accept:       market.APIRef(acc.Ref()),
+			},
+		}
+		if ol.bid.bid.Shape != nil {
+			cc.Spec.Shape = market.APIShape(*ol.bid.bid.Shape)
+		}
+		if req := t.view.Get(acc.Accept.Request.URI); req != nil && req.Request != nil {
+			cc.Spec.ReplicaIndex = int32(req.Request.ReplicaIndex)
+			cc.Spec.NoticeSeconds = int32(req.Request.NoticeSeconds)
+			if ol.bid.bid.Shape == nil {
+				cc.Spec.Shape = market.APIShape(req.Request.Shape)
+			}
+		}
+		if err := ssa.Child(t.ctx, t.c, cc, t.b, FieldManager); err != nil {
+			return err
+		}
+		t.contracts[name] = cc
+		t.events.Eventf(t.b, nil, corev1.EventTypeNormal, "Leased", "Lease", "leased a VM to %s: ComputeContract %s", requester, name)
+	}
+	st := cc.Status.DeepCopy()
+	st.ObservedGeneration = cc.Generation
+	st.Phase, st.Reason = phase, reason
+	st.Records.Request, st.Records.Bid, st.Records.Accept = refPtr(cc.Spec.Request), refPtr(cc.Spec.Bid), refPtr(cc.Spec.Accept)
+	st.Records.Lease = &marketv1alpha1.RecordRef{URI: ol.uri, CID: ol.cid}
+	if cur := t.inv.Get(lexicon.Lease, ol.rkey); cur != nil {
+		st.Records.Lease.CID = cur.CID
+	}
+	if rel := t.releaseOf(ol, cc.Spec.RequesterDID); rel != nil {
+		st.Records.Release = &marketv1alpha1.RecordRef{URI: rel.URI, CID: rel.CID}
+	}
+	status, msg := metav1.ConditionFalse, "leased; the VM is not running yet"
+	switch phase {
+	case marketv1alpha1.ContractActive:
+		status, msg = metav1.ConditionTrue, "the VM runs"
+	case marketv1alpha1.ContractCompleted:
+		msg = "the lease is over: " + reason
+	case marketv1alpha1.ContractFailed:
+		msg = "the lease failed: " + reason
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: string(phase), Message: msg, ObservedGeneration: cc.Generation})
+	err := ssa.WriteStatus(t.ctx, t.c, cc, &cc.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.PhaseChanged(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
+		Recorder: t.events,
+		Action:   "Reconcile",
+	})
+	if err == nil {
+		cc.Status = *st
+	}
+	return err
+}
+
+func refPtr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
+
+func live(cc *marketv1alpha1.ComputeContract) bool {
+	return cc.Status.Phase != marketv1alpha1.ContractCompleted && cc.Status.Phase != marketv1alpha1.ContractFailed
+}
+
+// openBid follows a bid that has no lease: the requester's accept is
+// answered with a lease; a bid that lost, expired, or whose request went
+// or changed is deleted (its capacity is free again); otherwise it holds
+// capacity until its validUntil.
+func (t *trader) openBid(ob *ownBid) {
+	b := ob.bid
+	requester, _, _ := market.SplitURI(b.Request.URI)
+	req := t.view.Get(b.Request.URI)
+	if req != nil && req.DID != requester {
+		req = nil
+	}
+	complete := t.view.Complete() == nil
+	var ours, other *market.Rec
+	seen := map[string]bool{}
+	for _, a := range append(t.view.Children(ob.uri, lexicon.Accept), t.view.Children(b.Request.URI, lexicon.Accept)...) {
+		if seen[a.URI] || a.Accept == nil {
+			continue
+		}
+		seen[a.URI] = true
+		switch {
+		case a.DID != requester:
+			// An accept in a repo that is not the requester's.
+			t.ignored[a.URI+"|"+a.CID] = true
+		case a.Accept.Bid.URI == ob.uri && (a.Accept.Bid.CID != ob.cid || a.Accept.Request.CID != b.Request.CID):
+			// An accept of another version of the bid or of the request.
+			t.ignored[a.URI+"|"+a.CID] = true
+		case a.Accept.Bid.URI == ob.uri:
+			ours = a
+		case a.Accept.Request.URI == b.Request.URI:
+			other = a
+		}
+	}
+	name := market.ChildName(t.b.Name, ob.uri+"|"+b.Request.CID)
+	validUntil := market.ParseTime(b.ValidUntil)
+	switch {
+	case ours != nil:
+		t.answer(ob, ours, req, name)
+		return
+	case other != nil:
+		t.settleBid(ob, name, marketv1alpha1.BidLost, "the requester accepted another bid")
+	case req == nil && complete:
+		t.settleBid(ob, name, marketv1alpha1.BidWithdrawn, "the request was withdrawn")
+	case req != nil && req.CID != b.Request.CID:
+		t.settleBid(ob, name, marketv1alpha1.BidWithdrawn, "the request was edited")
+	case !t.now.Before(validUntil):
+		t.settleBid(ob, name, marketv1alpha1.BidExpired, "not accepted by "+b.ValidUntil)
+	default:
+		if ob.offer >= 0 {
+			t.reserved[ob.offer]++
+		}
+		t.view.Refresh(requester)
+		t.due(validUntil)
+		t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidOpen, "open until "+b.ValidUntil))
+	}
+}
+
+// answer publishes the lease that answers the requester's accept of a
+// bid: confirmed when the bidder still can (not suspended, in time, with
+// capacity), declined with a reason otherwise.
+func (t *trader) answer(ob *ownBid, acc, req *market.Rec, name string) {
+	confirmBy := market.ParseTime(acc.Accept.ConfirmBy)
+	validUntil := market.ParseTime(ob.bid.ValidUntil)
+	reason := ""
+	switch {
+	case t.stop != "":
+		reason = market.DeclineSuspended
+	case confirmBy.IsZero() || acc.FirstSeen.After(confirmBy) || !t.now.Before(confirmBy) || acc.FirstSeen.After(validUntil):
+		reason = market.DeclineExpired
+	case ob.offer < 0 || t.used[ob.offer]+1 > t.capacity(ob.offer):
+		reason = market.DeclineNoCapacity
+	}
+	lease := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), State: market.LeaseConfirmed, Reason: reason,
+		CreatedAt: market.Time(t.now), UpdatedAt: market.Time(t.now)}
+	if reason != "" {
+		lease.State = market.LeaseDeclined
+	}
+	rkey := market.LeaseKey(t.owner, acc.URI)
+	rec, err := t.inv.Put(t.ctx, lexicon.Lease, rkey, lease)
+	if err != nil {
+		t.errs = append(t.errs, err)
+		if ob.offer >= 0 {
+			t.reserved[ob.offer]++ // still held
+		}
+		return
+	}
+	ol := &ownLease{uri: rec.URI, cid: rec.CID, rkey: rkey, lease: lease, bid: ob}
+	if reason != "" {
+		t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "Declined", "Lease", "declined the accept %s: %s", acc.URI, reason)
+		t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+reason))
+		t.due(t.now.Add(30 * time.Second))
+		return
+	}
+	t.used[ob.offer]++
+	t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidLeased, "leased: ComputeContract "+market.ChildName(t.b.Name, acc.URI)))
+	t.errs = append(t.errs, t.contract(ol, acc, nil, marketv1alpha1.ContractProvisioning, ""))
+	t.due(t.now.Add(30 * time.Second))
+}
+
+// settleBid deletes a bid record that can no longer be accepted and
+// records why.
+func (t *trader) settleBid(ob *ownBid, name string, state marketv1alpha1.BidState, msg string) {
+	if err := t.inv.Delete(t.ctx, lexicon.Bid, ob.rkey); err != nil {
+		t.errs = append(t.errs, err)
+		if ob.offer >= 0 {
+			t.reserved[ob.offer]++ // still held
+		}
+		return
+	}
+	if b := t.bids[name]; b != nil {
+		t.errs = append(t.errs, t.bidState(b, state, msg))
+	}
+}
+
+// bidOnRequests bids on every request of the network the bidder can
+// serve and has not bid on: a vouched requester, before the deadline, at
+// a price no higher than asked, from an offer with free capacity (the
+// cheapest that fits). Capacity is reserved before the bid is written.
+func (t *trader) bidOnRequests(bids map[string]*ownBid) {
+	validity := time.Duration(cmp.Or(t.b.Spec.BidValiditySeconds, 60)) * time.Second
+	type pending struct {
+		req   *market.Rec
+		rkey  string
+		name  string
+		value *market.Bid
+		offer int
+	}
+	var todo []pending
+	for _, req := range t.view.Requests() {
+		rkey := market.BidKey(t.owner, req.URI)
+		if bids[market.URI(t.st.DID, lexicon.Bid, rkey)] != nil || req.Request == nil || req.DID == t.st.DID {
+			continue
+		}
+		name := market.ChildName(t.b.Name, market.URI(t.st.DID, lexicon.Bid, rkey)+"|"+req.CID)
+		if t.bids[name] != nil {
+			continue // bid on before and settled
+		}
+		r := req.Request
+		deadline := market.ParseTime(r.BidDeadline)
+		if r.Network != t.network || deadline.IsZero() || !t.now.Before(deadline) || deadline.After(t.now.Add(maxBidWindow)) {
+			continue
+		}
+		if !market.Vouched(t.view, t.net.Spec.OperatorDID, t.id, req.DID, marketv1alpha1.RoleRequester) {
+			continue
+		}
+		offer := -1
+		for i, o := range t.b.Spec.Offers {
+			fits := market.Fits(market.Shape{CPUMillis: o.CPUMillis, MemoryMiB: o.MemoryMiB}, r.Shape) &&
+				o.PricePerHour.Currency == r.MaxPricePerHour.Currency && o.PricePerHour.Amount <= r.MaxPricePerHour.Amount && t.free(i) > 0
+			if fits && (offer < 0 || o.PricePerHour.Amount < t.b.Spec.Offers[offer].PricePerHour.Amount) {
+				offer = i
+			}
+		}
+		if offer < 0 {
+			continue
+		}
+		o := t.b.Spec.Offers[offer]
+		t.reserved[offer]++
+		todo = append(todo, pending{req: req, rkey: rkey, name: name, offer: offer, value: &market.Bid{
+			Type:         lexicon.Bid,
+			Request:      req.Ref(),
+			PricePerHour: market.Price{Amount: o.PricePerHour.Amount, Currency: o.PricePerHour.Currency},
+			Shape:        &market.Shape{Name: o.Name, CPUMillis: o.CPUMillis, MemoryMiB: o.MemoryMiB},
+			ValidUntil:   market.Time(deadline.Add(validity)),
+			Driver:       string(cmp.Or(t.b.Spec.Driver, marketv1alpha1.DriverProcess)),
+			CreatedAt:    market.Time(t.now),
+		}})
+	}
+	// The writes go out together (one applyWrites batch per repo).
+	var mu sync.Mutex
+	sem := make(chan struct{}, publishers)
+	var wg sync.WaitGroup
+	for _, p := range todo {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rec, err := t.inv.Put(t.ctx, lexicon.Bid, p.rkey, p.value)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.errs = append(t.errs, err)
+				t.reserved[p.offer]--
+				return
+			}
+			ob := &ownBid{uri: rec.URI, cid: rec.CID, rkey: p.rkey, bid: p.value, offer: p.offer}
+			bids[rec.URI] = ob
+			t.due(market.ParseTime(p.value.ValidUntil))
+		}()
+	}
+	wg.Wait()
+	for _, p := range todo {
+		if ob := bids[market.URI(t.st.DID, lexicon.Bid, p.rkey)]; ob != nil {
+			t.errs = append(t.errs, t.recordBid(ob, p.req, p.name, marketv1alpha1.BidOpen, "open until "+p.value.ValidUntil))
+		}
+	}
+}
+
+// recordBid keeps the Bid object of one of the bidder's bids and its
+// state.
+func (t *trader) recordBid(ob *ownBid, req *market.Rec, name string, state marketv1alpha1.BidState, msg string) error {
+	b := t.bids[name]
+	if b == nil {
+		requester, _, _ := market.SplitURI(ob.bid.Request.URI)
+		b = &marketv1alpha1.Bid{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.b.Namespace},
+			Spec: marketv1alpha1.BidSpec{
+				Side:         marketv1alpha1.SideBidder,
+				Request:      market.APIRef(ob.bid.Request),
+				Bid:          marketv1alpha1.RecordRef{URI: ob.uri, CID: ob.cid},
+				RequesterDID: requester,
+				BidderDID:    t.st.DID,
+				PricePerHour: marketv1alpha1.Price{Amount: ob.bid.PricePerHour.Amount, Currency: ob.bid.PricePerHour.Currency},
+				ValidUntil:   market.MetaTime(market.ParseTime(ob.bid.ValidUntil)),
+			},
+		}
+		if req != nil && req.Request != nil {
+			b.Spec.ReplicaIndex = int32(req.Request.ReplicaIndex)
+		}
+		if ob.bid.Shape != nil {
+			shape := market.APIShape(*ob.bid.Shape)
+			b.Spec.Shape = &shape
+		}
+		if err := ssa.Child(t.ctx, t.c, b, t.b, FieldManager); err != nil {
+			return err
+		}
+		t.bids[name] = b
+	}
+	return t.bidState(b, state, msg)
+}
+
+func (t *trader) bidState(b *marketv1alpha1.Bid, state marketv1alpha1.BidState, msg string) error {
+	want := marketv1alpha1.BidStatus{State: state, Message: msg}
+	err := ssa.WriteStatus(t.ctx, t.c, b, &b.Status, &want, ssa.StatusOptions{Manager: FieldManager})
+	if err == nil {
+		b.Status = want
+	}
+	return err
+}
+
+// prune settles Bids whose record is gone and deletes settled Bids and
+// finished contracts beyond the newest keepFinished.
+func (t *trader) prune() {
+	open := map[string]bool{}
+	for _, rec := range t.inv.List(lexicon.Bid) {
+		open[rec.URI] = true
+	}
+	var settled []client.Object
+	for _, b := range t.bids {
+		switch b.Status.State {
+		case marketv1alpha1.BidOpen, marketv1alpha1.BidAccepted, "":
+			if !open[b.Spec.Bid.URI] {
+				t.errs = append(t.errs, t.bidState(b, marketv1alpha1.BidWithdrawn, "the bid record is gone"))
+			}
+			continue
+		case marketv1alpha1.BidLeased:
+			if open[b.Spec.Bid.URI] {
+				continue
+			}
+		}
+		settled = append(settled, b)
+	}
+	for _, cc := range t.contracts {
+		if !live(cc) {
+			settled = append(settled, cc)
+		}
+	}
+	slices.SortFunc(settled, func(a, b client.Object) int {
+		return b.GetCreationTimestamp().Compare(a.GetCreationTimestamp().Time)
+	})
+	kept := map[string]int{}
+	for _, o := range settled {
+		kind := fmt.Sprintf("%T", o)
+		if kept[kind]++; kept[kind] <= keepFinished {
+			continue
+		}
+		uid := o.GetUID()
+		if err := t.c.Delete(t.ctx, o, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			t.errs = append(t.errs, err)
+		}
+	}
+}
+
+// withdrawAll ends a deleted bidder's part in the market: its bid and
+// lease records are deleted (a requester whose lease is gone goes back to
+// the market), so nothing of it stays published. It reports whether that
+// is done.
+func (t *trader) withdrawAll() bool {
+	var errs []error
+	for _, col := range []string{lexicon.Lease, lexicon.Bid} {
+		for _, rec := range t.inv.List(col) {
+			_, _, rkey := market.SplitURI(rec.URI)
+			errs = append(errs, t.inv.Delete(t.ctx, col, rkey))
+		}
+	}
+	err := errors.Join(errs...)
+	t.errs = append(t.errs, err)
+	return err == nil
+}
+
+// followerOf is the bidder's follower of the market.
+func followerOf(req mcreconcile.Request, did string) market.Follower {
+	return market.Follower{Role: market.RoleBidder, DID: did, Request: req}
+}

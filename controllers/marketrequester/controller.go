@@ -1,0 +1,558 @@
+// Package marketrequester reconciles MarketRequesters: the buying side of
+// the compute market. For every replica it still needs, a requester
+// publishes a request record, keeps a Bid object per bid it sees (owned by
+// the MarketRequester), accepts the cheapest acceptable bid after the bid
+// window with an accept record, and, once the bidder confirms with a
+// lease record, holds a ComputeContract (owned by the MarketRequester).
+// Replicas no longer wanted (spec.replicas lowered, the requester deleted
+// or suspended, alone or through its Component or Application) are given
+// back with a release record.
+//
+// What it acts on is the records: its own (listed from its repo: the
+// inventory) and the bidders' (from the network's firehoses, verified).
+// Record keys derive from the record answered, so a retry after a crash
+// rewrites the same record. Deadlines are judged by this provider's clock.
+// It is the only status writer of MarketRequester and of the Bids and
+// ComputeContracts it owns (field manager FieldManager) and never writes
+// a MarketRequester's spec.
+package marketrequester
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/controllers/marketnetwork"
+	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/mapping"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/predicates"
+	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/suspend"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "marketrequester"
+	// FieldManager owns MarketRequester status and finalizer, and the spec
+	// and status of the requester's Bids and ComputeContracts.
+	FieldManager = "knotless-marketrequester"
+	// Finalizer releases what the requester holds before it goes.
+	Finalizer = "market.knotless.dev/requester"
+
+	byIdentity = "market.knotless.dev/requester-identity"
+	byNetwork  = "market.knotless.dev/requester-network"
+
+	// keepFinished is how many finished contracts a requester keeps.
+	keepFinished = 10
+	// keepSettledBids is how many Bids of earlier requests it keeps.
+	keepSettledBids = 20
+	// maxRetry caps the wait before a request without an acceptable bid
+	// is made again.
+	maxRetry = 5 * time.Minute
+)
+
+// Reconciler reconciles MarketRequesters in every engaged workspace.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	Pool       *repoconn.Pool
+	// Market is where the bidders' records are read (market.Feeds).
+	Market market.Market
+	// Source wakes requesters when a record concerning them changes
+	// (Feeds.Source(market.RoleRequester)); nil in unit tests.
+	Source source.TypedSource[mcreconcile.Request]
+	Scheme *runtime.Scheme
+	// Inventories hold each requester's own records.
+	Inventories *market.Inventories
+	// Resync is how often a requester with nothing due is looked at again
+	// (default 2m).
+	Resync time.Duration
+	// Connect returns the Publisher of a repo (default market.Client with
+	// Pool); tests replace it.
+	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// SetupWithManager registers the controller and its indexes.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &marketv1alpha1.MarketRequester{}, byIdentity, func(o client.Object) []string {
+		return []string{o.(*marketv1alpha1.MarketRequester).Spec.IdentityRef.Name}
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &marketv1alpha1.MarketRequester{}, byNetwork, func(o client.Object) []string {
+		return []string{o.(*marketv1alpha1.MarketRequester).Spec.NetworkRef.Name}
+	}); err != nil {
+		return err
+	}
+	requesters := func() client.ObjectList { return &marketv1alpha1.MarketRequesterList{} }
+	b := engage.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&marketv1alpha1.MarketRequester{}, predicates.SpecOrLifecycleChanged()).
+		Watches(&marketv1alpha1.MarketIdentity{}, mapping.ByIndex(requesters, byIdentity, client.Object.GetName)).
+		Watches(&marketv1alpha1.MarketNetwork{}, mapping.ByClusterIndex(requesters, byNetwork, client.Object.GetName)).
+		// A Component's (or, through it, an Application's) suspend reaches
+		// the requester it templates.
+		Watches(&appsv1alpha1.Component{}, componentToRequester(), predicates.PhaseChanged()).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout:   time.Minute,
+			MaxConcurrentReconciles: 8,
+		})
+	if r.Source != nil {
+		b = b.WatchesRawSource(r.Source)
+	}
+	return b.Complete(r)
+}
+
+func componentToRequester() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, _ cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []mcreconcile.Request {
+			comp, ok := o.(*appsv1alpha1.Component)
+			if !ok || comp.Spec.Template.MarketRequester == nil {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
+		})
+	}
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
+	if r.Connect != nil {
+		return r.Connect(ctx, c, lc, repo)
+	}
+	return market.Client(ctx, r.Pool, c, lc, repo)
+}
+
+func key(req mcreconcile.Request) string {
+	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
+}
+
+// Reconcile implements mcreconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
+	}
+	c := cl.GetClient()
+	mr := &marketv1alpha1.MarketRequester{}
+	if err := c.Get(ctx, req.NamespacedName, mr); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	deleting := !mr.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(mr, Finalizer) {
+		r.forget(req)
+		return reconcile.Result{}, nil
+	}
+	if !deleting && !controllerutil.ContainsFinalizer(mr, Finalizer) {
+		if err := ssa.Metadata(ctx, c, mr, []string{Finalizer}, nil, FieldManager); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+
+	s := &session{r: r, req: req, ctx: ctx, c: c, lc: string(req.ClusterName), mr: mr, events: cl.GetEventRecorder(Name),
+		now: r.now(), st: mr.Status.DeepCopy(), deleting: deleting, ignored: map[string]bool{}}
+	s.st.ObservedGeneration = mr.Generation
+	cause := s.run()
+	result := reconcile.Result{RequeueAfter: s.requeue()}
+	var ce *conditions.Error
+	switch {
+	case cause == nil:
+	case errors.As(cause, &ce):
+		s.st.Phase = marketv1alpha1.PhasePending
+		if ce.Reason == marketv1alpha1.ReasonInvalidSpec || ce.Reason == marketv1alpha1.ReasonInvalidRecord {
+			s.st.Phase = marketv1alpha1.PhaseFailed
+		}
+		if deleting {
+			s.st.Phase = marketv1alpha1.PhaseDeleting
+		}
+		setReady(s.st, mr.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || s.st.Phase == marketv1alpha1.PhaseFailed {
+			// A watch or a spec edit brings the requester back; look again
+			// at the resync, no retry storm.
+			cause, result = nil, reconcile.Result{RequeueAfter: r.resync()}
+		}
+	default:
+		setReady(s.st, mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
+	}
+	if deleting && s.done {
+		if err := ssa.RemoveFinalizer(ctx, c, mr, Finalizer); err != nil {
+			if apierrors.IsConflict(err) {
+				return reconcile.Result{RequeueAfter: time.Second}, nil
+			}
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+		r.forget(req)
+		return reconcile.Result{}, nil
+	}
+	ready := meta.FindStatusCondition(s.st.Conditions, marketv1alpha1.ConditionReady)
+	if err := ssa.WriteStatus(ctx, c, mr, &mr.Status, s.st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.PhaseChanged(mr.Status.Phase, s.st.Phase, marketv1alpha1.PhaseFailed, marketv1alpha1.PhaseSuspended, ready.Message),
+		Recorder: s.events,
+		Action:   "Reconcile",
+	}); err != nil {
+		return reconcile.Result{}, err
+	}
+	if cause != nil {
+		return reconcile.Result{}, cause
+	}
+	return result, nil
+}
+
+func (r *Reconciler) resync() time.Duration { return cmp.Or(r.Resync, 2*time.Minute) }
+
+func (r *Reconciler) forget(req mcreconcile.Request) {
+	if r.Market != nil {
+		r.Market.Unfollow(req)
+	}
+	if r.Inventories != nil {
+		r.Inventories.Forget(key(req))
+	}
+}
+
+func setReady(st *marketv1alpha1.MarketRequesterStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
+}
+
+// session is one reconcile of one MarketRequester.
+type session struct {
+	r        *Reconciler
+	req      mcreconcile.Request
+	ctx      context.Context
+	c        client.Client
+	lc       string
+	mr       *marketv1alpha1.MarketRequester
+	events   events.EventRecorder
+	now      time.Time
+	st       *marketv1alpha1.MarketRequesterStatus
+	deleting bool
+	// done is set when a deleting requester holds nothing any more.
+	done bool
+
+	id      *marketv1alpha1.MarketIdentity
+	net     *marketv1alpha1.MarketNetwork
+	view    market.Reader
+	inv     *market.Inventory
+	owner   string
+	network string
+	// stop is why no new request is made ("" when one may be); release
+	// is the reason code of releases.
+	stop, release string
+
+	bids      map[string]*marketv1alpha1.Bid             // by name
+	contracts map[string]*marketv1alpha1.ComputeContract // by name
+	// next is the earliest deadline that needs a look.
+	next time.Time
+	// ignored are the records (uri|cid) ignored as forged or stale.
+	ignored map[string]bool
+}
+
+func (s *session) due(t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	if s.next.IsZero() || t.Before(s.next) {
+		s.next = t
+	}
+}
+
+func (s *session) requeue() time.Duration {
+	if s.next.IsZero() {
+		return s.r.resync()
+	}
+	d := s.next.Sub(s.r.now())
+	// A little after the deadline, so that it has passed by then.
+	return min(max(d+50*time.Millisecond, 50*time.Millisecond), s.r.resync())
+}
+
+// run does everything the requester needs and reports the outcome in
+// s.st.
+func (s *session) run() error {
+	mr := s.mr
+	s.net = &marketv1alpha1.MarketNetwork{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: mr.Spec.NetworkRef.Name}, s.net); err != nil {
+		if apierrors.IsNotFound(err) {
+			return s.unreachable(conditions.Errorf(marketv1alpha1.ReasonNotFound, err, "MarketNetwork %s not found", mr.Spec.NetworkRef.Name))
+		}
+		return err
+	}
+	if err := marketnetwork.Validate(&s.net.Spec); err != nil {
+		return s.unreachable(conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", s.net.Name, err))
+	}
+	id, repo, err := market.IdentityRepo(s.ctx, s.c, mr.Namespace, mr.Spec.IdentityRef.Name)
+	if err != nil {
+		return s.unreachable(err)
+	}
+	if id.Spec.NetworkRef.Name != s.net.Name {
+		return conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "MarketIdentity %s takes part in MarketNetwork %s, not %s", id.Name, id.Spec.NetworkRef.Name, s.net.Name)
+	}
+	s.id = id
+	s.st.DID = id.Status.DID
+	s.network = marketnetwork.NetworkName(s.net)
+	s.owner = market.Owner(string(mr.UID))
+
+	state, err := suspend.Effective(s.ctx, s.c, s.r.Scheme, mr)
+	if err != nil {
+		return err
+	}
+	suspend.SetCondition(&s.st.Conditions, state, mr.Generation)
+	switch {
+	case s.deleting:
+		s.stop, s.release = "the MarketRequester is being deleted", market.ReleaseRequesterDeleted
+	case state.Suspended:
+		s.stop, s.release = "suspended by "+state.By, market.ReleaseSuspended
+	default:
+		s.release = market.ReleaseReplicasLowered
+	}
+
+	if s.view, err = s.r.Market.Follow(market.Follower{Role: market.RoleRequester, DID: s.st.DID, Request: s.req}, s.net.Spec.Firehoses); err != nil {
+		return conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", s.net.Name, err)
+	}
+	pub, err := s.r.connect(s.ctx, s.c, s.lc, repo)
+	if err != nil {
+		return err
+	}
+	if s.inv, err = s.r.Inventories.Open(s.ctx, key(s.req), s.st.DID, s.owner, pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
+		return err
+	}
+	if err := s.loadObjects(); err != nil {
+		return err
+	}
+	return s.trade()
+}
+
+// unreachable handles a requester that cannot reach its repo: a deleting
+// one lets go (nothing it published can be changed any more; an Event
+// says so), others report err.
+func (s *session) unreachable(err error) error {
+	if !s.deleting {
+		return err
+	}
+	if len(s.mr.Status.Requests) > 0 {
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
+			"the requester's repo or network is not usable (%v); its records could not be released or deleted", err)
+	}
+	s.done = true
+	return nil
+}
+
+// loadObjects reads the Bids and ComputeContracts the requester owns.
+func (s *session) loadObjects() error {
+	s.bids, s.contracts = map[string]*marketv1alpha1.Bid{}, map[string]*marketv1alpha1.ComputeContract{}
+	var bids marketv1alpha1.BidList
+	if err := s.c.List(s.ctx, &bids, client.InNamespace(s.mr.Namespace)); err != nil {
+		return err
+	}
+	for i := range bids.Items {
+		if b := &bids.Items[i]; metav1.IsControlledBy(b, s.mr) && b.Spec.Side == marketv1alpha1.SideRequester {
+			s.bids[b.Name] = b
+		}
+	}
+	var ccs marketv1alpha1.ComputeContractList
+	if err := s.c.List(s.ctx, &ccs, client.InNamespace(s.mr.Namespace)); err != nil {
+		return err
+	}
+	for i := range ccs.Items {
+		if cc := &ccs.Items[i]; metav1.IsControlledBy(cc, s.mr) && cc.Spec.Side == marketv1alpha1.SideRequester {
+			s.contracts[cc.Name] = cc
+		}
+	}
+	return nil
+}
+
+// replicaRecords are one replica's own records.
+type replicaRecords struct {
+	index    int32
+	attempts map[int32]*ownRecord // request records by attempt
+	current  *ownRecord           // the newest request
+	attempt  int32
+}
+
+type ownRecord struct {
+	uri, cid string
+	request  *market.Request
+}
+
+// trade runs every replica's deal and summarises them in s.st.
+func (s *session) trade() error {
+	desired := s.mr.Spec.Replicas
+	if s.stop != "" {
+		desired = 0
+	}
+	replicas := map[int32]*replicaRecords{}
+	get := func(i int32) *replicaRecords {
+		if replicas[i] == nil {
+			replicas[i] = &replicaRecords{index: i, attempts: map[int32]*ownRecord{}}
+		}
+		return replicas[i]
+	}
+	for _, rec := range s.inv.List(lexicon.Request) {
+		_, _, rkey := market.SplitURI(rec.URI)
+		i, attempt, ok := market.ParseRequestKey(s.owner, rkey)
+		if !ok {
+			continue
+		}
+		var req market.Request
+		if err := market.Decode(lexicon.Request, rec.Value, &req); err != nil {
+			continue // not ours to trust; replaced by the next attempt
+		}
+		rr := get(i)
+		rr.attempts[attempt] = &ownRecord{uri: rec.URI, cid: rec.CID, request: &req}
+		if attempt > rr.attempt {
+			rr.attempt, rr.current = attempt, rr.attempts[attempt]
+		}
+	}
+	for i := range desired {
+		get(i)
+	}
+	for _, rs := range s.st.Requests {
+		rr := get(rs.Index)
+		rr.attempt = max(rr.attempt, rs.Attempt)
+	}
+	for _, cc := range s.contracts {
+		if live(cc) {
+			get(cc.Spec.ReplicaIndex)
+		}
+	}
+
+	var errs []error
+	var out []marketv1alpha1.RequestStatus
+	for _, i := range sortedKeys(replicas) {
+		rs, keep, err := s.replica(replicas[i], i < desired)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replica %d: %w", i, err))
+		}
+		if keep {
+			out = append(out, rs)
+		}
+	}
+	if err := s.prune(); err != nil {
+		errs = append(errs, err)
+	}
+	s.st.Requests = out
+	s.st.IgnoredRecords = int64(len(s.ignored))
+	s.summarise(desired)
+	if s.deleting && len(out) == 0 && len(errs) == 0 {
+		s.done = true
+	}
+	return errors.Join(errs...)
+}
+
+func sortedKeys[V any](m map[int32]V) []int32 {
+	keys := make([]int32, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// summarise sets the phase, counters and Ready condition.
+func (s *session) summarise(desired int32) {
+	st, gen := s.st, s.mr.Generation
+	st.Contracted = 0
+	counts := map[marketv1alpha1.RequestState]int{}
+	var noBids, reading bool
+	for _, rs := range st.Requests {
+		counts[rs.State]++
+		if rs.State == marketv1alpha1.RequestContracted {
+			st.Contracted++
+		}
+		if rs.State == marketv1alpha1.RequestOpen && rs.NextAttempt != nil {
+			noBids = true
+		}
+		if rs.Message == market.ErrIncomplete.Error() {
+			reading = true
+		}
+	}
+	provisioning := 0
+	for _, cc := range s.contracts {
+		if live(cc) && cc.Status.Phase != marketv1alpha1.ContractActive {
+			provisioning++
+		}
+	}
+	switch {
+	case s.deleting:
+		st.Phase = marketv1alpha1.PhaseDeleting
+		setReady(st, gen, metav1.ConditionFalse, marketv1alpha1.ReasonReleasing, fmt.Sprintf("being deleted: %d replica(s) to release", len(st.Requests)))
+	case s.stop != "":
+		st.Phase = marketv1alpha1.PhaseSuspended
+		msg := s.stop + ": no new requests"
+		if n := len(st.Requests); n > 0 {
+			msg += fmt.Sprintf("; %d replica(s) being released", n)
+		}
+		setReady(st, gen, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, msg)
+	case st.Contracted >= desired && counts[marketv1alpha1.RequestReleasing] == 0:
+		st.Phase = marketv1alpha1.PhaseReady
+		msg := fmt.Sprintf("%d of %d replica(s) contracted", st.Contracted, desired)
+		if provisioning > 0 {
+			msg += fmt.Sprintf("; %d VM(s) not running yet", provisioning)
+		}
+		setReady(st, gen, metav1.ConditionTrue, marketv1alpha1.ReasonContracted, msg)
+	default:
+		st.Phase = marketv1alpha1.PhasePending
+		reason := marketv1alpha1.ReasonBidding
+		switch {
+		case reading:
+			reason = marketv1alpha1.ReasonReadingMarket
+		case counts[marketv1alpha1.RequestReleasing] > 0 && st.Contracted >= desired:
+			reason = marketv1alpha1.ReasonReleasing
+		case counts[marketv1alpha1.RequestAccepted] > 0:
+			reason = marketv1alpha1.ReasonAccepting
+		case noBids:
+			reason = marketv1alpha1.ReasonNoBids
+		}
+		msg := fmt.Sprintf("%d of %d replica(s) contracted", st.Contracted, desired)
+		for _, rs := range st.Requests {
+			if rs.State != marketv1alpha1.RequestContracted && rs.Message != "" {
+				msg += fmt.Sprintf("; replica %d: %s", rs.Index, rs.Message)
+				break
+			}
+		}
+		setReady(st, gen, metav1.ConditionFalse, reason, msg)
+	}
+}
+
+// live reports whether a contract still holds (or is giving back) a VM.
+func live(cc *marketv1alpha1.ComputeContract) bool {
+	return cc.Status.Phase != marketv1alpha1.ContractCompleted && cc.Status.Phase != marketv1alpha1.ContractFailed
+}

@@ -1,0 +1,722 @@
+package marketrequester
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+// replica runs one replica's deal; wanted says whether it should have a
+// VM. It returns the replica's status and whether the replica stays in
+// status.requests.
+func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.RequestStatus, bool, error) {
+	rs := marketv1alpha1.RequestStatus{Index: rr.index, Attempt: rr.attempt, State: marketv1alpha1.RequestOpen}
+	accepts := s.acceptsOf(rr)
+	if cc := s.contractOf(rr.index); cc != nil {
+		finished, err := s.contracted(rr, cc, accepts, wanted, &rs)
+		if err != nil || !finished {
+			return rs, true, err
+		}
+		// The deal is over: the replica goes back to the market (or
+		// away).
+		s.due(s.now)
+		return rs, wanted, nil
+	}
+	if !wanted {
+		// Nothing is leased: withdraw what is open.
+		err := s.withdraw(rr, accepts)
+		return rs, err != nil, err
+	}
+	// Requests of earlier attempts are withdrawn first.
+	for a, rec := range rr.attempts {
+		if a != rr.attempt {
+			if err := s.withdrawRequest(rec, accepts[rec.uri]); err != nil {
+				return rs, true, err
+			}
+		}
+	}
+	cur := rr.current
+	if cur == nil {
+		return rs, true, s.ask(rr, &rs)
+	}
+	rs.Record = &marketv1alpha1.PublishedRecord{URI: cur.uri, CID: cur.cid}
+	deadline := market.ParseTime(cur.request.BidDeadline)
+	rs.BidDeadline = market.MetaTime(deadline)
+
+	bids := s.judge(rr, cur, deadline)
+	rs.Bids = int32(len(bids))
+	var errs []error
+	// An accept that is still open waits for the bidder.
+	turnedDown := false
+	for _, acc := range accepts[cur.uri] {
+		done, err := s.answered(rr, cur, acc, bids, &rs)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if done {
+			errs = append(errs, s.recordBids(rr, cur, bids))
+			return rs, true, errors.Join(errs...)
+		}
+		turnedDown = true
+	}
+	if len(errs) > 0 {
+		return rs, true, errors.Join(errs...)
+	}
+	rs.Acceptable = 0
+	for _, b := range bids {
+		if b.state == marketv1alpha1.BidOpen {
+			rs.Acceptable++
+		}
+	}
+	if err := s.recordBids(rr, cur, bids); err != nil {
+		errs = append(errs, err)
+	}
+
+	switch {
+	case s.now.Before(deadline):
+		rs.Message = fmt.Sprintf("collecting bids until %s (%d so far)", market.Time(deadline), len(bids))
+		s.due(deadline)
+		return rs, true, errors.Join(errs...)
+	case s.view.Complete() != nil:
+		err := s.view.Complete()
+		rs.Message = err.Error()
+		s.due(s.now.Add(time.Second))
+		return rs, true, errors.Join(errs...)
+	}
+	if best := first(bids, marketv1alpha1.BidOpen); best != nil {
+		errs = append(errs, s.accept(rr, cur, best, bids, &rs))
+		return rs, true, errors.Join(errs...)
+	}
+	// A round without an acceptable bid: ask again later, waiting longer
+	// after every empty round; at once when the bidder taken declined or
+	// did not answer (the requester goes back to the market).
+	wait := time.Duration(s.window()) * time.Second << min(rr.attempt-1, 8)
+	next := deadline.Add(min(wait, maxRetry))
+	if s.now.Before(next) && !turnedDown {
+		rs.NextAttempt = market.MetaTime(next)
+		rs.Message = fmt.Sprintf("no acceptable bid (%d seen); asking again at %s", len(bids), market.Time(next))
+		if len(bids) == 0 {
+			rs.Message = "no bidder answered; asking again at " + market.Time(next)
+		}
+		s.due(next)
+		return rs, true, errors.Join(errs...)
+	}
+	if err := s.withdrawRequest(cur, nil); err != nil {
+		return rs, true, errors.Join(append(errs, err)...)
+	}
+	rr.current = nil
+	return rs, true, errors.Join(append(errs, s.ask(rr, &rs))...)
+}
+
+func (s *session) window() int32 { return cmp.Or(s.mr.Spec.BidWindowSeconds, 10) }
+
+func (s *session) confirm() time.Duration {
+	return time.Duration(cmp.Or(s.mr.Spec.ConfirmSeconds, 300)) * time.Second
+}
+
+// ask publishes the replica's next request.
+func (s *session) ask(rr *replicaRecords, rs *marketv1alpha1.RequestStatus) error {
+	spec := s.mr.Spec
+	attempt := rr.attempt + 1
+	deadline := s.now.Add(time.Duration(s.window()) * time.Second)
+	req := &market.Request{
+		Type:            lexicon.Request,
+		Shape:           market.ShapeOf(spec.Shape),
+		MaxPricePerHour: market.Price{Amount: spec.MaxPricePerHour.Amount, Currency: spec.MaxPricePerHour.Currency},
+		BidDeadline:     market.Time(deadline),
+		NoticeSeconds:   int64(spec.NoticeSeconds),
+		Network:         s.network,
+		ReplicaIndex:    int64(rr.index),
+		CreatedAt:       market.Time(s.now),
+	}
+	rec, err := s.inv.Put(s.ctx, lexicon.Request, market.RequestKey(s.owner, rr.index, attempt), req)
+	if err != nil {
+		return err
+	}
+	rs.Attempt = attempt
+	rs.Record = &marketv1alpha1.PublishedRecord{URI: rec.URI, CID: rec.CID}
+	rs.BidDeadline = market.MetaTime(deadline)
+	rs.Message = "collecting bids until " + market.Time(deadline)
+	s.due(deadline)
+	return nil
+}
+
+// acceptsOf returns the requester's accept records of the replica's
+// requests, by request URI.
+func (s *session) acceptsOf(rr *replicaRecords) map[string][]*ownAccept {
+	out := map[string][]*ownAccept{}
+	for _, rec := range s.inv.List(lexicon.Accept) {
+		var acc market.Accept
+		if market.Decode(lexicon.Accept, rec.Value, &acc) != nil {
+			continue
+		}
+		for _, req := range rr.attempts {
+			if acc.Request.URI == req.uri {
+				_, _, rkey := market.SplitURI(rec.URI)
+				out[req.uri] = append(out[req.uri], &ownAccept{uri: rec.URI, cid: rec.CID, rkey: rkey, accept: &acc})
+			}
+		}
+	}
+	return out
+}
+
+type ownAccept struct {
+	uri, cid, rkey string
+	accept         *market.Accept
+}
+
+// withdraw deletes the replica's open requests and accepts (nothing is
+// leased).
+func (s *session) withdraw(rr *replicaRecords, accepts map[string][]*ownAccept) error {
+	var errs []error
+	for _, rec := range rr.attempts {
+		errs = append(errs, s.withdrawRequest(rec, accepts[rec.uri]))
+	}
+	return errors.Join(errs...)
+}
+
+// withdrawRequest deletes a request record and its accepts.
+func (s *session) withdrawRequest(rec *ownRecord, accepts []*ownAccept) error {
+	for _, acc := range accepts {
+		if err := s.inv.Delete(s.ctx, lexicon.Accept, acc.rkey); err != nil {
+			return err
+		}
+	}
+	_, _, rkey := market.SplitURI(rec.uri)
+	return s.inv.Delete(s.ctx, lexicon.Request, rkey)
+}
+
+// judged is a bid as the requester judges it.
+type judged struct {
+	rec       *market.Rec
+	state     marketv1alpha1.BidState
+	message   string
+	firstSeen time.Time
+	name      string
+}
+
+// judge reads the bids on the current request and says what each one is
+// worth, most acceptable first: acceptable ones by price (then by when
+// they were first seen), the others after them.
+func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) []*judged {
+	spec := s.mr.Spec
+	var out []*judged
+	for _, rec := range s.view.Children(cur.uri, lexicon.Bid) {
+		if rec.DID == s.st.DID || rec.Bid == nil {
+			continue
+		}
+		j := &judged{rec: rec, name: market.ChildName(s.mr.Name, rec.URI+"|"+rec.CID), firstSeen: rec.FirstSeen}
+		prev := s.bids[j.name]
+		if prev != nil && prev.Spec.FirstSeen != nil {
+			j.firstSeen = prev.Spec.FirstSeen.Time
+		}
+		b := rec.Bid
+		validUntil := market.ParseTime(b.ValidUntil)
+		switch {
+		case b.Request.CID != cur.cid:
+			j.state, j.message = marketv1alpha1.BidInvalid, "the bid refers to another version of the request"
+		case j.firstSeen.After(deadline):
+			j.state, j.message = marketv1alpha1.BidLate, "first seen at "+market.Time(j.firstSeen)+", after the bid deadline"
+		case b.Shape != nil && !market.Fits(*b.Shape, cur.request.Shape):
+			j.state, j.message = marketv1alpha1.BidInvalid, "the bid offers a smaller VM than the request asks for"
+		case b.PricePerHour.Currency != spec.MaxPricePerHour.Currency || b.PricePerHour.Amount > spec.MaxPricePerHour.Amount:
+			j.state, j.message = marketv1alpha1.BidOverBudget, fmt.Sprintf("asks %d %s; the most this requester pays is %d %s",
+				b.PricePerHour.Amount, b.PricePerHour.Currency, spec.MaxPricePerHour.Amount, spec.MaxPricePerHour.Currency)
+		case len(spec.Policy.AllowedBidders) > 0 && !slices.Contains(spec.Policy.AllowedBidders, rec.DID):
+			j.state, j.message = marketv1alpha1.BidNotAllowed, "the bidder is not in spec.policy.allowedBidders"
+		case !market.Vouched(s.view, s.net.Spec.OperatorDID, s.id, rec.DID, marketv1alpha1.RoleBidder):
+			j.state, j.message = marketv1alpha1.BidUnvouched, "neither the network's operator nor this requester's identity vouches for the bidder"
+		case validUntil.IsZero() || !s.now.Before(validUntil):
+			j.state, j.message = marketv1alpha1.BidExpired, "valid until "+b.ValidUntil
+		default:
+			j.state, j.message = marketv1alpha1.BidOpen, "may be accepted"
+		}
+		// What happened to a bid stays: a bidder that declined or did not
+		// answer is not asked again on this request.
+		if prev != nil && j.state == marketv1alpha1.BidOpen {
+			switch prev.Status.State {
+			case marketv1alpha1.BidDeclined, marketv1alpha1.BidVoid, marketv1alpha1.BidLost:
+				j.state, j.message = prev.Status.State, prev.Status.Message
+			}
+		}
+		out = append(out, j)
+	}
+	slices.SortStableFunc(out, func(a, b *judged) int {
+		ao, bo := a.state == marketv1alpha1.BidOpen, b.state == marketv1alpha1.BidOpen
+		switch {
+		case ao != bo:
+			if ao {
+				return -1
+			}
+			return 1
+		case a.rec.Bid.PricePerHour.Amount != b.rec.Bid.PricePerHour.Amount:
+			return cmp.Compare(a.rec.Bid.PricePerHour.Amount, b.rec.Bid.PricePerHour.Amount)
+		case !a.firstSeen.Equal(b.firstSeen):
+			return a.firstSeen.Compare(b.firstSeen)
+		}
+		return cmp.Compare(a.rec.URI, b.rec.URI)
+	})
+	return out
+}
+
+func first(bids []*judged, state marketv1alpha1.BidState) *judged {
+	for _, b := range bids {
+		if b.state == state {
+			return b
+		}
+	}
+	return nil
+}
+
+// recordBids keeps a Bid object for each of the (at most
+// maxBidsPerRequest) best bids on the current request, with what became
+// of it. It goes through every bid, whatever fails.
+func (s *session) recordBids(rr *replicaRecords, cur *ownRecord, bids []*judged) error {
+	limit := int(cmp.Or(s.mr.Spec.MaxBidsPerRequest, 20))
+	var errs []error
+	for i, j := range bids {
+		if i >= limit {
+			break
+		}
+		errs = append(errs, s.recordBid(rr, j))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *session) recordBid(rr *replicaRecords, j *judged) error {
+	b := s.bids[j.name]
+	if b == nil {
+		fs := metav1.NewMicroTime(j.firstSeen)
+		b = &marketv1alpha1.Bid{
+			ObjectMeta: metav1.ObjectMeta{Name: j.name, Namespace: s.mr.Namespace},
+			Spec: marketv1alpha1.BidSpec{
+				Side:         marketv1alpha1.SideRequester,
+				Request:      market.APIRef(j.rec.Bid.Request),
+				Bid:          market.APIRef(j.rec.Ref()),
+				RequesterDID: s.st.DID,
+				BidderDID:    j.rec.DID,
+				ReplicaIndex: rr.index,
+				PricePerHour: marketv1alpha1.Price{Amount: j.rec.Bid.PricePerHour.Amount, Currency: j.rec.Bid.PricePerHour.Currency},
+				ValidUntil:   market.MetaTime(market.ParseTime(j.rec.Bid.ValidUntil)),
+				FirstSeen:    &fs,
+			},
+		}
+		if j.rec.Bid.Shape != nil {
+			shape := market.APIShape(*j.rec.Bid.Shape)
+			b.Spec.Shape = &shape
+		}
+		if err := ssa.Child(s.ctx, s.c, b, s.mr, FieldManager); err != nil {
+			return err
+		}
+		s.bids[j.name] = b
+	}
+	return s.bidState(b, j.state, j.message)
+}
+
+// bidState writes a Bid's state when it changed.
+func (s *session) bidState(b *marketv1alpha1.Bid, state marketv1alpha1.BidState, msg string) error {
+	want := marketv1alpha1.BidStatus{State: state, Message: msg}
+	err := ssa.WriteStatus(s.ctx, s.c, b, &b.Status, &want, ssa.StatusOptions{Manager: FieldManager})
+	if err == nil {
+		b.Status = want
+	}
+	return err
+}
+
+// answered looks at an accept the requester published: the bidder's
+// lease makes a contract; a decline, or no answer by confirmBy, voids it
+// (the accept is deleted and another bid may be taken). It reports
+// whether the replica is settled for this reconcile.
+func (s *session) answered(rr *replicaRecords, cur *ownRecord, acc *ownAccept, bids []*judged, rs *marketv1alpha1.RequestStatus) (bool, error) {
+	bid := s.view.Get(acc.accept.Bid.URI)
+	bidderDID, _, _ := market.SplitURI(acc.accept.Bid.URI)
+	name := market.ChildName(s.mr.Name, acc.accept.Bid.URI+"|"+acc.accept.Bid.CID)
+	lease := s.leaseOf(acc.uri, acc.cid, bidderDID)
+	confirmBy := market.ParseTime(acc.accept.ConfirmBy)
+	obj := s.bids[name]
+	switch {
+	case lease != nil && (lease.Lease.State == market.LeaseConfirmed || lease.Lease.State == market.LeaseRunning):
+		return true, s.contract(rr, cur, acc, lease, bids, rs)
+	case lease != nil && lease.Lease.State == market.LeaseDeclined:
+		reason := cmp.Or(lease.Lease.Reason, "unspecified")
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Declined", "Accept", "bidder %s declined replica %d: %s", bidderDID, rr.index, reason)
+		if obj != nil {
+			if err := s.bidState(obj, marketv1alpha1.BidDeclined, "the bidder declined: "+reason); err != nil {
+				return false, err
+			}
+		}
+		markJudged(bids, name, marketv1alpha1.BidDeclined, "the bidder declined: "+reason)
+	case !s.now.Before(confirmBy):
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Void", "Accept", "bidder %s did not answer replica %d's accept by %s", bidderDID, rr.index, acc.accept.ConfirmBy)
+		if obj != nil {
+			if err := s.bidState(obj, marketv1alpha1.BidVoid, "no lease by "+acc.accept.ConfirmBy); err != nil {
+				return false, err
+			}
+		}
+		markJudged(bids, name, marketv1alpha1.BidVoid, "no lease by "+acc.accept.ConfirmBy)
+	default:
+		rs.State = marketv1alpha1.RequestAccepted
+		rs.Accept = &marketv1alpha1.PublishedRecord{URI: acc.uri, CID: acc.cid}
+		rs.ConfirmBy = market.MetaTime(confirmBy)
+		rs.Message = fmt.Sprintf("accepted a bid of %s; waiting for its lease until %s", bidderDID, acc.accept.ConfirmBy)
+		if bid == nil && s.view.Complete() == nil {
+			rs.Message = fmt.Sprintf("accepted a bid of %s, which it has withdrawn; waiting until %s", bidderDID, acc.accept.ConfirmBy)
+		}
+		if obj != nil {
+			if err := s.bidState(obj, marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.accept.ConfirmBy+" to confirm"); err != nil {
+				return true, err
+			}
+		}
+		markJudged(bids, name, marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.accept.ConfirmBy+" to confirm")
+		s.due(confirmBy)
+		return true, nil
+	}
+	// Declined or void: the accept goes, and another bid may be taken.
+	return false, s.inv.Delete(s.ctx, lexicon.Accept, acc.rkey)
+}
+
+func markJudged(bids []*judged, name string, state marketv1alpha1.BidState, msg string) {
+	for _, b := range bids {
+		if b.name == name {
+			b.state, b.message = state, msg
+		}
+	}
+}
+
+// leaseOf returns the bidder's lease answering the accept, if any. A
+// lease in another repo than the bidder's, or one that answers another
+// version of the accept, is forged or stale: ignored and counted.
+func (s *session) leaseOf(acceptURI, acceptCID, bidderDID string) *market.Rec {
+	var found *market.Rec
+	for _, l := range s.view.Children(acceptURI, lexicon.Lease) {
+		if l.DID != bidderDID || l.Lease == nil || l.Lease.Accept.CID != acceptCID {
+			s.ignored[l.URI+"|"+l.CID] = true
+			continue
+		}
+		found = l
+	}
+	return found
+}
+
+// accept publishes an accept of the best bid.
+func (s *session) accept(rr *replicaRecords, cur *ownRecord, best *judged, bids []*judged, rs *marketv1alpha1.RequestStatus) error {
+	confirmBy := s.now.Add(s.confirm())
+	acc := &market.Accept{
+		Type:      lexicon.Accept,
+		Bid:       best.rec.Ref(),
+		Request:   market.StrongRef{URI: cur.uri, CID: cur.cid},
+		ConfirmBy: market.Time(confirmBy),
+		CreatedAt: market.Time(s.now),
+	}
+	rec, err := s.inv.Put(s.ctx, lexicon.Accept, market.AcceptKey(s.owner, best.rec.URI), acc)
+	if err != nil {
+		return err
+	}
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Accepted", "Accept", "replica %d: accepted the bid of %s at %d %s per hour",
+		rr.index, best.rec.DID, best.rec.Bid.PricePerHour.Amount, best.rec.Bid.PricePerHour.Currency)
+	best.state, best.message = marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.ConfirmBy+" to confirm"
+	rs.State = marketv1alpha1.RequestAccepted
+	rs.Accept = &marketv1alpha1.PublishedRecord{URI: rec.URI, CID: rec.CID}
+	rs.ConfirmBy = market.MetaTime(confirmBy)
+	rs.Message = fmt.Sprintf("accepted a bid of %s; waiting for its lease until %s", best.rec.DID, acc.ConfirmBy)
+	s.due(confirmBy)
+	return s.recordBids(rr, cur, bids)
+}
+
+// contract makes the requester's ComputeContract once the bidder's lease
+// confirms an accept, and marks the other bids of the request lost.
+func (s *session) contract(rr *replicaRecords, cur *ownRecord, acc *ownAccept, lease *market.Rec, bids []*judged, rs *marketv1alpha1.RequestStatus) error {
+	name := market.ChildName(s.mr.Name, acc.uri)
+	bidName := market.ChildName(s.mr.Name, acc.accept.Bid.URI+"|"+acc.accept.Bid.CID)
+	for _, b := range bids {
+		switch {
+		case b.name == bidName:
+			b.state, b.message = marketv1alpha1.BidLeased, "leased: ComputeContract "+name
+		case b.state == marketv1alpha1.BidOpen || b.state == marketv1alpha1.BidAccepted:
+			b.state, b.message = marketv1alpha1.BidLost, "another bid was leased"
+		}
+	}
+	bidderDID, _, _ := market.SplitURI(acc.accept.Bid.URI)
+	cc := &marketv1alpha1.ComputeContract{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.mr.Namespace},
+		Spec: marketv1alpha1.ComputeContractSpec{
+			Side:          marketv1alpha1.SideRequester,
+			RequesterDID:  s.st.DID,
+			BidderDID:     bidderDID,
+			ReplicaIndex:  rr.index,
+			Shape:         s.mr.Spec.Shape,
+			NoticeSeconds: int32(cur.request.NoticeSeconds),
+			Request:       marketv1alpha1.RecordRef{URI: cur.uri, CID: cur.cid},
+			Bid:           market.APIRef(acc.accept.Bid),
+			Accept:        marketv1alpha1.RecordRef{URI: acc.uri, CID: acc.cid},
+		},
+	}
+	if bid := s.view.Get(acc.accept.Bid.URI); bid != nil && bid.Bid != nil && bid.CID == acc.accept.Bid.CID {
+		cc.Spec.PricePerHour = marketv1alpha1.Price{Amount: bid.Bid.PricePerHour.Amount, Currency: bid.Bid.PricePerHour.Currency}
+		if bid.Bid.Shape != nil {
+			cc.Spec.Shape = market.APIShape(*bid.Bid.Shape)
+		}
+	} else if b := s.bids[bidName]; b != nil {
+		cc.Spec.PricePerHour = b.Spec.PricePerHour
+		if b.Spec.Shape != nil {
+			cc.Spec.Shape = *b.Spec.Shape
+		}
+	}
+	if err := ssa.Child(s.ctx, s.c, cc, s.mr, FieldManager); err != nil {
+		return err
+	}
+	s.contracts[name] = cc
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Contracted", "Lease", "replica %d: %s confirmed; ComputeContract %s", rr.index, bidderDID, name)
+	_, err := s.contracted(rr, cc, map[string][]*ownAccept{cur.uri: {acc}}, true, rs)
+	return err
+}
+
+// contractOf returns the replica's live contract, if any.
+func (s *session) contractOf(index int32) *marketv1alpha1.ComputeContract {
+	var found *marketv1alpha1.ComputeContract
+	for _, cc := range s.contracts {
+		if cc.Spec.ReplicaIndex == index && live(cc) && (found == nil || cc.CreationTimestamp.After(found.CreationTimestamp.Time)) {
+			found = cc
+		}
+	}
+	return found
+}
+
+// contracted follows a replica's contract: from the bidder's lease while
+// the replica is wanted, through a release when it no longer is. When the
+// deal is over (Completed or Failed) the requester's records of it are
+// deleted and it reports finished.
+func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, rs *marketv1alpha1.RequestStatus) (bool, error) {
+	st := cc.Status.DeepCopy()
+	st.ObservedGeneration = cc.Generation
+	st.Records.Request, st.Records.Bid, st.Records.Accept = ptr(cc.Spec.Request), ptr(cc.Spec.Bid), ptr(cc.Spec.Accept)
+	rs.State, rs.Contract = marketv1alpha1.RequestContracted, cc.Name
+	rs.Record = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Request.URI, CID: cc.Spec.Request.CID}
+	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
+
+	lease := s.leaseOf(cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID)
+	complete := s.view.Complete() == nil
+	s.view.Refresh(cc.Spec.BidderDID)
+	if lease != nil {
+		st.Records.Lease = &marketv1alpha1.RecordRef{URI: lease.URI, CID: lease.CID}
+	}
+	leaseURI := ""
+	if st.Records.Lease != nil {
+		leaseURI = st.Records.Lease.URI
+	}
+	var release *ownRelease
+	if leaseURI != "" {
+		release = s.releaseOf(leaseURI)
+	}
+	if release != nil {
+		st.Records.Release = &marketv1alpha1.RecordRef{URI: release.uri, CID: release.cid}
+	}
+
+	gone := lease == nil && complete
+	switch {
+	case wanted && release == nil:
+		switch {
+		case gone:
+			st.Phase, st.Reason = marketv1alpha1.ContractFailed, "lease-withdrawn"
+		case lease == nil:
+			// not read yet: keep the phase
+		case lease.Lease.State == market.LeaseConfirmed:
+			st.Phase = marketv1alpha1.ContractProvisioning
+		case lease.Lease.State == market.LeaseRunning:
+			st.Phase = marketv1alpha1.ContractActive
+		case lease.Lease.State == market.LeaseDeclined:
+			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
+		case lease.Lease.State == market.LeaseCompleted:
+			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "ended-by-bidder")
+		}
+		if st.Phase == "" {
+			st.Phase = marketv1alpha1.ContractProvisioning
+		}
+	default:
+		// Not wanted (or already released): give the VM back.
+		rs.State = marketv1alpha1.RequestReleasing
+		switch {
+		case gone || (lease != nil && lease.Lease.State == market.LeaseCompleted):
+			if release != nil {
+				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, release.release.Reason
+			} else {
+				st.Phase, st.Reason = marketv1alpha1.ContractFailed, "lease-withdrawn"
+			}
+		case lease != nil && lease.Lease.State == market.LeaseDeclined:
+			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
+		case lease == nil:
+			st.Phase = marketv1alpha1.ContractReleasing
+		case release == nil:
+			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: s.release, CreatedAt: market.Time(s.now)}
+			rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
+			if err != nil {
+				return false, err
+			}
+			st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
+			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, s.release
+			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, s.release)
+			s.due(s.now.Add(s.confirm()))
+		default:
+			// The bidder has as long to end the lease as it had to confirm
+			// it; after that the contract is failed and the requester's
+			// records go.
+			by := market.ParseTime(release.release.CreatedAt).Add(s.confirm())
+			if s.now.Before(by) {
+				st.Phase, st.Reason = marketv1alpha1.ContractReleasing, release.release.Reason
+				s.due(by)
+			} else {
+				st.Phase, st.Reason = marketv1alpha1.ContractFailed, "bidder-unresponsive"
+			}
+		}
+	}
+	finished := !live(&marketv1alpha1.ComputeContract{Status: *st})
+	if err := s.contractStatus(cc, st); err != nil {
+		return false, err
+	}
+	if !finished {
+		rs.Message = fmt.Sprintf("ComputeContract %s is %s", cc.Name, st.Phase)
+		if st.Phase == marketv1alpha1.ContractReleasing || st.Phase == marketv1alpha1.ContractProvisioning {
+			s.due(s.now.Add(30 * time.Second))
+		}
+		return false, nil
+	}
+	// Over: the requester's records of the deal go.
+	var errs []error
+	if release != nil {
+		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))
+	}
+	for _, req := range rr.attempts {
+		if req.uri == cc.Spec.Request.URI {
+			errs = append(errs, s.withdrawRequest(req, accepts[req.uri]))
+		}
+	}
+	_, _, acceptKey := market.SplitURI(cc.Spec.Accept.URI)
+	errs = append(errs, s.inv.Delete(s.ctx, lexicon.Accept, acceptKey))
+	if err := errors.Join(errs...); err != nil {
+		return false, err
+	}
+	rs.State, rs.Contract, rs.Accept, rs.Record = marketv1alpha1.RequestOpen, "", nil, nil
+	rs.Message = fmt.Sprintf("ComputeContract %s ended: %s (%s)", cc.Name, st.Phase, st.Reason)
+	return true, nil
+}
+
+type ownRelease struct {
+	uri, cid, rkey string
+	release        *market.Release
+}
+
+// releaseOf returns the requester's release of a lease, if it made one.
+func (s *session) releaseOf(leaseURI string) *ownRelease {
+	rkey := market.ReleaseKey(s.owner, leaseURI)
+	rec := s.inv.Get(lexicon.Release, rkey)
+	if rec == nil {
+		return nil
+	}
+	var rel market.Release
+	if market.Decode(lexicon.Release, rec.Value, &rel) != nil {
+		return nil
+	}
+	return &ownRelease{uri: rec.URI, cid: rec.CID, rkey: rkey, release: &rel}
+}
+
+func ptr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
+
+// contractStatus writes a contract's status when it changed, with an
+// Event when its phase did.
+func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus) error {
+	status, reason, msg := metav1.ConditionTrue, string(st.Phase), "the contract is "+string(st.Phase)
+	switch st.Phase {
+	case marketv1alpha1.ContractFailed:
+		status, msg = metav1.ConditionFalse, "the contract failed: "+st.Reason
+	case marketv1alpha1.ContractCompleted:
+		status, msg = metav1.ConditionFalse, "the contract is over: "+st.Reason
+	case marketv1alpha1.ContractProvisioning, marketv1alpha1.ContractPending:
+		status, msg = metav1.ConditionFalse, "the bidder confirmed; the VM is not running yet"
+	case marketv1alpha1.ContractReleasing:
+		status, msg = metav1.ConditionFalse, "released ("+st.Reason+"); waiting for the bidder to end the lease"
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: cc.Generation})
+	err := ssa.WriteStatus(s.ctx, s.c, cc, &cc.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.PhaseChanged(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
+		Recorder: s.events,
+		Action:   "Reconcile",
+	})
+	if err == nil {
+		cc.Status = *st
+	}
+	return err
+}
+
+// prune deletes what the requester no longer needs: Bids of requests it
+// no longer holds beyond the newest keepSettledBids (unless a kept
+// contract rests on them), and finished contracts beyond the newest
+// keepFinished.
+func (s *session) prune() error {
+	current := map[string]bool{}
+	for _, rec := range s.inv.List(lexicon.Request) {
+		current[rec.URI] = true
+	}
+	var finished []*marketv1alpha1.ComputeContract
+	kept := map[string]bool{}
+	for _, cc := range s.contracts {
+		if !live(cc) {
+			finished = append(finished, cc)
+			continue
+		}
+		kept[cc.Spec.Bid.URI+"|"+cc.Spec.Bid.CID] = true
+	}
+	slices.SortFunc(finished, func(a, b *marketv1alpha1.ComputeContract) int {
+		return b.CreationTimestamp.Compare(a.CreationTimestamp.Time)
+	})
+	var errs []error
+	for i, cc := range finished {
+		if i < keepFinished {
+			kept[cc.Spec.Bid.URI+"|"+cc.Spec.Bid.CID] = true
+			continue
+		}
+		errs = append(errs, deleteObject(s, cc))
+		delete(s.contracts, cc.Name)
+	}
+	// Bids of requests the requester no longer holds are history: the
+	// newest keepSettledBids stay.
+	var settled []*marketv1alpha1.Bid
+	for _, b := range s.bids {
+		if !current[b.Spec.Request.URI] && !kept[b.Spec.Bid.URI+"|"+b.Spec.Bid.CID] {
+			settled = append(settled, b)
+		}
+	}
+	slices.SortFunc(settled, func(a, b *marketv1alpha1.Bid) int {
+		return cmp.Or(b.CreationTimestamp.Compare(a.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	for i, b := range settled {
+		if i < keepSettledBids {
+			continue
+		}
+		errs = append(errs, deleteObject(s, b))
+		delete(s.bids, b.Name)
+	}
+	return errors.Join(errs...)
+}
+
+func deleteObject(s *session, o client.Object) error {
+	uid := o.GetUID()
+	err := s.c.Delete(s.ctx, o, client.Preconditions{UID: &uid})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
