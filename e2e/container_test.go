@@ -26,6 +26,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/deploy"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/mountproxy"
 )
 
 // The images make images builds (hack/images.sh) and the tag the chart
@@ -126,7 +127,7 @@ type container struct {
 // a read-only root file system and no capabilities; docker rm -f at the
 // end of the test. Its log goes to the suite's artifacts (docker logs -f,
 // a process of the suite, so failures print its tail).
-func runWorkload(t *testing.T, w *deploy.Workload, secrets deploy.Secrets, healthPort, metricPort int) *container {
+func runWorkload(t *testing.T, w *deploy.Workload, replica string, secrets deploy.Secrets, healthPort, metricPort int) *container {
 	t.Helper()
 	ctx := t.Context()
 	args, err := w.Args(secrets)
@@ -137,7 +138,7 @@ func runWorkload(t *testing.T, w *deploy.Workload, secrets deploy.Secrets, healt
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(env.dir, "containers", w.Name)
+	dir := filepath.Join(env.dir, "containers", w.Name+replica)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func runWorkload(t *testing.T, w *deploy.Workload, secrets deploy.Secrets, healt
 	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("knotless-e2e-%s-%s", env.prefix, w.Name)
+	name := fmt.Sprintf("knotless-e2e-%s-%s%s", env.prefix, w.Name, replica)
 	_ = exec.Command("docker", "rm", "-f", name).Run()
 	run := []string{"run", "-d", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"}
 	if sc := w.Deployment.Spec.Template.Spec.SecurityContext; sc != nil && sc.RunAsUser != nil {
@@ -179,7 +180,7 @@ func runWorkload(t *testing.T, w *deploy.Workload, secrets deploy.Secrets, healt
 	if out, err := exec.CommandContext(ctx, "docker", run...).CombinedOutput(); err != nil {
 		t.Fatalf("docker run %s: %v: %s", image, err, out)
 	}
-	logs, err := framework.Start(env.dir, "container-"+w.Name, "docker", []string{"logs", "-f", name}, nil)
+	logs, err := framework.Start(env.dir, "container-"+w.Name+replica, "docker", []string{"logs", "-f", name}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,8 +320,8 @@ func TestContainerImages(t *testing.T) {
 			t.Errorf("restarting the suite's mount proxy: %v", err)
 		}
 	})
-	pc := runWorkload(t, pw, secrets, ports["provider-health"], ports["provider-metrics"])
-	sc := runWorkload(t, sw, secrets, ports["shim-health"], ports["shim-metrics"])
+	pc := runWorkload(t, pw, "", secrets, ports["provider-health"], ports["provider-metrics"])
+	sc := runWorkload(t, sw, "", secrets, ports["shim-health"], ports["shim-metrics"])
 	t.Logf("FIGURE provider container ready in %s", pc.waitReady(ctx, t, 3*time.Minute).Round(100*time.Millisecond))
 	t.Logf("FIGURE mount proxy container ready in %s", sc.waitReady(ctx, t, 2*time.Minute).Round(100*time.Millisecond))
 	// The start-up line names the version and commit the image stamped.
@@ -389,6 +390,43 @@ func TestContainerImages(t *testing.T) {
 	tc := &computev1alpha1.TenantCluster{}
 	if err := rt.c.Get(ctx, client.ObjectKey{Name: "tenant"}, tc); err != nil {
 		t.Fatal(err)
+	}
+
+	// A second replica of the shim (the chart's mountproxy.replicas: 2)
+	// is Ready only once its registry read every TenantCluster: the first
+	// request after its /readyz turned 200 reaches the tenant.
+	port2 := freePort(t)
+	values["mountproxy"].(map[string]any)["ports"] = map[string]any{"https": port2, "health": freePort(t), "metrics": freePort(t)}
+	ws2, err := deploy.Render(ctx, repo, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw2 := ws2["knotless-mountproxy"]
+	ports2 := sw2.Container.Ports
+	health2, metrics2 := 0, 0
+	for _, p := range ports2 {
+		switch p.Name {
+		case "health":
+			health2 = int(p.ContainerPort)
+		case "metrics":
+			metrics2 = int(p.ContainerPort)
+		}
+	}
+	sc2 := runWorkload(t, sw2, "-2", secrets, health2, metrics2)
+	t.Logf("FIGURE second mount proxy replica ready in %s", sc2.waitReady(ctx, t, 2*time.Minute).Round(100*time.Millisecond))
+	fp := frontProxyCert(t)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/tenants/%s/tenant/version", port2, rt.lc), nil)
+	req.Header.Set(m.UserHeader, "alice")
+	resp, err := shimClient(t, &fp).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the second replica's first request after it was Ready: %s %s, want 200 from the tenant", resp.Status, resp.Header.Get(mountproxy.ReasonHeader))
+	}
+	if !strings.Contains(sc2.logs.Tail(100), `"tenantClusters": `) || strings.Contains(sc2.logs.Tail(100), `"tenantClusters": 0`) {
+		t.Errorf("the second replica's initial list did not name the TenantClusters:\n%s", sc2.logs.Tail(40))
 	}
 	t.Logf("through the images: Application Ready, record on the PDS, TenantCluster %s (%s), %d namespaces through the mount", tc.Status.Phase, tc.Status.TenantVersion, len(nss.Items))
 }
