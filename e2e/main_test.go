@@ -1,5 +1,7 @@
 // Package e2e runs knotless against real processes: a kcp it starts (or
-// the one KNOTLESS_E2E_KUBECONFIG names) and the knotless-provider binary.
+// the one KNOTLESS_E2E_KUBECONFIG names, with the kcp-front-proxy and
+// shim framework.External reads from the environment) and the
+// knotless-provider binary.
 package e2e
 
 import (
@@ -119,6 +121,20 @@ func run(m *testing.M) (code int) {
 		return fail(err)
 	}
 	shimAddr := fmt.Sprintf("127.0.0.1:%d", shimPort)
+	// An existing kcp's kcp-front-proxy and shim (framework.External).
+	ext, err := framework.ExternalFromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	if s.kcp.Process == nil && ext != nil {
+		if s.certs, err = ext.MountCerts(filepath.Join(dir, "external-certs")); err != nil {
+			return fail(err)
+		}
+		s.frontProxy = ext.FrontProxy(s.certs)
+		s.kcp.Users = s.frontProxy
+		mountArgs = append(s.certs.MountProxyArgs(ext.ShimAddr(), s.frontProxy.URL), "--tenant-probe-interval", "2s")
+		fmt.Printf("e2e: the existing kcp's kcp-front-proxy %s and shim %s\n", ext.FrontProxyURL, ext.ShimURL)
+	}
 	if s.kcp.Process != nil {
 		start = time.Now()
 		if s.frontProxy, err = framework.StartFrontProxy(ctx, s.group, filepath.Join(filepath.Dir(kcpBin), "kcp-front-proxy"), dir, s.kcp, s.certs, shimAddr); err != nil {
@@ -155,6 +171,10 @@ func run(m *testing.M) (code int) {
 	}
 	fmt.Printf("e2e: PLC, PDS and Vault ready in %s (pds %s)\n", time.Since(start).Round(time.Millisecond), s.pds.URL)
 	s.providerWS = logicalcluster.NewPath("root:" + s.prefix + "-org:knotless")
+	if ws := os.Getenv("KNOTLESS_E2E_PROVIDER_WORKSPACE"); ws != "" {
+		// The workspace an existing shim serves.
+		s.providerWS = logicalcluster.NewPath(ws)
+	}
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
 	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s", "--allow-private-networks", framework.AllowedNetworks,
@@ -164,7 +184,10 @@ func run(m *testing.M) (code int) {
 		return fail(err)
 	}
 	fmt.Printf("e2e: provider ready in %s for %s\n", time.Since(start).Round(time.Millisecond), s.providerWS)
-	if s.frontProxy != nil {
+	if ext != nil && s.kcp.Process == nil {
+		s.mountProxy = ext.MountProxy()
+	}
+	if s.frontProxy != nil && s.kcp.Process != nil {
 		start = time.Now()
 		shimBin, err := framework.Build(ctx, root, dir, "knotless-mountproxy")
 		if err != nil {

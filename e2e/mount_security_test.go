@@ -169,7 +169,7 @@ func TestMountRedirects(t *testing.T) {
 	defer cancel()
 	defer failWithLogs(t)
 	if env.frontProxy == nil {
-		t.Skip("the mount topology runs only with a kcp the suite starts")
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
 	}
 	target, plain := newHitCounter(t, true), newHitCounter(t, false)
 	var redirectVersion atomic.Bool
@@ -238,7 +238,7 @@ func TestMountLoop(t *testing.T) {
 	defer cancel()
 	defer failWithLogs(t)
 	if env.frontProxy == nil {
-		t.Skip("the mount topology runs only with a kcp the suite starts")
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
 	}
 	shop := env.prefix + "-mount-loop"
 	c, lc := appWorkspace(ctx, t, shop)

@@ -48,7 +48,7 @@ var (
 func sharedTenant(ctx context.Context, t *testing.T) *framework.KCP {
 	t.Helper()
 	if env.frontProxy == nil {
-		t.Skip("the mount topology runs only with a kcp the suite starts")
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
 	}
 	tenantOnce.Do(func() {
 		start := time.Now()
@@ -497,7 +497,7 @@ func TestMountHeaders(t *testing.T) {
 	defer cancel()
 	defer failWithLogs(t)
 	if env.frontProxy == nil {
-		t.Skip("the mount topology runs only with a kcp the suite starts")
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
 	}
 	rt := newRecordingTenant(t)
 	_, cfg, hc := mountTestServer(ctx, t, rt.Server, env.prefix+"-mount-headers", "recorder")
@@ -615,6 +615,9 @@ func TestMountRotation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	defer failWithLogs(t)
+	if env.certs.External {
+		t.Skip("rotates the serving certificate of the suite's own shim; an existing kcp's shim has its own")
+	}
 	rt := newReadyTenant(ctx, t, env.prefix+"-mount-rotation")
 	tenant, caPEM, c, shop := rt.kcp, rt.caPEM, rt.c, rt.ws
 	cfg, err := env.frontProxy.UserConfig("alice", root.Join(shop).Join("tenant").String())
@@ -738,6 +741,9 @@ func TestMountProxyThroughput(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	defer failWithLogs(t)
+	if env.mountProxy == nil || env.mountProxy.Process == nil {
+		t.Skip("measures the CPU of the suite's own shim process")
+	}
 	ready := newReadyTenant(ctx, t, env.prefix+"-mount-bench")
 	tenant, caPEM, token, shop, lc := ready.kcp, ready.caPEM, ready.token, ready.ws, ready.lc
 
@@ -796,8 +802,8 @@ func TestMountProxyThroughput(t *testing.T) {
 // TestMountProxyBadFlags: knotless-mountproxy with unusable flags exits 1
 // with one line naming the problem.
 func TestMountProxyBadFlags(t *testing.T) {
-	if env.mountProxy == nil {
-		t.Skip("the mount topology runs only with a kcp the suite starts")
+	if env.mountProxy == nil || env.mountProxy.Process == nil {
+		t.Skip("runs the shim binary the suite built (a kcp the suite starts)")
 	}
 	dir := t.TempDir()
 	junk := filepath.Join(dir, "junk.crt")

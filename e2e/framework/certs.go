@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,7 +17,9 @@ import (
 // CA is a throw-away certificate authority for tests.
 type CA struct {
 	Cert *x509.Certificate
-	Key  *ecdsa.PrivateKey
+	// Key signs what the CA issues (nil for a CA known by its
+	// certificate only).
+	Key crypto.Signer
 	// PEM is the CA certificate, PEM-encoded (what a CA bundle holds).
 	PEM []byte
 }

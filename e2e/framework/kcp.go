@@ -22,8 +22,11 @@ type KCP struct {
 	Tokens map[string]string
 	// BaseURL is the server URL without a /clusters suffix.
 	BaseURL string
-	name    string
-	start   func() (*Process, error)
+	// Users, for an existing kcp, issues user certificates that
+	// kcp-front-proxy accepts (External's client CA); nil otherwise.
+	Users *FrontProxy
+	name  string
+	start func() (*Process, error)
 }
 
 // StartKCP starts `kcp start` from bin in dir on a free port, or, when
@@ -142,8 +145,11 @@ func (k *KCP) Config() (*rest.Config, error) {
 // UserConfig returns a rest config that authenticates as a token user.
 func (k *KCP) UserConfig(user string) (*rest.Config, error) {
 	tok, ok := k.Tokens[user]
+	if !ok && k.Users != nil {
+		return k.Users.UserConfig(user, "root")
+	}
 	if !ok {
-		return nil, fmt.Errorf("no token user %q (an existing kcp has none)", user)
+		return nil, fmt.Errorf("no token user %q (an existing kcp has none: set KNOTLESS_E2E_FRONT_PROXY_URL and its client CA)", user)
 	}
 	admin, err := k.Config()
 	if err != nil {

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -42,6 +43,9 @@ type MountCerts struct {
 	// passes requests without a client certificate on untouched, so the
 	// names are a secret of the deployment (docs/mountproxy.md).
 	UserHeader, GroupHeader, ExtraHeaderPrefix string
+	// External: the certificates of an existing kcp's topology
+	// (External.MountCerts); the shim's serving key is not the suite's.
+	External bool
 }
 
 // AllowedNetworks is the --allow-private-networks of the provider and the
@@ -181,6 +185,9 @@ func (m *MountCerts) UserKubeconfig(path, fpURL, user string, groups ...string) 
 // RotateShimServing replaces the shim's serving certificate files with a
 // new certificate of the same CA and returns it.
 func (m *MountCerts) RotateShimServing() (tls.Certificate, error) {
+	if m.External {
+		return tls.Certificate{}, errors.New("the shim of an existing kcp has its own serving certificate")
+	}
 	c, err := m.ShimServingCA.Issue("knotless-mountproxy", "127.0.0.1", "localhost")
 	if err != nil {
 		return tls.Certificate{}, err
@@ -346,6 +353,8 @@ type MountProxy struct {
 	Bin        string
 	dir        string
 	args       []string
+	// metricsURL is an existing shim's metrics endpoint.
+	metricsURL string
 }
 
 // MountProxyArgs are the provider's flags that make it probe tenants
@@ -421,7 +430,14 @@ func (mp *MountProxy) Restart(ctx context.Context, g *Group) error {
 
 // Metrics returns the shim's Prometheus text.
 func (mp *MountProxy) Metrics() (string, error) {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", mp.MetricPort))
+	target := fmt.Sprintf("http://127.0.0.1:%d/metrics", mp.MetricPort)
+	if mp.Process == nil {
+		if mp.metricsURL == "" {
+			return "", errors.New("the existing shim's metrics are unknown: set KNOTLESS_E2E_SHIM_METRICS_URL")
+		}
+		target = strings.TrimSuffix(mp.metricsURL, "/") + "/metrics"
+	}
+	resp, err := http.Get(target)
 	if err != nil {
 		return "", err
 	}
