@@ -105,7 +105,7 @@ func parse(out []byte) (map[string]*Workload, error) {
 			return nil, fmt.Errorf("rendered Deployment: %w", err)
 		}
 		if n := len(d.Spec.Template.Spec.Containers); n != 1 {
-			return nil, fmt.Errorf("Deployment %s has %d containers, want 1", d.Name, n)
+			return nil, fmt.Errorf("the Deployment %s has %d containers, want 1", d.Name, n)
 		}
 		ws[d.Name] = &Workload{Name: d.Name, Deployment: d, Container: d.Spec.Template.Spec.Containers[0]}
 	}
@@ -202,7 +202,7 @@ func (w *Workload) Mounts() ([]Mount, error) {
 			continue
 		}
 		if len(v.Secret.Items) == 0 {
-			return nil, fmt.Errorf("Secret volume %s names no items: the chart mounts each key under a fixed name", v.Name)
+			return nil, fmt.Errorf("the Secret volume %s names no items: the chart mounts each key under a fixed name", v.Name)
 		}
 		mode := os.FileMode(0o644)
 		if v.Secret.DefaultMode != nil {
