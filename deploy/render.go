@@ -144,8 +144,6 @@ func (w *Workload) Env(secrets Secrets) (map[string]string, error) {
 	return env, nil
 }
 
-var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
-
 // Args returns the container's arguments with $(VAR) expanded from its
 // environment, as the kubelet expands them; a reference to a variable
 // the container does not have is an error (the kubelet would leave it).
@@ -154,6 +152,7 @@ func (w *Workload) Args(secrets Secrets) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	varRef := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 	var errs []error
 	out := make([]string, len(w.Container.Args))
 	for i, a := range w.Container.Args {
