@@ -49,9 +49,12 @@ type Readiness struct {
 	// seq counts observations; listSeq is seq when the list began.
 	seq, listSeq uint64
 	listed       bool
-	expected     map[key]string
-	seen         map[key]observation
-	ready        bool
+	// expected are the listed TenantClusters not observed yet; total
+	// is how many were listed.
+	expected map[key]string
+	total    int
+	seen     map[key]observation
+	ready    bool
 }
 
 type key struct{ cluster, namespace, name string }
@@ -80,8 +83,9 @@ func (r *Readiness) Observed(cluster, namespace, name, rv string, gone bool) {
 		return
 	}
 	r.seq++
-	r.seen[key{cluster, namespace, name}] = observation{rv: rv, gone: gone, seq: r.seq}
-	r.settle()
+	k := key{cluster, namespace, name}
+	r.seen[k] = observation{rv: rv, gone: gone, seq: r.seq}
+	r.settle(k)
 }
 
 // beginList marks the start of the initial list: deletions observed
@@ -97,22 +101,34 @@ func (r *Readiness) beginList() {
 func (r *Readiness) expect(items map[key]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.listed, r.expected = true, items
+	r.listed, r.expected, r.total = true, items, len(items)
 	r.settle()
 }
 
-// settle turns ready once every expected TenantCluster was observed; the
-// caller holds mu.
-func (r *Readiness) settle() {
+// settle drops the expected TenantClusters that were observed (only k
+// when given, else all) and turns ready when none is left; the caller
+// holds mu.
+func (r *Readiness) settle(only ...key) {
 	if !r.listed || r.ready {
 		return
 	}
-	for k, rv := range r.expected {
-		if !r.satisfied(r.seen[k], rv) {
-			return
+	check := func(k key) {
+		if rv, ok := r.expected[k]; ok && r.satisfied(r.seen[k], rv) {
+			delete(r.expected, k)
 		}
 	}
-	r.ready, r.expected, r.seen = true, nil, nil
+	if len(only) > 0 {
+		for _, k := range only {
+			check(k)
+		}
+	} else {
+		for k := range r.expected {
+			check(k)
+		}
+	}
+	if len(r.expected) == 0 {
+		r.ready, r.expected, r.seen = true, nil, nil
+	}
 }
 
 func (r *Readiness) satisfied(o observation, listedRV string) bool {
@@ -149,13 +165,7 @@ func (r *Readiness) Check(*http.Request) error {
 	case !r.listed:
 		return errors.New("the TenantClusters have not been listed yet")
 	}
-	done := 0
-	for k, rv := range r.expected {
-		if r.satisfied(r.seen[k], rv) {
-			done++
-		}
-	}
-	return fmt.Errorf("the registry has read %d of %d TenantClusters", done, len(r.expected))
+	return fmt.Errorf("the registry has read %d of %d TenantClusters", r.total-len(r.expected), r.total)
 }
 
 // InitialList is a runnable of the shim's manager: it lists, once, the
