@@ -219,7 +219,7 @@ kind load docker-image --name "$cluster" knotless-provider:dev knotless-mountpro
   --set mountproxy.requestHeaderCASecret.name=knotless-mountproxy-requestheader-ca \
   --set 'mountproxy.reservedAddresses={https://kcp.dev.test:8443}' \
   --set 'hostAliases[0].ip=10.96.0.100' --set 'hostAliases[0].hostnames={kcp.dev.test}'
-kubectl -n knotless rollout status deploy/knotless-provider deploy/knotless-mountproxy --timeout 5m
+for d in knotless-provider knotless-mountproxy; do kubectl -n knotless rollout status "deploy/$d" --timeout 5m; done
 echo "kind-e2e: the chart's provider and mount proxy are Ready"
 
 # 5. the e2e suite: its own provider for root:knotless, the shim on this
