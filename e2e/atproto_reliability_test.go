@@ -49,6 +49,13 @@ func repoWorkspace(ctx context.Context, t *testing.T, name, handle, pdsURL strin
 // collection in a repo, read straight from the PDS.
 func listRecords(ctx context.Context, t *testing.T, did string) map[string]pdsRecord {
 	t.Helper()
+	return listCollection(ctx, t, env.pds, did, testCollection)
+}
+
+// listCollection lists a collection of did's repo on pds with plain
+// com.atproto.repo.listRecords calls, by record key.
+func listCollection(ctx context.Context, t *testing.T, pds *framework.PDS, did, collection string) map[string]pdsRecord {
+	t.Helper()
 	out := map[string]pdsRecord{}
 	cursor := ""
 	for {
@@ -56,11 +63,11 @@ func listRecords(ctx context.Context, t *testing.T, did string) map[string]pdsRe
 			Cursor  string      `json:"cursor"`
 			Records []pdsRecord `json:"records"`
 		}
-		q := url.Values{"repo": {did}, "collection": {testCollection}, "limit": {"100"}}
+		q := url.Values{"repo": {did}, "collection": {collection}, "limit": {"100"}}
 		if cursor != "" {
 			q.Set("cursor", cursor)
 		}
-		if err := env.pds.XRPC(ctx, "com.atproto.repo.listRecords", "", q, nil, &page); err != nil {
+		if err := pds.XRPC(ctx, "com.atproto.repo.listRecords", "", q, nil, &page); err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range page.Records {

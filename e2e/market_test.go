@@ -38,13 +38,21 @@ import (
 // user.
 func marketWorkspace(ctx context.Context, t *testing.T, name string) client.Client {
 	t.Helper()
+	return userWorkspace(ctx, t, name, "market-bidder")
+}
+
+// userWorkspace creates a workspace of one of knotless's WorkspaceTypes
+// (by name) as alice with kubectl ws create --type and returns alice's
+// client for it.
+func userWorkspace(ctx context.Context, t *testing.T, name, wsType string) client.Client {
+	t.Helper()
 	cfg, err := env.kcp.UserConfig("alice")
 	if err != nil {
 		t.Logf("no unprivileged user on an existing kcp (%v); using kcp-admin", err)
 		cfg = env.admin
 	}
 	kubeconfig := writeKubeconfig(t, cfg, root)
-	typ := env.providerWS.Join("market-bidder").String()
+	typ := env.providerWS.Join(wsType).String()
 	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(env.kcpBin), "kubectl-ws"), "create", name, "--type", typ)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	if out, err := cmd.CombinedOutput(); err != nil {

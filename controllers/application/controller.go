@@ -151,9 +151,9 @@ func validate(app *appsv1alpha1.Application) error {
 		if msgs := validation.IsDNS1123Label(e.Name); len(msgs) > 0 {
 			errs = append(errs, fmt.Sprintf("spec.components[%d].name %q: %s", i, e.Name, strings.Join(msgs, "; ")))
 		}
-		switch n := btoi(e.Template.AtprotoRepo != nil) + btoi(e.Template.AtprotoRecord != nil); n {
+		switch n := btoi(e.Template.AtprotoRepo != nil) + btoi(e.Template.AtprotoRecord != nil) + btoi(e.Template.MarketRequester != nil); n {
 		case 0:
-			errs = append(errs, fmt.Sprintf("spec.components[%d].template sets no child kind (atprotoRepo or atprotoRecord)", i))
+			errs = append(errs, fmt.Sprintf("spec.components[%d].template sets no child kind (atprotoRepo, atprotoRecord or marketRequester)", i))
 		case 1:
 		default:
 			errs = append(errs, fmt.Sprintf("spec.components[%d].template sets %d child kinds; set exactly one", i, n))

@@ -19,6 +19,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 )
 
@@ -107,6 +108,8 @@ func TestValidate(t *testing.T) {
 		{"bad name", appsv1alpha1.ApplicationComponent{Name: "Repo_1", Template: appsv1alpha1.ComponentTemplate{AtprotoRepo: repo}}, false},
 		{"no kind", appsv1alpha1.ApplicationComponent{Name: "x"}, false},
 		{"two kinds", appsv1alpha1.ApplicationComponent{Name: "x", Template: appsv1alpha1.ComponentTemplate{AtprotoRepo: repo, AtprotoRecord: rec}}, false},
+		{"a requester", appsv1alpha1.ApplicationComponent{Name: "vms", Template: appsv1alpha1.ComponentTemplate{MarketRequester: &marketv1alpha1.MarketRequesterSpec{}}}, true},
+		{"a requester and a repo", appsv1alpha1.ApplicationComponent{Name: "x", Template: appsv1alpha1.ComponentTemplate{AtprotoRepo: repo, MarketRequester: &marketv1alpha1.MarketRequesterSpec{}}}, false},
 	} {
 		err := validate(&appsv1alpha1.Application{Spec: appsv1alpha1.ApplicationSpec{Components: []appsv1alpha1.ApplicationComponent{tc.c}}})
 		if (err == nil) != tc.ok {
