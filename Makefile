@@ -95,6 +95,10 @@ bench-mountproxy: tools stack-deps
 bench-mountproxy-unit:
 	KNOTLESS_MOUNTPROXY_BENCH=$${N:-5000} go test -count=1 -v -run TestShimOverhead ./mountproxy/
 
+## bench-market: request -> contract on both sides for R requesters x B bidders (bid window S seconds)
+bench-market: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MARKET_BENCH=$${R:-50},$${B:-5},$${S:-5} go test -count=1 -timeout 60m -v -run TestMarketThroughput ./e2e/
+
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_BENCH=$${N:-1000},$${W:-100} go test -count=1 -timeout 90m -v -run TestRecordThroughput ./e2e/

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
+)
+
+// TestMarketThroughput prints how long a request takes to become a
+// contract both sides hold (the lease seen by the requester) for R
+// MarketRequesters trading with B bidders at once, with the bid window
+// included and excluded (p50, p99), contracts per second, PDS commits
+// per contract, and the provider's CPU and RSS. Run with
+// KNOTLESS_E2E_MARKET_BENCH=R,B[,window] (make bench-market); it asserts
+// only that every requester got its contract.
+func TestMarketThroughput(t *testing.T) {
+	spec := os.Getenv("KNOTLESS_E2E_MARKET_BENCH")
+	if spec == "" {
+		t.Skip("set KNOTLESS_E2E_MARKET_BENCH=R,B[,window seconds] (make bench-market) to run")
+	}
+	defer failWithLogs(t)
+	parts := strings.Split(spec, ",")
+	nReq, _ := strconv.Atoi(parts[0])
+	nBid := 5
+	if len(parts) > 1 {
+		nBid, _ = strconv.Atoi(parts[1])
+	}
+	window := int32(5)
+	if len(parts) > 2 {
+		w, _ := strconv.Atoi(parts[2])
+		window = int32(w)
+	}
+	ctx := t.Context()
+
+	// Identities: one account per 10 requesters, one per bidder.
+	nID := (nReq + 9) / 10
+	var requesters, bidders []string
+	for i := range nID {
+		requesters = append(requesters, fmt.Sprintf("req%02d", i))
+	}
+	for i := range nBid {
+		bidders = append(bidders, fmt.Sprintf("bid%02d", i))
+	}
+	d := newDeal(ctx, t, requesters, bidders, nil)
+	t.Cleanup(func() { d.dumpOnFailure(t) })
+	for i, name := range bidders {
+		d.bidder(ctx, t, name, offerOf("bench", 1000, 1024, int64(20+i), int32(nReq)))
+	}
+	events0 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
+	cpu0, _ := env.provider.CPU()
+
+	start := time.Now()
+	names := make([]string, nReq)
+	for i := range nReq {
+		names[i] = fmt.Sprintf("bench-%03d", i)
+		spec := requesterSpec(requesters[i%nID], 1000, 1024, 100, window)
+		create(ctx, t, d.app, &marketv1alpha1.MarketRequester{ObjectMeta: metav1.ObjectMeta{Name: names[i], Namespace: "default"}, Spec: spec})
+	}
+	created := time.Since(start)
+
+	// The moment each requester's contract is first seen, by polling.
+	agreed := map[string]time.Time{}
+	deadline := time.Now().Add(10 * time.Minute)
+	for len(agreed) < nReq && time.Now().Before(deadline) {
+		var l marketv1alpha1.ComputeContractList
+		if err := d.app.List(ctx, &l, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		for _, cc := range l.Items {
+			if ref := metav1.GetControllerOf(&cc); ref != nil && cc.Status.Phase == marketv1alpha1.ContractProvisioning {
+				if _, seen := agreed[ref.Name]; !seen {
+					agreed[ref.Name] = now
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(agreed) < nReq {
+		t.Fatalf("%d of %d requesters got a contract in 10 minutes", len(agreed), nReq)
+	}
+	total := time.Since(start)
+	cpu1, _ := env.provider.CPU()
+	rss, _ := env.provider.RSS()
+	events1 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
+
+	// Request made → agreed, and bid deadline → agreed, from the request
+	// records (the requester's own clock, which is this machine's).
+	var withWindow, afterWindow []time.Duration
+	for _, name := range names {
+		mr := getMR(ctx, t, d.app, name)
+		rs := mr.Status.Requests
+		if len(rs) != 1 || rs[0].Record == nil {
+			t.Fatalf("%s: requests %+v", name, rs)
+		}
+		owner := d.accounts[mr.Spec.IdentityRef.Name].DID
+		_, _, rkey := market.SplitURI(rs[0].Record.URI)
+		rec, err := getRecord(ctx, owner, lexicon.Request, rkey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := decodeRecord[market.Request](t, *rec)
+		made, due := market.ParseTime(req.CreatedAt), market.ParseTime(req.BidDeadline)
+		withWindow = append(withWindow, agreed[name].Sub(made))
+		afterWindow = append(afterWindow, agreed[name].Sub(due))
+	}
+	pct := func(ds []time.Duration, p float64) time.Duration {
+		s := append([]time.Duration(nil), ds...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[int(p*float64(len(s)-1))].Round(time.Millisecond)
+	}
+	t.Logf("FIGURE market: %d requesters x %d bidders, %d s bid window; requesters created in %s", nReq, nBid, window, created.Round(time.Millisecond))
+	t.Logf("FIGURE request -> both contracts agreed, bid window included: p50 %s, p99 %s", pct(withWindow, 0.5), pct(withWindow, 0.99))
+	t.Logf("FIGURE bid deadline -> both contracts agreed (window excluded): p50 %s, p99 %s (goal: p99 within 1 s)", pct(afterWindow, 0.5), pct(afterWindow, 0.99))
+	t.Logf("FIGURE %.2f contracts/s (%d in %s from the first create)", float64(nReq)/total.Seconds(), nReq, total.Round(time.Millisecond))
+	t.Logf("FIGURE %.1f PDS commits per contract (%v commits on the PDS: requests, bids, accepts, leases, withdrawn bids, presences)",
+		(events1-events0)/float64(nReq), events1-events0)
+	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(nReq)).Round(time.Millisecond),
+		(cpu1 - cpu0).Round(time.Millisecond), rss>>20)
+}
