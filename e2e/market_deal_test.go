@@ -36,24 +36,24 @@ type deal struct {
 // newDeal sets the market up: requester identities and bidder identities
 // (by name), every one but those in unvouched vouched for by the operator
 // with its role.
-func newDeal(ctx context.Context, t *testing.T, requesters, bidders, unvouched []string) *deal {
+func newDeal(ctx context.Context, t *testing.T, tag string, requesters, bidders, unvouched []string) *deal {
 	t.Helper()
 	d := &deal{accounts: map[string]*framework.Account{}}
-	d.opWS = marketWorkspace(ctx, t, env.prefix+"-mop")
+	d.opWS = marketWorkspace(ctx, t, env.prefix+"-"+tag+"-op")
 	create(ctx, t, d.opWS, network("net", []string{env.pds.URL}, ""))
-	d.op = participant(ctx, t, d.opWS, env.pds, env.prefix+"mop.test", "operator", "net")
+	d.op = participant(ctx, t, d.opWS, env.pds, env.prefix+tag+"op.test", "operator", "net")
 
-	d.app = userWorkspace(ctx, t, env.prefix+"-buyer", "socialweb-application")
+	d.app = userWorkspace(ctx, t, env.prefix+"-"+tag+"-buyer", "socialweb-application")
 	create(ctx, t, d.app, network("net", []string{env.pds.URL}, d.op.DID))
-	d.bid = marketWorkspace(ctx, t, env.prefix+"-sellers")
+	d.bid = marketWorkspace(ctx, t, env.prefix+"-"+tag+"-sellers")
 	create(ctx, t, d.bid, network("net", []string{env.pds.URL}, d.op.DID))
 	var approve []any
 	for _, name := range requesters {
-		d.accounts[name] = participant(ctx, t, d.app, env.pds, env.prefix+name+".test", name, "net")
+		d.accounts[name] = participant(ctx, t, d.app, env.pds, env.prefix+tag+name+".test", name, "net")
 		approve = append(approve, map[string]any{"did": d.accounts[name].DID, "roles": []string{"requester"}})
 	}
 	for _, name := range bidders {
-		d.accounts[name] = participant(ctx, t, d.bid, env.pds, env.prefix+name+".test", name, "net")
+		d.accounts[name] = participant(ctx, t, d.bid, env.pds, env.prefix+tag+name+".test", name, "net")
 		if !contains(unvouched, name) {
 			approve = append(approve, map[string]any{"did": d.accounts[name].DID, "roles": []string{"bidder"}})
 		}
@@ -280,7 +280,7 @@ func decodeRecord[T any](t *testing.T, r pdsRecord) *T {
 func TestMarketDeal(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d := newDeal(ctx, t, []string{"shop", "rival"}, []string{"fit", "expensive", "full", "unvouched", "last"}, []string{"unvouched"})
+	d := newDeal(ctx, t, "deal", []string{"shop", "rival"}, []string{"fit", "expensive", "full", "unvouched", "last"}, []string{"unvouched"})
 	t.Cleanup(func() { d.dumpOnFailure(t) })
 	small := func(price int64, capacity int32) marketv1alpha1.Offer { return offerOf("small", 1000, 1024, price, capacity) }
 	d.bidder(ctx, t, "fit", small(30, 2))
@@ -388,9 +388,12 @@ func TestMarketDeal(t *testing.T) {
 				}
 			}
 		}
-		if c := meta.FindStatusCondition(mr.Status.Conditions, marketv1alpha1.ConditionReady); c == nil || c.Reason != marketv1alpha1.ReasonContracted || mr.Status.Contracted != 1 {
-			t.Errorf("MarketRequester: %s, contracted %d", summary(mr.Status.Phase, mr.Status.Conditions), mr.Status.Contracted)
-		}
+		waitMarket(ctx, t, d.app, &marketv1alpha1.MarketRequester{}, "shop", "MarketRequester Contracted", func(o client.Object) (bool, string) {
+			mr := o.(*marketv1alpha1.MarketRequester)
+			c := meta.FindStatusCondition(mr.Status.Conditions, marketv1alpha1.ConditionReady)
+			return c != nil && c.Reason == marketv1alpha1.ReasonContracted && mr.Status.Contracted == 1 && mr.Status.Phase == marketv1alpha1.PhaseReady,
+				summary(mr.Status.Phase, mr.Status.Conditions)
+		})
 		waitPresence(ctx, t, env.pds, did("fit"), "fit", "fit's presence with one VM free", func(p *presence) bool {
 			return p != nil && len(p.Offers) == 1 && p.Offers[0].Free == 1
 		})
@@ -654,7 +657,7 @@ func ptrTo[T any](v T) *T { return &v }
 func TestMarketDealSurvivesProviderKills(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d := newDeal(ctx, t, []string{"kshop"}, []string{"kbid"}, nil)
+	d := newDeal(ctx, t, "kill", []string{"kshop"}, []string{"kbid"}, nil)
 	t.Cleanup(func() { d.dumpOnFailure(t) })
 	d.bidder(ctx, t, "kbid", offerOf("xl", 3000, 3072, 45, 1))
 	did := func(name string) string { return d.accounts[name].DID }

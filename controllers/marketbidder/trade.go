@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -532,28 +533,24 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 	}
 	// The writes go out together (one applyWrites batch per repo).
 	var mu sync.Mutex
-	sem := make(chan struct{}, publishers)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(publishers)
 	for _, p := range todo {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
+		g.Go(func() error {
 			rec, err := t.inv.Put(t.ctx, lexicon.Bid, p.rkey, p.value)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				t.errs = append(t.errs, err)
 				t.reserved[p.offer]--
-				return
+				return nil
 			}
-			ob := &ownBid{uri: rec.URI, cid: rec.CID, rkey: p.rkey, bid: p.value, offer: p.offer}
-			bids[rec.URI] = ob
+			bids[rec.URI] = &ownBid{uri: rec.URI, cid: rec.CID, rkey: p.rkey, bid: p.value, offer: p.offer}
 			t.due(market.ParseTime(p.value.ValidUntil))
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait() // errors are collected in t.errs
 	for _, p := range todo {
 		if ob := bids[market.URI(t.st.DID, lexicon.Bid, p.rkey)]; ob != nil {
 			t.errs = append(t.errs, t.recordBid(ob, p.req, p.name, marketv1alpha1.BidOpen, "open until "+p.value.ValidUntil))

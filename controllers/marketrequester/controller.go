@@ -225,7 +225,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}
 	ready := meta.FindStatusCondition(s.st.Conditions, marketv1alpha1.ConditionReady)
 	if err := ssa.WriteStatus(ctx, c, mr, &mr.Status, s.st, ssa.StatusOptions{
-		Manager:  FieldManager,
+		Manager: FieldManager,
+		// status.requests loses entries (replicas released): replaced
+		// whole (an apply through the virtual workspace would keep them).
+		Replace:  true,
 		Event:    ssa.PhaseChanged(mr.Status.Phase, s.st.Phase, marketv1alpha1.PhaseFailed, marketv1alpha1.PhaseSuspended, ready.Message),
 		Recorder: s.events,
 		Action:   "Reconcile",

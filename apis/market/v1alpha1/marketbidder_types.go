@@ -103,16 +103,16 @@ type MarketBidderStatus struct {
 	// OpenBids is how many of the bidder's bids may still be accepted
 	// (each holds capacity).
 	// +optional
-	OpenBids int32 `json:"openBids,omitempty"`
+	OpenBids int32 `json:"openBids"`
 	// Leased is how many VMs the bidder has confirmed leases for.
 	// +optional
-	Leased int32 `json:"leased,omitempty"`
+	Leased int32 `json:"leased"`
 	// IgnoredRecords counts the records concerning this bidder that it
 	// ignored as forged or inconsistent (an accept in a repo that is not
 	// the requester's, one that names another version of the bid), as
 	// the network's records stand now.
 	// +optional
-	IgnoredRecords int64 `json:"ignoredRecords,omitempty"`
+	IgnoredRecords int64 `json:"ignoredRecords"`
 	// Conditions: Ready.
 	// +optional
 	// +listType=map

@@ -174,17 +174,17 @@ type MarketRequesterStatus struct {
 	DID string `json:"did,omitempty"`
 	// Contracted is how many replicas have a live contract.
 	// +optional
-	Contracted int32 `json:"contracted,omitempty"`
+	Contracted int32 `json:"contracted"`
 	// Requests, one per replica index that has one.
 	// +optional
 	// +listType=map
 	// +listMapKey=index
-	Requests []RequestStatus `json:"requests,omitempty"`
+	Requests []RequestStatus `json:"requests"`
 	// IgnoredRecords counts records read for this requester that were
 	// ignored as forged or inconsistent (an accept or lease in the wrong
 	// repo, a reference to another CID).
 	// +optional
-	IgnoredRecords int64 `json:"ignoredRecords,omitempty"`
+	IgnoredRecords int64 `json:"ignoredRecords"`
 	// Conditions: Ready (every replica has a contract), Suspended.
 	// +optional
 	// +listType=map
