@@ -182,12 +182,14 @@ if [ "$pds_url" = http://127.0.0.1:2583 ]; then
   apply_vault_repo="sed \"s/LOGICAL_CLUSTER/\$lc/\" $examples/atprotorepo-vault.yaml | kubectl apply -f -"
   apply_watch="kubectl apply -f $examples/atprotorecordwatch.yaml"
   apply_market="kubectl apply -f $examples/market-bidder.yaml"
+  apply_requester="kubectl apply -f $examples/market-requester.yaml"
 else
   apply_repo="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo.yaml | kubectl apply -f -"
   apply_app="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/application.yaml | kubectl apply -f -"
   apply_vault_repo="sed -e \"s/LOGICAL_CLUSTER/\$lc/\" -e 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorepo-vault.yaml | kubectl apply -f -"
   apply_watch="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/atprotorecordwatch.yaml | kubectl apply -f -"
   apply_market="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/market-bidder.yaml | kubectl apply -f -"
+  apply_requester="sed 's#http://127.0.0.1:2583#$pds_url#' $examples/market-requester.yaml | kubectl apply -f -"
 fi
 cat <<TRY
 
@@ -267,6 +269,33 @@ the bidder's presence record, checked against its lexicon
   kubectl get market
   curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=acme.test&collection=dev.knotless.market.presence&rkey=acme"; echo
   kubectl patch marketbidder acme --type merge -p '{"spec":{"suspend":true}}'   # acceptingRequests: false
+
+A requester buys a VM from acme (docs/market.md#deals): in the shop
+workspace, an account buyer.test, the same network and a MarketRequester.
+The dev network names no operator, so each side's identity vouches for
+the other. knotless publishes a request, acme bids, buyer accepts the
+cheapest vouched bid after the bid window, acme confirms with a lease,
+and both sides hold a ComputeContract:
+
+  kubectl ws use :root:acme
+  kubectl patch marketbidder acme --type merge -p '{"spec":{"suspend":false}}'
+  acme_did=\$(kubectl get marketidentity acme -o jsonpath='{.status.did}')
+  kubectl ws use :root:shop
+  curl -sS -H 'Content-Type: application/json' -d '{"handle":"buyer.test","email":"buyer@knotless.test","password":"buyer-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount >/dev/null
+  buyer_jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"buyer.test","password":"buyer-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
+  buyer_pw=\$(curl -sS -H "Authorization: Bearer \$buyer_jwt" -H 'Content-Type: application/json' -d '{"name":"knotless"}' \$pds/xrpc/com.atproto.server.createAppPassword | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
+  kubectl create secret generic buyer-pds --from-literal=password="\$buyer_pw"
+  $apply_requester
+  kubectl patch marketidentity buyer --type merge -p "{\"spec\":{\"approvedAssociations\":[{\"did\":\"\$acme_did\",\"roles\":[\"bidder\"]}]}}"
+  kubectl wait --for=condition=Ready marketidentity/buyer --timeout=60s
+  buyer_did=\$(kubectl get marketidentity buyer -o jsonpath='{.status.did}')
+  kubectl ws use :root:acme
+  kubectl patch marketidentity acme --type merge -p "{\"spec\":{\"approvedAssociations\":[{\"did\":\"\$buyer_did\",\"roles\":[\"requester\"]}]}}"
+  kubectl ws use :root:shop
+  kubectl wait --for=condition=Ready marketrequester/buyer --timeout=120s
+  kubectl get marketrequesters,bids,computecontracts
+  curl -sS "\$pds/xrpc/com.atproto.repo.listRecords?repo=acme.test&collection=dev.knotless.market.lease"; echo
+  kubectl patch marketrequester buyer --type merge -p '{"spec":{"replicas":0}}'   # releases the VM: contracts Completed
 
 A tenant apiserver mounted into kcp (docs/mountproxy.md). Start a second
 kcp as the tenant, in another shell:
