@@ -53,7 +53,7 @@ func TestMarketThroughput(t *testing.T) {
 	for i := range nBid {
 		bidders = append(bidders, fmt.Sprintf("bid%02d", i))
 	}
-	d := newDeal(ctx, t, "bench", requesters, bidders, nil)
+	d := newDeal(ctx, t, "b", requesters, bidders, nil)
 	t.Cleanup(func() { d.dumpOnFailure(t) })
 	for i, name := range bidders {
 		d.bidder(ctx, t, name, offerOf("bench", 1000, 1024, int64(20+i), int32(nReq)))

@@ -280,7 +280,7 @@ func decodeRecord[T any](t *testing.T, r pdsRecord) *T {
 func TestMarketDeal(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d := newDeal(ctx, t, "deal", []string{"shop", "rival"}, []string{"fit", "expensive", "full", "unvouched", "last"}, []string{"unvouched"})
+	d := newDeal(ctx, t, "d", []string{"shop", "rival"}, []string{"fit", "expensive", "full", "unvouched", "last"}, []string{"unvouched"})
 	t.Cleanup(func() { d.dumpOnFailure(t) })
 	small := func(price int64, capacity int32) marketv1alpha1.Offer { return offerOf("small", 1000, 1024, price, capacity) }
 	d.bidder(ctx, t, "fit", small(30, 2))
@@ -657,7 +657,7 @@ func ptrTo[T any](v T) *T { return &v }
 func TestMarketDealSurvivesProviderKills(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d := newDeal(ctx, t, "kill", []string{"kshop"}, []string{"kbid"}, nil)
+	d := newDeal(ctx, t, "k", []string{"kshop"}, []string{"kbid"}, nil)
 	t.Cleanup(func() { d.dumpOnFailure(t) })
 	d.bidder(ctx, t, "kbid", offerOf("xl", 3000, 3072, 45, 1))
 	did := func(name string) string { return d.accounts[name].DID }

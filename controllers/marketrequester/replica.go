@@ -287,11 +287,19 @@ func first(bids []*judged, state marketv1alpha1.BidState) *judged {
 func (s *session) recordBids(rr *replicaRecords, cur *ownRecord, bids []*judged) error {
 	limit := int(cmp.Or(s.mr.Spec.MaxBidsPerRequest, 20))
 	var errs []error
+	seen := map[string]bool{}
 	for i, j := range bids {
+		seen[j.name] = true
 		if i >= limit {
 			break
 		}
 		errs = append(errs, s.recordBid(rr, j))
+	}
+	// A Bid whose record went or changed (a new version is a new Bid).
+	for name, b := range s.bids {
+		if b.Spec.Request.URI == cur.uri && !seen[name] && b.Status.State == marketv1alpha1.BidOpen {
+			errs = append(errs, s.bidState(b, marketv1alpha1.BidWithdrawn, "the bidder withdrew or changed this bid"))
+		}
 	}
 	return errors.Join(errs...)
 }
