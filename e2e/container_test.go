@@ -239,7 +239,7 @@ func TestContainerImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	dockerAvailable(t, repo)
-	if env.frontProxy == nil || env.vault == nil || env.mountProxy == nil {
+	if env.frontProxy == nil || env.vault == nil || env.mountProxy == nil || env.mountProxy.Process == nil {
 		t.Skip("the container test runs in the topology the suite starts (kcp-front-proxy, Vault, the mount proxy)")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
