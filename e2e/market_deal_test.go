@@ -282,7 +282,9 @@ func TestMarketDeal(t *testing.T) {
 	ctx := t.Context()
 	d := newDeal(ctx, t, "d", []string{"shop", "rival"}, []string{"fit", "expensive", "full", "unvouched", "last"}, []string{"unvouched"})
 	t.Cleanup(func() { d.dumpOnFailure(t) })
-	small := func(price int64, capacity int32) marketv1alpha1.Offer { return offerOf("small", 1000, 1024, price, capacity) }
+	small := func(price int64, capacity int32) marketv1alpha1.Offer {
+		return offerOf("small", 1000, 1024, price, capacity)
+	}
 	d.bidder(ctx, t, "fit", small(30, 2))
 	d.bidder(ctx, t, "expensive", small(80, 2))
 	d.bidder(ctx, t, "full", small(20, 0))
@@ -292,7 +294,7 @@ func TestMarketDeal(t *testing.T) {
 
 	t.Run("the fitting bidder wins", func(t *testing.T) {
 		start := time.Now()
-		mr := d.requester(ctx, t, "shop", requesterSpec("shop", 1000, 1024, 35, 5))
+		d.requester(ctx, t, "shop", requesterSpec("shop", 1000, 1024, 35, 5))
 		rc := contractOf(ctx, t, d.app, "shop", "the requester's ComputeContract Provisioning", func(cc *marketv1alpha1.ComputeContract) bool {
 			return cc.Status.Phase == marketv1alpha1.ContractProvisioning && cc.Status.Records.Lease != nil
 		})
@@ -301,7 +303,7 @@ func TestMarketDeal(t *testing.T) {
 			return cc.Status.Phase == marketv1alpha1.ContractProvisioning
 		})
 		t.Logf("FIGURE MarketRequester created -> both contracts agreed (lease seen by the requester): %s with a 5 s bid window", agreed.Round(time.Millisecond))
-		mr = getMR(ctx, t, d.app, "shop")
+		mr := getMR(ctx, t, d.app, "shop")
 		if rc.Spec.BidderDID != did("fit") || bc.Spec.RequesterDID != did("shop") || rc.Spec.PricePerHour.Amount != 30 {
 			t.Fatalf("contract with the wrong party or price: requester side %+v, bidder side %+v", rc.Spec, bc.Spec)
 		}
@@ -400,7 +402,9 @@ func TestMarketDeal(t *testing.T) {
 	})
 
 	t.Run("two requesters race for the last capacity", func(t *testing.T) {
-		medium := func(identity string) marketv1alpha1.MarketRequesterSpec { return requesterSpec(identity, 2000, 2048, 50, 10) }
+		medium := func(identity string) marketv1alpha1.MarketRequesterSpec {
+			return requesterSpec(identity, 2000, 2048, 50, 10)
+		}
 		d.requester(ctx, t, "race-a", medium("shop"))
 		d.requester(ctx, t, "race-b", medium("rival"))
 		waitPDS(ctx, t, "last bids on both requests", func() (bool, string) {
@@ -670,8 +674,8 @@ func TestMarketDealSurvivesProviderKills(t *testing.T) {
 		}
 		t.Logf("killed the provider %s; restarted in %s", step, time.Since(start).Round(time.Millisecond))
 	}
-	mr := d.requester(ctx, t, "k", requesterSpec("kshop", 3000, 3072, 50, 25))
-	mr = getMR(ctx, t, d.app, "k")
+	d.requester(ctx, t, "k", requesterSpec("kshop", 3000, 3072, 50, 25))
+	mr := getMR(ctx, t, d.app, "k")
 	uid := string(mr.UID)
 	waitPDS(ctx, t, "the request", func() (bool, string) {
 		return len(ownRecords(ctx, t, did("kshop"), lexicon.Request, uid)) == 1, ""

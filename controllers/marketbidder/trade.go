@@ -35,9 +35,11 @@ const (
 	// with its bid once the requester has removed its accept, or after
 	// this long at the latest.
 	settleAfter = 10 * time.Minute
-	// publishers bounds the bid records written at once (the writes of one
+	// publishers bounds the records written at once (the writes of one
 	// repo go together in applyWrites batches).
-	publishers = 16
+	publishers = 32
+	// kcpWriters bounds the kcp writes (Bids, contracts) made at once.
+	kcpWriters = 16
 )
 
 // trader is one reconcile of one MarketBidder's trading: its bids, the
@@ -66,6 +68,83 @@ type trader struct {
 	ignored        map[string]bool
 	next           time.Time
 	errs           []error
+
+	// actions are the writes decided on, done by execute.
+	actions []action
+	// mu guards bids, contracts, ignored, errs and the counts while
+	// actions run.
+	mu sync.Mutex
+}
+
+// action is one write a reconcile decided on: a record write (pds), and
+// what to write in kcp once it succeeded (kcp). Decisions are taken first
+// and in order (capacity is counted as they are made); then the record
+// writes go out together, so that the writes of one repo share applyWrites
+// batches, and then the kcp writes, also concurrently.
+type action struct {
+	pds func() error
+	kcp func() error
+	// failed runs (under mu) when pds failed.
+	failed func()
+}
+
+func (t *trader) do(a action) { t.actions = append(t.actions, a) }
+
+// fail records an error (safe from actions).
+func (t *trader) fail(err error) {
+	if err == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.errs = append(t.errs, err)
+}
+
+// ignore counts a forged or stale record (safe from actions).
+func (t *trader) ignore(r *market.Rec) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ignored[r.URI+"|"+r.CID] = true
+}
+
+// execute does the decided writes: the record writes at once, then the
+// kcp writes of those that succeeded.
+func (t *trader) execute() {
+	done := make([]bool, len(t.actions))
+	var g errgroup.Group
+	g.SetLimit(publishers)
+	for i, a := range t.actions {
+		if a.pds == nil {
+			done[i] = true
+			continue
+		}
+		g.Go(func() error {
+			if err := a.pds(); err != nil {
+				t.fail(err)
+				if a.failed != nil {
+					t.mu.Lock()
+					a.failed()
+					t.mu.Unlock()
+				}
+				return nil
+			}
+			done[i] = true
+			return nil
+		})
+	}
+	_ = g.Wait() // errors are in t.errs
+	var k errgroup.Group
+	k.SetLimit(kcpWriters)
+	for i, a := range t.actions {
+		if done[i] && a.kcp != nil {
+			k.Go(func() error {
+				t.fail(a.kcp())
+				return nil
+			})
+		}
+	}
+	_ = k.Wait()
+	t.actions = nil
 }
 
 func (t *trader) due(at time.Time) {
@@ -151,6 +230,7 @@ func (t *trader) run() {
 	if t.stop == "" {
 		t.bidOnRequests(bids)
 	}
+	t.execute()
 	t.prune()
 }
 
@@ -227,7 +307,7 @@ func (t *trader) lease(ol *ownLease) {
 			if l.State == market.LeaseRunning {
 				phase = marketv1alpha1.ContractActive
 			}
-			t.errs = append(t.errs, t.contract(ol, acc, cc, phase, ""))
+			t.do(action{kcp: func() error { return t.contract(ol, acc, cc, phase, "") }})
 			t.due(t.now.Add(30 * time.Second))
 			return
 		}
@@ -239,12 +319,13 @@ func (t *trader) lease(ol *ownLease) {
 		}
 		done := *l
 		done.State, done.UpdatedAt = market.LeaseCompleted, market.Time(t.now)
-		if _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); err != nil {
-			t.errs = append(t.errs, err)
-			return
-		}
-		t.events.Eventf(t.b, nil, corev1.EventTypeNormal, "Completed", "Release", "lease %s ended: %s", ol.uri, reason)
-		t.errs = append(t.errs, t.contract(ol, acc, cc, marketv1alpha1.ContractCompleted, reason))
+		t.do(action{
+			pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); return err },
+			kcp: func() error {
+				t.events.Eventf(t.b, nil, corev1.EventTypeNormal, "Completed", "Release", "lease %s ended: %s", ol.uri, reason)
+				return t.contract(ol, acc, cc, marketv1alpha1.ContractCompleted, reason)
+			},
+		})
 		t.due(t.now.Add(5 * time.Second))
 	case market.LeaseCompleted, market.LeaseDeclined:
 		if cc != nil && live(cc) {
@@ -252,7 +333,7 @@ func (t *trader) lease(ol *ownLease) {
 			if l.State == market.LeaseDeclined {
 				phase, reason = marketv1alpha1.ContractFailed, l.Reason
 			}
-			t.errs = append(t.errs, t.contract(ol, acc, cc, phase, reason))
+			t.do(action{kcp: func() error { return t.contract(ol, acc, cc, phase, reason) }})
 		}
 		// The requester removes its accept (and release) once it has seen
 		// the end; then the bidder's records of the deal go.
@@ -264,12 +345,9 @@ func (t *trader) lease(ol *ownLease) {
 			t.due(t.now.Add(30 * time.Second))
 			return
 		}
-		if err := t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey); err != nil {
-			t.errs = append(t.errs, err)
-			return
-		}
+		t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey) }})
 		if ol.bid != nil {
-			t.errs = append(t.errs, t.inv.Delete(t.ctx, lexicon.Bid, ol.bid.rkey))
+			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Bid, ol.bid.rkey) }})
 		}
 	}
 }
@@ -280,7 +358,7 @@ func (t *trader) releaseOf(ol *ownLease, requester string) *market.Rec {
 	var found *market.Rec
 	for _, r := range t.view.Children(ol.uri, lexicon.Release) {
 		if r.DID != requester {
-			t.ignored[r.URI+"|"+r.CID] = true
+			t.ignore(r)
 			continue
 		}
 		found = r
@@ -322,7 +400,9 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 		if err := ssa.Child(t.ctx, t.c, cc, t.b, FieldManager); err != nil {
 			return err
 		}
+		t.mu.Lock()
 		t.contracts[name] = cc
+		t.mu.Unlock()
 		t.events.Eventf(t.b, nil, corev1.EventTypeNormal, "Leased", "Lease", "leased a VM to %s: ComputeContract %s", requester, name)
 	}
 	st := cc.Status.DeepCopy()
@@ -386,10 +466,10 @@ func (t *trader) openBid(ob *ownBid) {
 		switch {
 		case a.DID != requester:
 			// An accept in a repo that is not the requester's.
-			t.ignored[a.URI+"|"+a.CID] = true
+			t.ignore(a)
 		case a.Accept.Bid.URI == ob.uri && (a.Accept.Bid.CID != ob.cid || a.Accept.Request.CID != b.Request.CID):
 			// An accept of another version of the bid or of the request.
-			t.ignored[a.URI+"|"+a.CID] = true
+			t.ignore(a)
 		case a.Accept.Bid.URI == ob.uri:
 			ours = a
 		case a.Accept.Request.URI == b.Request.URI:
@@ -416,7 +496,7 @@ func (t *trader) openBid(ob *ownBid) {
 		}
 		t.view.Refresh(requester)
 		t.due(validUntil)
-		t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidOpen, "open until "+b.ValidUntil))
+		t.do(action{kcp: func() error { return t.recordBid(ob, req, name, marketv1alpha1.BidOpen, "open until "+b.ValidUntil) }})
 	}
 }
 
@@ -441,40 +521,49 @@ func (t *trader) answer(ob *ownBid, acc, req *market.Rec, name string) {
 		lease.State = market.LeaseDeclined
 	}
 	rkey := market.LeaseKey(t.owner, acc.URI)
-	rec, err := t.inv.Put(t.ctx, lexicon.Lease, rkey, lease)
-	if err != nil {
-		t.errs = append(t.errs, err)
+	ol := &ownLease{uri: market.URI(t.st.DID, lexicon.Lease, rkey), rkey: rkey, lease: lease, bid: ob}
+	put := func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, rkey, lease); return err }
+	held := func() {
 		if ob.offer >= 0 {
 			t.reserved[ob.offer]++ // still held
 		}
-		return
 	}
-	ol := &ownLease{uri: rec.URI, cid: rec.CID, rkey: rkey, lease: lease, bid: ob}
 	if reason != "" {
-		t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "Declined", "Lease", "declined the accept %s: %s", acc.URI, reason)
-		t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+reason))
+		t.do(action{pds: put, failed: held, kcp: func() error {
+			t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "Declined", "Lease", "declined the accept %s: %s", acc.URI, reason)
+			return t.recordBid(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+reason)
+		}})
 		t.due(t.now.Add(30 * time.Second))
 		return
 	}
 	t.used[ob.offer]++
-	t.errs = append(t.errs, t.recordBid(ob, req, name, marketv1alpha1.BidLeased, "leased: ComputeContract "+market.ChildName(t.b.Name, acc.URI)))
-	t.errs = append(t.errs, t.contract(ol, acc, nil, marketv1alpha1.ContractProvisioning, ""))
+	t.do(action{pds: put, failed: func() { t.used[ob.offer]--; held() }, kcp: func() error {
+		return errors.Join(t.recordBid(ob, req, name, marketv1alpha1.BidLeased, "leased: ComputeContract "+market.ChildName(t.b.Name, acc.URI)),
+			t.contract(ol, acc, nil, marketv1alpha1.ContractProvisioning, ""))
+	}})
 	t.due(t.now.Add(30 * time.Second))
 }
 
 // settleBid deletes a bid record that can no longer be accepted and
 // records why.
 func (t *trader) settleBid(ob *ownBid, name string, state marketv1alpha1.BidState, msg string) {
-	if err := t.inv.Delete(t.ctx, lexicon.Bid, ob.rkey); err != nil {
-		t.errs = append(t.errs, err)
-		if ob.offer >= 0 {
-			t.reserved[ob.offer]++ // still held
-		}
-		return
-	}
-	if b := t.bids[name]; b != nil {
-		t.errs = append(t.errs, t.bidState(b, state, msg))
-	}
+	t.do(action{
+		pds: func() error { return t.inv.Delete(t.ctx, lexicon.Bid, ob.rkey) },
+		failed: func() {
+			if ob.offer >= 0 {
+				t.reserved[ob.offer]++ // still held
+			}
+		},
+		kcp: func() error {
+			t.mu.Lock()
+			b := t.bids[name]
+			t.mu.Unlock()
+			if b == nil {
+				return nil
+			}
+			return t.bidState(b, state, msg)
+		},
+	})
 }
 
 // bidOnRequests bids on every request of the network the bidder can
@@ -531,37 +620,32 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 			CreatedAt:    market.Time(t.now),
 		}})
 	}
-	// The writes go out together (one applyWrites batch per repo).
-	var mu sync.Mutex
-	var g errgroup.Group
-	g.SetLimit(publishers)
 	for _, p := range todo {
-		g.Go(func() error {
-			rec, err := t.inv.Put(t.ctx, lexicon.Bid, p.rkey, p.value)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				t.errs = append(t.errs, err)
-				t.reserved[p.offer]--
+		var ob *ownBid
+		t.do(action{
+			pds: func() error {
+				rec, err := t.inv.Put(t.ctx, lexicon.Bid, p.rkey, p.value)
+				if err != nil {
+					return err
+				}
+				ob = &ownBid{uri: rec.URI, cid: rec.CID, rkey: p.rkey, bid: p.value, offer: p.offer}
 				return nil
-			}
-			bids[rec.URI] = &ownBid{uri: rec.URI, cid: rec.CID, rkey: p.rkey, bid: p.value, offer: p.offer}
-			t.due(market.ParseTime(p.value.ValidUntil))
-			return nil
+			},
+			failed: func() { t.reserved[p.offer]-- },
+			kcp: func() error {
+				return t.recordBid(ob, p.req, p.name, marketv1alpha1.BidOpen, "open until "+p.value.ValidUntil)
+			},
 		})
-	}
-	_ = g.Wait() // errors are collected in t.errs
-	for _, p := range todo {
-		if ob := bids[market.URI(t.st.DID, lexicon.Bid, p.rkey)]; ob != nil {
-			t.errs = append(t.errs, t.recordBid(ob, p.req, p.name, marketv1alpha1.BidOpen, "open until "+p.value.ValidUntil))
-		}
+		t.due(market.ParseTime(p.value.ValidUntil))
 	}
 }
 
 // recordBid keeps the Bid object of one of the bidder's bids and its
 // state.
 func (t *trader) recordBid(ob *ownBid, req *market.Rec, name string, state marketv1alpha1.BidState, msg string) error {
+	t.mu.Lock()
 	b := t.bids[name]
+	t.mu.Unlock()
 	if b == nil {
 		requester, _, _ := market.SplitURI(ob.bid.Request.URI)
 		b = &marketv1alpha1.Bid{
@@ -586,7 +670,9 @@ func (t *trader) recordBid(ob *ownBid, req *market.Rec, name string, state marke
 		if err := ssa.Child(t.ctx, t.c, b, t.b, FieldManager); err != nil {
 			return err
 		}
+		t.mu.Lock()
 		t.bids[name] = b
+		t.mu.Unlock()
 	}
 	return t.bidState(b, state, msg)
 }
@@ -648,16 +734,14 @@ func (t *trader) prune() {
 // the market), so nothing of it stays published. It reports whether that
 // is done.
 func (t *trader) withdrawAll() bool {
-	var errs []error
 	for _, col := range []string{lexicon.Lease, lexicon.Bid} {
 		for _, rec := range t.inv.List(col) {
 			_, _, rkey := market.SplitURI(rec.URI)
-			errs = append(errs, t.inv.Delete(t.ctx, col, rkey))
+			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, col, rkey) }})
 		}
 	}
-	err := errors.Join(errs...)
-	t.errs = append(t.errs, err)
-	return err == nil
+	t.execute()
+	return len(t.errs) == 0
 }
 
 // followerOf is the bidder's follower of the market.

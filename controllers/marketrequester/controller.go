@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,6 +75,8 @@ const (
 	keepFinished = 10
 	// keepSettledBids is how many Bids of earlier requests it keeps.
 	keepSettledBids = 20
+	// kcpWriters bounds the Bids written at once.
+	kcpWriters = 8
 	// maxRetry caps the wait before a request without an acceptable bid
 	// is made again.
 	maxRetry = 5 * time.Minute
@@ -287,6 +290,10 @@ type session struct {
 	next time.Time
 	// ignored are the records (uri|cid) ignored as forged or stale.
 	ignored map[string]bool
+	// made are the Bids made by concurrent writes (under mu), added to
+	// bids once they are done.
+	made []*marketv1alpha1.Bid
+	mu   sync.Mutex
 }
 
 func (s *session) due(t time.Time) {

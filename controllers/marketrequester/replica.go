@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -286,26 +288,46 @@ func first(bids []*judged, state marketv1alpha1.BidState) *judged {
 // of it. It goes through every bid, whatever fails.
 func (s *session) recordBids(rr *replicaRecords, cur *ownRecord, bids []*judged) error {
 	limit := int(cmp.Or(s.mr.Spec.MaxBidsPerRequest, 20))
+	var mu sync.Mutex
 	var errs []error
+	var g errgroup.Group
+	g.SetLimit(kcpWriters)
+	write := func(f func() error) {
+		g.Go(func() error {
+			if err := f(); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
 	seen := map[string]bool{}
 	for i, j := range bids {
 		seen[j.name] = true
-		if i >= limit {
-			break
+		if i < limit {
+			b := s.bids[j.name]
+			write(func() error { return s.recordBid(rr, j, b) })
 		}
-		errs = append(errs, s.recordBid(rr, j))
 	}
 	// A Bid whose record went or changed (a new version is a new Bid).
 	for name, b := range s.bids {
 		if b.Spec.Request.URI == cur.uri && !seen[name] && b.Status.State == marketv1alpha1.BidOpen {
-			errs = append(errs, s.bidState(b, marketv1alpha1.BidWithdrawn, "the bidder withdrew or changed this bid"))
+			write(func() error {
+				return s.bidState(b, marketv1alpha1.BidWithdrawn, "the bidder withdrew or changed this bid")
+			})
 		}
 	}
+	_ = g.Wait() // errors are in errs
+	for _, b := range s.made {
+		s.bids[b.Name] = b
+	}
+	s.made = nil
 	return errors.Join(errs...)
 }
 
-func (s *session) recordBid(rr *replicaRecords, j *judged) error {
-	b := s.bids[j.name]
+// recordBid writes the Bid b (nil: not made yet) of a judged bid.
+func (s *session) recordBid(rr *replicaRecords, j *judged, b *marketv1alpha1.Bid) error {
 	if b == nil {
 		fs := metav1.NewMicroTime(j.firstSeen)
 		b = &marketv1alpha1.Bid{
@@ -329,7 +351,9 @@ func (s *session) recordBid(rr *replicaRecords, j *judged) error {
 		if err := ssa.Child(s.ctx, s.c, b, s.mr, FieldManager); err != nil {
 			return err
 		}
-		s.bids[j.name] = b
+		s.mu.Lock()
+		s.made = append(s.made, b)
+		s.mu.Unlock()
 	}
 	return s.bidState(b, j.state, j.message)
 }

@@ -113,7 +113,8 @@ func TestRouteWakesWhomARecordConcerns(t *testing.T) {
 // request keys parse back.
 func TestKeys(t *testing.T) {
 	owner := Owner("uid-1")
-	if BidKey(owner, "at://a/b/c") != BidKey(owner, "at://a/b/c") || BidKey(owner, "at://a/b/c") == BidKey(Owner("uid-2"), "at://a/b/c") {
+	first, again := BidKey(owner, "at://a/b/c"), BidKey(Owner("uid-1"), "at://a/b/c")
+	if first != again || first == BidKey(Owner("uid-2"), "at://a/b/c") || first == BidKey(owner, "at://a/b/d") {
 		t.Error("bid keys are not derived from owner and request")
 	}
 	for _, k := range []string{BidKey(owner, "x"), AcceptKey(owner, "x"), LeaseKey(owner, "x"), ReleaseKey(owner, "x")} {
