@@ -350,8 +350,8 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 }
 
 // Presence is the bidder's MarketPresence: its offers with their free
-// capacity (what leases and open bids leave; all of it without a trader)
-// and whether it takes new requests.
+// capacity (what its leases leave; all of it without a trader) and
+// whether it takes new requests.
 func Presence(b *marketv1alpha1.MarketBidder, network string, t *trader) *marketv1alpha1.MarketPresence {
 	p := &marketv1alpha1.MarketPresence{
 		ObjectMeta: metav1.ObjectMeta{Name: b.Name, Namespace: b.Namespace},
@@ -366,9 +366,12 @@ func Presence(b *marketv1alpha1.MarketBidder, network string, t *trader) *market
 		p.Spec.Driver = marketv1alpha1.DriverProcess
 	}
 	for i, o := range b.Spec.Offers {
+		// Open bids are not subtracted: they mostly end without a lease,
+		// and the presence would change with every bid (status.openBids
+		// counts them).
 		free := o.Capacity
 		if t != nil && t.used != nil {
-			free = t.free(i)
+			free = max(o.Capacity-t.used[i], 0)
 		}
 		p.Spec.Offers = append(p.Spec.Offers, marketv1alpha1.PresenceOffer{Offer: o, Free: free})
 	}
