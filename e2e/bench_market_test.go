@@ -98,7 +98,7 @@ func TestMarketThroughput(t *testing.T) {
 
 	// Request made → agreed, and bid deadline → agreed, from the request
 	// records (the requester's own clock, which is this machine's).
-	var withWindow, afterWindow []time.Duration
+	var withWindow, afterWindow, toAccept, toLease, toSeen []time.Duration
 	for _, name := range names {
 		mr := getMR(ctx, t, d.app, name)
 		rs := mr.Status.Requests
@@ -115,6 +115,27 @@ func TestMarketThroughput(t *testing.T) {
 		made, due := market.ParseTime(req.CreatedAt), market.ParseTime(req.BidDeadline)
 		withWindow = append(withWindow, agreed[name].Sub(made))
 		afterWindow = append(afterWindow, agreed[name].Sub(due))
+		// Where the time goes: deadline -> accept written, accept -> lease
+		// written, lease -> the requester's contract seen.
+		if rs[0].Accept != nil {
+			adid, acol, akey := market.SplitURI(rs[0].Accept.URI)
+			if arec, err := getRecord(ctx, adid, acol, akey); err == nil {
+				acc := decodeRecord[market.Accept](t, *arec)
+				accepted := market.ParseTime(acc.CreatedAt)
+				toAccept = append(toAccept, accepted.Sub(due))
+				for _, cc := range contractsOwnedBy(ctx, t, d.app, name) {
+					if cc.Status.Records.Lease == nil {
+						continue
+					}
+					ldid, lcol, lkey := market.SplitURI(cc.Status.Records.Lease.URI)
+					if lrec, err := getRecord(ctx, ldid, lcol, lkey); err == nil {
+						leased := market.ParseTime(decodeRecord[market.Lease](t, *lrec).CreatedAt)
+						toLease = append(toLease, leased.Sub(accepted))
+						toSeen = append(toSeen, agreed[name].Sub(leased))
+					}
+				}
+			}
+		}
 	}
 	pct := func(ds []time.Duration, p float64) time.Duration {
 		s := append([]time.Duration(nil), ds...)
@@ -124,6 +145,10 @@ func TestMarketThroughput(t *testing.T) {
 	t.Logf("FIGURE market: %d requesters x %d bidders, %d s bid window; requesters created in %s", nReq, nBid, window, created.Round(time.Millisecond))
 	t.Logf("FIGURE request -> both contracts agreed, bid window included: p50 %s, p99 %s", pct(withWindow, 0.5), pct(withWindow, 0.99))
 	t.Logf("FIGURE bid deadline -> both contracts agreed (window excluded): p50 %s, p99 %s (goal: p99 within 1 s)", pct(afterWindow, 0.5), pct(afterWindow, 0.99))
+	if len(toAccept) > 0 && len(toLease) > 0 {
+		t.Logf("FIGURE where the time goes (p50/p99): deadline -> accept written %s/%s; accept -> lease written %s/%s; lease -> requester's contract seen %s/%s",
+			pct(toAccept, 0.5), pct(toAccept, 0.99), pct(toLease, 0.5), pct(toLease, 0.99), pct(toSeen, 0.5), pct(toSeen, 0.99))
+	}
 	t.Logf("FIGURE %.2f contracts/s (%d in %s from the first create)", float64(nReq)/total.Seconds(), nReq, total.Round(time.Millisecond))
 	t.Logf("FIGURE %.1f PDS commits per contract (%v commits on the PDS: requests, bids, accepts, leases, withdrawn bids, presences)",
 		(events1-events0)/float64(nReq), events1-events0)

@@ -126,9 +126,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		// the requester it templates.
 		Watches(&appsv1alpha1.Component{}, componentToRequester(), predicates.PhaseChanged()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
-			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
-			ReconciliationTimeout:   time.Minute,
-			MaxConcurrentReconciles: 8,
+			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout: time.Minute,
+			// A reconcile mostly waits on kcp and the PDS; requesters whose
+			// deadlines fall together must not queue behind each other.
+			MaxConcurrentReconciles: 16,
 		})
 	if r.Source != nil {
 		b = b.WatchesRawSource(r.Source)

@@ -83,24 +83,24 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 			rs.Acceptable++
 		}
 	}
-	if err := s.recordBids(rr, cur, bids); err != nil {
-		errs = append(errs, err)
-	}
-
 	switch {
 	case s.now.Before(deadline):
 		rs.Message = fmt.Sprintf("collecting bids until %s (%d so far)", market.Time(deadline), len(bids))
 		s.due(deadline)
-		return rs, true, errors.Join(errs...)
+		return rs, true, errors.Join(append(errs, s.recordBids(rr, cur, bids))...)
 	case s.view.Complete() != nil:
 		err := s.view.Complete()
 		rs.Message = err.Error()
 		s.due(s.now.Add(time.Second))
-		return rs, true, errors.Join(errs...)
+		return rs, true, errors.Join(append(errs, s.recordBids(rr, cur, bids))...)
 	}
 	if best := first(bids, marketv1alpha1.BidOpen); best != nil {
+		// The accept goes out first; the Bids are written after it.
 		errs = append(errs, s.accept(rr, cur, best, bids, &rs))
 		return rs, true, errors.Join(errs...)
+	}
+	if err := s.recordBids(rr, cur, bids); err != nil {
+		errs = append(errs, err)
 	}
 	// A round without an acceptable bid: ask again later, waiting longer
 	// after every empty round; at once when the bidder taken declined or

@@ -56,6 +56,7 @@ func TestAttackListingDropsForeignRecords(t *testing.T) {
 			_ = json.NewEncoder(w).Encode(map[string]any{"records": hostile, "cursor": "next"})
 		})
 	})
+	dir.Insert(r.identityAt(src.srv.URL))
 	src.write(testOp{"create", testCollection + "/seed", note("seed")})
 	h, _ := startHub(t, Options{Directory: dir})
 	sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}, Check: noteCheck}, 100, State{})
@@ -168,6 +169,7 @@ func TestAttackListRecordsRedirectNotFollowed(t *testing.T) {
 					next.ServeHTTP(w, req)
 				})
 			})
+			dir.Insert(r.identityAt(src.srv.URL))
 			src.write(testOp{"create", testCollection + "/a", note("a")})
 			follow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
 			h, _ := startHub(t, Options{Directory: dir, HTTPClient: follow})
@@ -185,5 +187,24 @@ func TestAttackListRecordsRedirectNotFollowed(t *testing.T) {
 				t.Fatalf("records %v after a redirected listing", keys(st.Records))
 			}
 		})
+	}
+}
+
+// TestAttackUnresolvableDIDIsNotListedFromTheSource: a source lists a
+// repo whose DID the directory cannot resolve; its records are not taken
+// from the source (they would be unsigned: a hostile source could make up
+// another participant's records) and the listing fails.
+func TestAttackUnresolvableDIDIsNotListedFromTheSource(t *testing.T) {
+	r := newTestRepo(t, "did:plc:alice")
+	src := newFakeSource(t, r)
+	src.write(testOp{"create", testCollection + "/made-up", note("made up")})
+	h, _ := startHub(t, Options{Directory: identity.NewMockDirectory()})
+	sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}}, 100, State{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := waitState(t, sub, "the failed listing", func(_ State, h Health) bool { return h.Resyncing && h.ResyncErr != nil })
+	if len(st.Records) != 0 {
+		t.Errorf("records of an unresolvable DID were kept: %v", keys(st.Records))
 	}
 }

@@ -58,6 +58,14 @@ func (r *testRepo) identity(key *atcrypto.PrivateKeyK256) identity.Identity {
 	}
 }
 
+// identityAt is the repo's identity with its PDS at url (listings go to a
+// DID's own PDS).
+func (r *testRepo) identityAt(url string) identity.Identity {
+	id := r.identity(nil)
+	id.Services = map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: url}}
+	return id
+}
+
 func (r *testRepo) put(data []byte) cid.Cid {
 	c, err := cid.NewPrefixV1(cid.DagCBOR, multihash.SHA2_256).Sum(data)
 	if err != nil {

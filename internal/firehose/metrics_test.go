@@ -76,6 +76,7 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 		t.Fatal("a URL was accepted as a metric source")
 	}
 	named := newFakeSource(t, r)
+	dir.Insert(r.identityAt(named.srv.URL))
 	host := strings.TrimPrefix(named.srv.URL, "http://")
 	h, _ := startHub(t, Options{Directory: dir, Metrics: m, MetricSources: []string{host}})
 	follow := func(src *fakeSource) *Subscription {

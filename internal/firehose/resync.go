@@ -185,12 +185,19 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string) 
 	return fmt.Errorf("repo %s kept changing while it was listed", did)
 }
 
-func (s *stream) client(ctx context.Context, did string) *atclient.APIClient {
-	host := s.source
-	if ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did)); err == nil && ident.PDSEndpoint() != "" {
-		host = ident.PDSEndpoint()
+// client returns a client of did's own PDS, from its DID document. A DID
+// that does not resolve is an error: a listing from the source instead
+// would be unsigned, and a hostile source could make up another
+// participant's records.
+func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, error) {
+	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
+	if err != nil {
+		return nil, fmt.Errorf("resolving %s: %w", did, err)
 	}
-	return &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: host}
+	if ident.PDSEndpoint() == "" {
+		return nil, fmt.Errorf("%s names no PDS", did)
+	}
+	return &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: ident.PDSEndpoint()}, nil
 }
 
 // carries reports whether the source's firehose carries did's repo: the
@@ -238,7 +245,10 @@ func (s *stream) listRepos(ctx context.Context) ([]string, error) {
 // that agree, so the listing is exactly the repo as of that rev. A repo
 // that is gone lists as empty.
 func (s *stream) listRepo(ctx context.Context, did string, collections []string) (*listing, error) {
-	c := s.client(ctx, did)
+	c, err := s.client(ctx, did)
+	if err != nil {
+		return nil, err
+	}
 	for range 5 {
 		before, err := latestRev(ctx, c, did)
 		if err != nil {

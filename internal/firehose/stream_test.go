@@ -234,8 +234,8 @@ func sourceAndHub(t *testing.T, first string) (*testRepo, *fakeSource, *Hub, *Me
 	t.Helper()
 	r := newTestRepo(t, "did:plc:alice")
 	dir := identity.NewMockDirectory()
-	dir.Insert(r.identity(nil))
 	src := newFakeSource(t, r)
+	dir.Insert(r.identityAt(src.srv.URL))
 	src.write(testOp{"create", testCollection + "/" + first, note(first)})
 	h, m := startHub(t, Options{Directory: dir})
 	return r, src, h, m
