@@ -491,10 +491,14 @@ func TestMarketDeal(t *testing.T) {
 		}
 		put(d.accounts["unvouched"], "aforged", forged(bid.CID))
 		put(d.accounts["shop"], "awrongcid", forged("bafyreibm6jg3ux5qumhcn2b3flc3tyu6dmlb4xa7u5bf44yegnrjhc4yeq"))
-		waitMarket(ctx, t, d.bid, &marketv1alpha1.MarketBidder{}, "fit", "fit counts two forged accepts", func(o client.Object) (bool, string) {
+		// The one in a repo nobody vouches for as a requester is not even
+		// kept by the feeds; the one in the requester's repo is ignored and
+		// counted.
+		waitMarket(ctx, t, d.bid, &marketv1alpha1.MarketBidder{}, "fit", "fit counts the forged accept", func(o client.Object) (bool, string) {
 			b := o.(*marketv1alpha1.MarketBidder)
-			return b.Status.IgnoredRecords >= 2, fmt.Sprintf("ignored %d", b.Status.IgnoredRecords)
+			return b.Status.IgnoredRecords >= 1, fmt.Sprintf("ignored %d", b.Status.IgnoredRecords)
 		})
+		time.Sleep(2 * time.Second) // the other one has had its chance
 		for _, r := range listCollection(ctx, t, env.pds, did("fit"), lexicon.Lease) {
 			if l := decodeRecord[market.Lease](t, r); strings.Contains(l.Accept.URI, "aforged") || strings.Contains(l.Accept.URI, "awrongcid") {
 				t.Errorf("fit answered a forged accept: %s", r.Value)

@@ -88,6 +88,10 @@ type Reconciler struct {
 	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+
+	// absent tells a record missing from the view from one gone from its
+	// repo.
+	absent market.Absences
 }
 
 func (r *Reconciler) now() time.Time {
@@ -219,7 +223,10 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcrec
 	c := cl.GetClient()
 	t, err := r.trader(ctx, cl, req, b, b.Status.DeepCopy())
 	switch {
-	case err != nil && (conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotFound || conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotReady):
+	case err != nil && conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotFound:
+		// The network, identity or repo is gone (a deleted identity deletes
+		// the deal records of its repo); one that is only not Ready yet is
+		// waited for: its records must go.
 		if b.Status.OpenBids > 0 || b.Status.Leased > 0 {
 			cl.GetEventRecorder(Name).Eventf(b, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
 				"the bidder's repo is not usable (%v); its bid and lease records could not be deleted", err)
@@ -256,11 +263,12 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 		return nil, err
 	}
 	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: r.now(), id: id, net: net,
-		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID))}
+		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID)), absent: &r.absent}
 	if b.Spec.Suspend {
 		t.stop = "suspended"
 	}
-	if t.view, err = r.Market.Follow(followerOf(req, id.Status.DID), net.Spec.Firehoses); err != nil {
+	fl := market.Follower{Role: market.RoleBidder, DID: id.Status.DID, Request: req, Operator: net.Spec.OperatorDID, Vouches: market.Approved(id, marketv1alpha1.RoleRequester)}
+	if t.view, err = r.Market.Follow(fl, net.Spec.Firehoses); err != nil {
 		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", net.Name, err)
 	}
 	pub, err := r.connect(ctx, c, string(req.ClusterName), repo)
@@ -313,6 +321,11 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		}
 	}
 	desired := Presence(b, marketnetwork.NetworkName(net), t)
+	if r.Market != nil && (t == nil || !t.counted) {
+		// Trading did not run: what is leased is not known. The presence
+		// keeps what it last said (nothing free if it said nothing).
+		keepFree(ctx, c, desired)
+	}
 	if err := ssa.Child(ctx, c, desired, b, FieldManager); err != nil {
 		return t, err
 	}
@@ -347,6 +360,22 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
 	}
 	return t, nil
+}
+
+// keepFree sets the free capacity of the desired presence's offers to
+// what the existing presence says (0 for offers it does not have).
+func keepFree(ctx context.Context, c client.Client, desired *marketv1alpha1.MarketPresence) {
+	prev := &marketv1alpha1.MarketPresence{}
+	free := map[string]int32{}
+	if c.Get(ctx, client.ObjectKeyFromObject(desired), prev) == nil {
+		for _, o := range prev.Spec.Offers {
+			free[o.Name] = min(o.Free, o.Capacity)
+		}
+	}
+	for i := range desired.Spec.Offers {
+		o := &desired.Spec.Offers[i]
+		o.Free = min(free[o.Name], o.Capacity)
+	}
 }
 
 // Presence is the bidder's MarketPresence: its offers with their free

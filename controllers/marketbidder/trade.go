@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
@@ -27,7 +26,7 @@ import (
 const (
 	// maxBidWindow: requests whose deadline is further away than this are
 	// not bid on (a reservation would be held for that long).
-	maxBidWindow = time.Hour
+	maxBidWindow = 10 * time.Minute
 	// keepFinished is how many finished contracts and settled Bids a
 	// bidder keeps.
 	keepFinished = 20
@@ -57,17 +56,23 @@ type trader struct {
 	view    market.Reader
 	inv     *market.Inventory
 	owner   string
+	absent  *market.Absences
 	// stop is why no new work is taken ("" when it may be).
 	stop string
 
 	// used and reserved count, per offer, the VMs leased and held by open
-	// bids.
+	// bids; unknown counts live leases whose offer is not known.
 	used, reserved []int32
-	bids           map[string]*marketv1alpha1.Bid
-	contracts      map[string]*marketv1alpha1.ComputeContract
-	ignored        map[string]bool
-	next           time.Time
-	errs           []error
+	unknown        int32
+	// counted is set once the counts are complete (trading ran).
+	counted bool
+	// perRequester counts the open bids on each requester's requests.
+	perRequester map[string]int32
+	bids         map[string]*marketv1alpha1.Bid
+	contracts    map[string]*marketv1alpha1.ComputeContract
+	ignored      map[string]bool
+	next         time.Time
+	errs         []error
 
 	// actions are the writes decided on, done by execute.
 	actions []action
@@ -175,16 +180,27 @@ func (t *trader) capacity(offer int) int32 {
 	return t.b.Spec.Offers[offer].Capacity
 }
 
-// free is what an offer can still take.
+// free is what an offer can still take. Leases whose offer is not known
+// (their bid record or offer is gone) count against every offer.
 func (t *trader) free(offer int) int32 {
-	return max(t.capacity(offer)-t.used[offer]-t.reserved[offer], 0)
+	return max(t.capacity(offer)-t.used[offer]-t.unknown-t.reserved[offer], 0)
 }
 
 // offerOf finds the offer a bid was made from by its shape and price;
 // -1 when the bidder no longer offers it.
 func (t *trader) offerOf(b *market.Bid) int {
+	if b.Shape == nil {
+		return -1
+	}
+	// By name (the key of spec.offers; an offer whose shape or price was
+	// edited keeps its bids and leases), then by shape.
 	for i, o := range t.b.Spec.Offers {
-		if b.Shape != nil && o.CPUMillis == b.Shape.CPUMillis && o.MemoryMiB == b.Shape.MemoryMiB && o.Name == b.Shape.Name {
+		if o.Name == b.Shape.Name {
+			return i
+		}
+	}
+	for i, o := range t.b.Spec.Offers {
+		if o.CPUMillis == b.Shape.CPUMillis && o.MemoryMiB == b.Shape.MemoryMiB {
 			return i
 		}
 	}
@@ -194,7 +210,7 @@ func (t *trader) offerOf(b *market.Bid) int {
 // run does the bidder's trading: leases first (what it runs), then its
 // open bids (what it holds), then new bids on requests it can serve.
 func (t *trader) run() {
-	t.used, t.reserved = make([]int32, len(t.b.Spec.Offers)), make([]int32, len(t.b.Spec.Offers))
+	t.used, t.reserved, t.perRequester = make([]int32, len(t.b.Spec.Offers)), make([]int32, len(t.b.Spec.Offers)), map[string]int32{}
 	if err := t.load(); err != nil {
 		t.errs = append(t.errs, err)
 		return
@@ -217,7 +233,13 @@ func (t *trader) run() {
 		}
 		_, _, rkey := market.SplitURI(rec.URI)
 		ol := &ownLease{uri: rec.URI, cid: rec.CID, rkey: rkey, lease: &l}
-		if ob := bids[t.bidOfAccept(l.Accept.URI)]; ob != nil {
+		// The lease names the bid it took; older leases are linked
+		// through their accept.
+		bid := t.bidOfAccept(l.Accept.URI)
+		if l.Bid != nil {
+			bid = l.Bid.URI
+		}
+		if ob := bids[bid]; ob != nil {
 			ob.leased, ol.bid = true, ob
 		}
 		t.lease(ol)
@@ -230,6 +252,7 @@ func (t *trader) run() {
 	if t.stop == "" {
 		t.bidOnRequests(bids)
 	}
+	t.counted = true
 	t.execute()
 	t.prune()
 }
@@ -291,6 +314,13 @@ func (t *trader) lease(ol *ownLease) {
 	if acc != nil && acc.DID != requester {
 		acc = nil
 	}
+	// An accept counts as withdrawn only once a listing of the
+	// requester's repo ended after it was found missing.
+	acceptKey := "accept|" + l.Accept.URI
+	withdrawn := acc == nil && t.absent.Gone(t.view, requester, acceptKey, t.now)
+	if acc != nil {
+		t.absent.Present(acceptKey)
+	}
 	offer := -1
 	if ol.bid != nil {
 		offer = ol.bid.offer
@@ -299,9 +329,11 @@ func (t *trader) lease(ol *ownLease) {
 	switch l.State {
 	case market.LeaseConfirmed, market.LeaseRunning:
 		release := t.releaseOf(ol, requester)
-		if release == nil && (acc != nil || !complete) {
+		if release == nil && !withdrawn {
 			if offer >= 0 {
 				t.used[offer]++
+			} else {
+				t.unknown++
 			}
 			phase := marketv1alpha1.ContractProvisioning
 			if l.State == market.LeaseRunning {
@@ -467,7 +499,7 @@ func (t *trader) openBid(ob *ownBid) {
 		case a.DID != requester:
 			// An accept in a repo that is not the requester's.
 			t.ignore(a)
-		case a.Accept.Bid.URI == ob.uri && (a.Accept.Bid.CID != ob.cid || a.Accept.Request.CID != b.Request.CID):
+		case a.Accept.Bid.URI == ob.uri && (a.Accept.Bid.CID != ob.cid || a.Accept.Request.URI != b.Request.URI || a.Accept.Request.CID != b.Request.CID):
 			// An accept of another version of the bid or of the request.
 			t.ignore(a)
 		case a.Accept.Bid.URI == ob.uri:
@@ -478,26 +510,52 @@ func (t *trader) openBid(ob *ownBid) {
 	}
 	name := market.ChildName(t.b.Name, ob.uri+"|"+b.Request.CID)
 	validUntil := market.ParseTime(b.ValidUntil)
+	requestKey := "request|" + b.Request.URI
+	if req != nil {
+		t.absent.Present(requestKey)
+	}
 	switch {
 	case ours != nil:
 		t.answer(ob, ours, req, name)
 		return
-	case other != nil:
-		t.settleBid(ob, name, marketv1alpha1.BidLost, "the requester accepted another bid")
-	case req == nil && complete:
-		t.settleBid(ob, name, marketv1alpha1.BidWithdrawn, "the request was withdrawn")
+	case other != nil && t.leased(other):
+		t.settleBid(ob, name, marketv1alpha1.BidLost, "another bid was leased")
+		return
 	case req != nil && req.CID != b.Request.CID:
 		t.settleBid(ob, name, marketv1alpha1.BidWithdrawn, "the request was edited")
-	case !t.now.Before(validUntil):
+		return
+	case req == nil && t.absent.Gone(t.view, requester, requestKey, t.now):
+		t.settleBid(ob, name, marketv1alpha1.BidWithdrawn, "the request was withdrawn")
+		return
+	case !t.now.Before(validUntil) && complete:
 		t.settleBid(ob, name, marketv1alpha1.BidExpired, "not accepted by "+b.ValidUntil)
-	default:
-		if ob.offer >= 0 {
-			t.reserved[ob.offer]++
-		}
-		t.view.Refresh(requester)
-		t.due(validUntil)
-		t.do(action{kcp: func() error { return t.recordBid(ob, req, name, marketv1alpha1.BidOpen, "open until "+b.ValidUntil) }})
+		return
 	}
+	// Still open (or not known to be over: the view is incomplete). Until
+	// another bid is leased, the requester may come back to this one.
+	if ob.offer >= 0 {
+		t.reserved[ob.offer]++
+	}
+	t.perRequester[requester]++
+	t.view.Refresh(requester)
+	t.due(validUntil)
+	msg := "open until " + b.ValidUntil
+	if other != nil {
+		msg = "another bid was accepted; held until it is leased or this one expires at " + b.ValidUntil
+	}
+	t.do(action{kcp: func() error { return t.recordBid(ob, req, name, marketv1alpha1.BidOpen, msg) }})
+}
+
+// leased reports whether the accept (of another bid) was confirmed by its
+// bidder with a lease in that bidder's repo.
+func (t *trader) leased(acc *market.Rec) bool {
+	bidder, _, _ := market.SplitURI(acc.Accept.Bid.URI)
+	for _, l := range t.view.Children(acc.URI, lexicon.Lease) {
+		if l.DID == bidder && l.Lease != nil && l.Lease.Accept.CID == acc.CID && (l.Lease.State == market.LeaseConfirmed || l.Lease.State == market.LeaseRunning) {
+			return true
+		}
+	}
+	return false
 }
 
 // answer publishes the lease that answers the requester's accept of a
@@ -512,10 +570,10 @@ func (t *trader) answer(ob *ownBid, acc, req *market.Rec, name string) {
 		reason = market.DeclineSuspended
 	case confirmBy.IsZero() || acc.FirstSeen.After(confirmBy) || !t.now.Before(confirmBy) || acc.FirstSeen.After(validUntil):
 		reason = market.DeclineExpired
-	case ob.offer < 0 || t.used[ob.offer]+1 > t.capacity(ob.offer):
+	case ob.offer < 0 || t.used[ob.offer]+t.unknown+1 > t.capacity(ob.offer):
 		reason = market.DeclineNoCapacity
 	}
-	lease := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), State: market.LeaseConfirmed, Reason: reason,
+	lease := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), Bid: &market.StrongRef{URI: ob.uri, CID: ob.cid}, State: market.LeaseConfirmed, Reason: reason,
 		CreatedAt: market.Time(t.now), UpdatedAt: market.Time(t.now)}
 	if reason != "" {
 		lease.State = market.LeaseDeclined
@@ -597,6 +655,11 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 		if !market.Vouched(t.view, t.net.Spec.OperatorDID, t.id, req.DID, marketv1alpha1.RoleRequester) {
 			continue
 		}
+		// One requester cannot hold all of the bidder's capacity with
+		// requests it never accepts.
+		if t.perRequester[req.DID] >= cmp.Or(t.b.Spec.MaxOpenBidsPerRequester, 10) {
+			continue
+		}
 		offer := -1
 		for i, o := range t.b.Spec.Offers {
 			fits := market.Fits(market.Shape{CPUMillis: o.CPUMillis, MemoryMiB: o.MemoryMiB}, r.Shape) &&
@@ -610,6 +673,7 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 		}
 		o := t.b.Spec.Offers[offer]
 		t.reserved[offer]++
+		t.perRequester[req.DID]++
 		todo = append(todo, pending{req: req, rkey: rkey, name: name, offer: offer, value: &market.Bid{
 			Type:         lexicon.Bid,
 			Request:      req.Ref(),
@@ -742,9 +806,4 @@ func (t *trader) withdrawAll() bool {
 	}
 	t.execute()
 	return len(t.errs) == 0
-}
-
-// followerOf is the bidder's follower of the market.
-func followerOf(req mcreconcile.Request, did string) market.Follower {
-	return market.Follower{Role: market.RoleBidder, DID: did, Request: req}
 }

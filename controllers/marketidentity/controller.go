@@ -427,8 +427,9 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 	return reconcile.Result{}, nil
 }
 
-// deleteRecords deletes the identity's association records and the
-// presence records of the MarketPresences that name it.
+// deleteRecords deletes the identity's association records, the presence
+// records of the MarketPresences that name it and the records of every
+// deal made in its repo.
 func (r *Reconciler) deleteRecords(ctx context.Context, c client.Client, lc string, id *marketv1alpha1.MarketIdentity, repo *atprotov1alpha1.AtprotoRepo) error {
 	pc, err := r.connect(ctx, c, lc, repo)
 	if err != nil {
@@ -450,6 +451,21 @@ func (r *Reconciler) deleteRecords(ctx context.Context, c client.Client, lc stri
 	for _, p := range presences.Items {
 		if p.Spec.IdentityRef.Name == id.Name {
 			g.Go(func() error { _, err := pc.Publish(gctx, lexicon.Presence, p.Name, nil); return err })
+		}
+	}
+	// The repo is the inventory of the deals its requesters and bidders
+	// made: their records go with the identity (the other side of a deal
+	// takes a missing record for its end), so nothing stays published
+	// when a namespace or an account goes.
+	for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Release, lexicon.Reclaim} {
+		recs, err := pc.ListRecords(ctx, col, maxAssociations)
+		if err != nil {
+			return err
+		}
+		for _, rkey := range rkeys(recs) {
+			if market.Written(rkey) {
+				g.Go(func() error { _, err := pc.Publish(gctx, col, rkey, nil); return err })
+			}
 		}
 	}
 	return g.Wait()

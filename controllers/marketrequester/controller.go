@@ -75,6 +75,9 @@ const (
 	keepFinished = 10
 	// keepSettledBids is how many Bids of earlier requests it keeps.
 	keepSettledBids = 20
+	// avoidFor is how long a bidder that declined or did not answer an
+	// accept is not taken again.
+	avoidFor = 10 * time.Minute
 	// kcpWriters bounds the Bids written at once.
 	kcpWriters = 8
 	// maxRetry caps the wait before a request without an acceptable bid
@@ -102,6 +105,10 @@ type Reconciler struct {
 	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+
+	// absent tells a lease or bid missing from the view from one gone
+	// from its repo.
+	absent market.Absences
 }
 
 // SetupWithManager registers the controller and its indexes.
@@ -328,13 +335,17 @@ func (s *session) run() error {
 		return err
 	}
 	if err := marketnetwork.Validate(&s.net.Spec); err != nil {
-		return s.unreachable(conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", s.net.Name, err))
+		err = conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", s.net.Name, err)
+		if s.deleting {
+			return s.letGo(err) // nothing to read the other side from
+		}
+		return err
 	}
 	id, repo, err := market.IdentityRepo(s.ctx, s.c, mr.Namespace, mr.Spec.IdentityRef.Name)
 	if err != nil {
 		return s.unreachable(err)
 	}
-	if id.Spec.NetworkRef.Name != s.net.Name {
+	if id.Spec.NetworkRef.Name != s.net.Name && !s.deleting {
 		return conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "MarketIdentity %s takes part in MarketNetwork %s, not %s", id.Name, id.Spec.NetworkRef.Name, s.net.Name)
 	}
 	s.id = id
@@ -356,7 +367,8 @@ func (s *session) run() error {
 		s.release = market.ReleaseReplicasLowered
 	}
 
-	if s.view, err = s.r.Market.Follow(market.Follower{Role: market.RoleRequester, DID: s.st.DID, Request: s.req}, s.net.Spec.Firehoses); err != nil {
+	fl := market.Follower{Role: market.RoleRequester, DID: s.st.DID, Request: s.req, Operator: s.net.Spec.OperatorDID, Vouches: market.Approved(id, marketv1alpha1.RoleBidder)}
+	if s.view, err = s.r.Market.Follow(fl, s.net.Spec.Firehoses); err != nil {
 		return conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", s.net.Name, err)
 	}
 	pub, err := s.r.connect(s.ctx, s.c, s.lc, repo)
@@ -372,13 +384,21 @@ func (s *session) run() error {
 	return s.trade()
 }
 
-// unreachable handles a requester that cannot reach its repo: a deleting
-// one lets go (nothing it published can be changed any more; an Event
-// says so), others report err.
+// unreachable handles a requester that cannot reach its repo. A deleting
+// one whose network, identity or repo is gone (or going: the identity
+// then deletes every market record of its repo) lets go, with an Event if
+// it held anything; one whose identity or repo is only not Ready yet waits
+// (its records must be released and deleted). Others report err.
 func (s *session) unreachable(err error) error {
-	if !s.deleting {
+	if !s.deleting || conditions.ReasonOf(err, "") != marketv1alpha1.ReasonNotFound {
 		return err
 	}
+	return s.letGo(err)
+}
+
+// letGo lets a deleting requester go although its records could not be
+// released (an Event says so when it held any).
+func (s *session) letGo(err error) error {
 	if len(s.mr.Status.Requests) > 0 {
 		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
 			"the requester's repo or network is not usable (%v); its records could not be released or deleted", err)
@@ -413,15 +433,19 @@ func (s *session) loadObjects() error {
 
 // replicaRecords are one replica's own records.
 type replicaRecords struct {
-	index    int32
-	attempts map[int32]*ownRecord // request records by attempt
-	current  *ownRecord           // the newest request
-	attempt  int32
+	index int32
+	// attempts are the request records, by the time part of their key.
+	attempts map[int64]*ownRecord
+	// current is the newest request (its stamp).
+	current *ownRecord
+	stamp   int64
+	// attempt counts the requests made (status.requests[].attempt).
+	attempt int32
 }
 
 type ownRecord struct {
-	uri, cid string
-	request  *market.Request
+	uri, cid, rkey string
+	request        *market.Request
 }
 
 // trade runs every replica's deal and summarises them in s.st.
@@ -433,24 +457,24 @@ func (s *session) trade() error {
 	replicas := map[int32]*replicaRecords{}
 	get := func(i int32) *replicaRecords {
 		if replicas[i] == nil {
-			replicas[i] = &replicaRecords{index: i, attempts: map[int32]*ownRecord{}}
+			replicas[i] = &replicaRecords{index: i, attempts: map[int64]*ownRecord{}}
 		}
 		return replicas[i]
 	}
 	for _, rec := range s.inv.List(lexicon.Request) {
 		_, _, rkey := market.SplitURI(rec.URI)
-		i, attempt, ok := market.ParseRequestKey(s.owner, rkey)
+		i, stamp, ok := market.ParseRequestKey(s.owner, rkey)
 		if !ok {
 			continue
 		}
 		var req market.Request
 		if err := market.Decode(lexicon.Request, rec.Value, &req); err != nil {
-			continue // not ours to trust; replaced by the next attempt
+			continue // not ours to trust; replaced by the next request
 		}
 		rr := get(i)
-		rr.attempts[attempt] = &ownRecord{uri: rec.URI, cid: rec.CID, request: &req}
-		if attempt > rr.attempt {
-			rr.attempt, rr.current = attempt, rr.attempts[attempt]
+		rr.attempts[stamp] = &ownRecord{uri: rec.URI, cid: rec.CID, rkey: rkey, request: &req}
+		if stamp > rr.stamp {
+			rr.stamp, rr.current = stamp, rr.attempts[stamp]
 		}
 	}
 	for i := range desired {

@@ -400,6 +400,12 @@ func TestVoidAcceptTakesTheNextBid(t *testing.T) {
 	if s := bidStates(t, m.shop); s["did:plc:slow"] != marketv1alpha1.BidAccepted {
 		t.Fatalf("bids: %v", s)
 	}
+	// fit sees an accept of another bid that nobody leased: it keeps its
+	// bid, in case the requester comes back to it.
+	m.reconcileBidder("fit")
+	if n := m.records("did:plc:fit", lexicon.Bid); n != 1 {
+		t.Fatalf("fit withdrew its bid before the other one was leased")
+	}
 	m.clock.advance(61 * time.Second)
 	m.reconcileRequester()
 	if s := bidStates(t, m.shop); s["did:plc:slow"] != marketv1alpha1.BidVoid || s["did:plc:fit"] != marketv1alpha1.BidAccepted {
@@ -409,13 +415,83 @@ func TestVoidAcceptTakesTheNextBid(t *testing.T) {
 		t.Errorf("%d accepts, want 1 (the void one deleted)", n)
 	}
 	m.reconcileBidder("fit")
-	m.reconcileBidder("slow") // sees the accept of another bid: lost
+	m.reconcileBidder("slow") // sees another bid leased: lost
 	m.reconcileRequester()
 	if cc := contracts(t, m.shop); len(cc) != 1 || cc[0].Spec.BidderDID != "did:plc:fit" {
 		t.Errorf("contracts: %+v", cc)
 	}
 	if n := m.records("did:plc:slow", lexicon.Bid); n != 0 {
 		t.Errorf("slow's bid is still there")
+	}
+}
+
+// TestScaleDownAndUpMakesANewDeal: a replica released and wanted again
+// asks with a new request (a new key), so the new deal's records and
+// contracts never reuse the first deal's; the first contract stays
+// Completed.
+func TestScaleDownAndUpMakesANewDeal(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	first := contracts(t, m.shop)
+	if len(first) != 1 {
+		t.Fatalf("contracts %d", len(first))
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m.round()
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 1 })
+	m.clock.advance(time.Second)
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	all := contracts(t, m.shop)
+	if len(all) != 2 {
+		t.Fatalf("contracts after scaling up: %+v", all)
+	}
+	phases := map[string]marketv1alpha1.ContractPhase{}
+	for _, cc := range all {
+		phases[cc.Name] = cc.Status.Phase
+	}
+	if phases[first[0].Name] != marketv1alpha1.ContractCompleted || len(phases) != 2 {
+		t.Errorf("phases %v: the first deal's contract must stay Completed and the second be another", phases)
+	}
+}
+
+// TestEditedOfferKeepsItsLeases: a lease counts against its offer (by
+// name) after the offer's shape changed; no second lease is confirmed on
+// capacity 1.
+func TestEditedOfferKeepsItsLeases(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 1))
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Offers[0].MemoryMiB = 2048 })
+	m.reconcileBidder("fit")
+	b := &marketv1alpha1.MarketBidder{}
+	if err := m.bidders["fit"].Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "fit"}, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Status.Leased != 1 {
+		t.Errorf("leased %d after the offer was edited, want 1", b.Status.Leased)
+	}
+}
+
+// TestOneRequesterCannotHoldAllCapacity: a bidder holds at most
+// maxOpenBidsPerRequester open bids for one requester.
+func TestOneRequesterCannotHoldAllCapacity(t *testing.T) {
+	bidder := bidderObj("fit", 30, 10)
+	bidder.Spec.MaxOpenBidsPerRequester = 2
+	m := newMarket(t, bidder)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 5 })
+	m.round()
+	if n := m.records("did:plc:fit", lexicon.Bid); n != 2 {
+		t.Errorf("%d open bids for one requester, want 2", n)
 	}
 }
 

@@ -43,8 +43,8 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 		return rs, err != nil, err
 	}
 	// Requests of earlier attempts are withdrawn first.
-	for a, rec := range rr.attempts {
-		if a != rr.attempt {
+	for stamp, rec := range rr.attempts {
+		if stamp != rr.stamp {
 			if err := s.withdrawRequest(rec, accepts[rec.uri]); err != nil {
 				return rs, true, err
 			}
@@ -144,7 +144,7 @@ func (s *session) ask(rr *replicaRecords, rs *marketv1alpha1.RequestStatus) erro
 		ReplicaIndex:    int64(rr.index),
 		CreatedAt:       market.Time(s.now),
 	}
-	rec, err := s.inv.Put(s.ctx, lexicon.Request, market.RequestKey(s.owner, rr.index, attempt), req)
+	rec, err := s.inv.Put(s.ctx, lexicon.Request, market.RequestKey(s.owner, rr.index, s.now), req)
 	if err != nil {
 		return err
 	}
@@ -197,8 +197,7 @@ func (s *session) withdrawRequest(rec *ownRecord, accepts []*ownAccept) error {
 			return err
 		}
 	}
-	_, _, rkey := market.SplitURI(rec.uri)
-	return s.inv.Delete(s.ctx, lexicon.Request, rkey)
+	return s.inv.Delete(s.ctx, lexicon.Request, rec.rkey)
 }
 
 // judged is a bid as the requester judges it.
@@ -215,6 +214,14 @@ type judged struct {
 // they were first seen), the others after them.
 func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) []*judged {
 	spec := s.mr.Spec
+	// Bidders that declined an accept of this requester, or did not answer
+	// one, are not taken again for a while (on any replica or request).
+	avoid := map[string]*marketv1alpha1.Bid{}
+	for _, b := range s.bids {
+		if (b.Status.State == marketv1alpha1.BidDeclined || b.Status.State == marketv1alpha1.BidVoid) && s.now.Before(b.CreationTimestamp.Add(avoidFor)) {
+			avoid[b.Spec.BidderDID] = b
+		}
+	}
 	var out []*judged
 	for _, rec := range s.view.Children(cur.uri, lexicon.Bid) {
 		if rec.DID == s.st.DID || rec.Bid == nil {
@@ -247,12 +254,17 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 			j.state, j.message = marketv1alpha1.BidOpen, "may be accepted"
 		}
 		// What happened to a bid stays: a bidder that declined or did not
-		// answer is not asked again on this request.
+		// answer is not asked again on this request, nor for a while on
+		// another.
 		if prev != nil && j.state == marketv1alpha1.BidOpen {
 			switch prev.Status.State {
 			case marketv1alpha1.BidDeclined, marketv1alpha1.BidVoid, marketv1alpha1.BidLost:
 				j.state, j.message = prev.Status.State, prev.Status.Message
 			}
+		}
+		if a := avoid[rec.DID]; a != nil && j.state == marketv1alpha1.BidOpen && a.Name != j.name {
+			j.state = a.Status.State
+			j.message = "this bidder declined or did not answer an accept at " + market.Time(a.CreationTimestamp.Time) + "; not taken again before " + market.Time(a.CreationTimestamp.Add(avoidFor))
 		}
 		out = append(out, j)
 	}
@@ -391,6 +403,19 @@ func (s *session) answered(rr *replicaRecords, cur *ownRecord, acc *ownAccept, b
 			}
 		}
 		markJudged(bids, name, marketv1alpha1.BidDeclined, "the bidder declined: "+reason)
+	case bid == nil && s.r.absent.Gone(s.view, bidderDID, "bid|"+acc.accept.Bid.URI, s.now):
+		// The bidder withdrew the bid it was accepted on: no lease will come.
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Void", "Accept", "bidder %s withdrew the bid replica %d accepted", bidderDID, rr.index)
+		if obj != nil {
+			if err := s.bidState(obj, marketv1alpha1.BidVoid, "withdrawn by the bidder after it was accepted"); err != nil {
+				return false, err
+			}
+		}
+		markJudged(bids, name, marketv1alpha1.BidVoid, "withdrawn by the bidder after it was accepted")
+	case !s.now.Before(confirmBy) && s.view.Complete() != nil:
+		// No lease by confirmBy as far as the view goes; it is incomplete.
+		s.due(s.now.Add(time.Second))
+		return true, nil
 	case !s.now.Before(confirmBy):
 		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Void", "Accept", "bidder %s did not answer replica %d's accept by %s", bidderDID, rr.index, acc.accept.ConfirmBy)
 		if obj != nil {
@@ -532,6 +557,12 @@ func (s *session) contractOf(index int32) *marketv1alpha1.ComputeContract {
 // deal is over (Completed or Failed) the requester's records of it are
 // deleted and it reports finished.
 func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, rs *marketv1alpha1.RequestStatus) (bool, error) {
+	if _, _, akey := market.SplitURI(cc.Spec.Accept.URI); s.inv.Get(lexicon.Accept, akey) == nil {
+		// The requester deleted the accept when the deal ended: a contract
+		// that looks live is a cache behind that write; it is not judged
+		// again.
+		return true, nil
+	}
 	st := cc.Status.DeepCopy()
 	st.ObservedGeneration = cc.Generation
 	st.Records.Request, st.Records.Bid, st.Records.Accept = ptr(cc.Spec.Request), ptr(cc.Spec.Bid), ptr(cc.Spec.Accept)
@@ -540,7 +571,6 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
 
 	lease := s.leaseOf(cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID)
-	complete := s.view.Complete() == nil
 	s.view.Refresh(cc.Spec.BidderDID)
 	if lease != nil {
 		st.Records.Lease = &marketv1alpha1.RecordRef{URI: lease.URI, CID: lease.CID}
@@ -557,7 +587,13 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		st.Records.Release = &marketv1alpha1.RecordRef{URI: release.uri, CID: release.cid}
 	}
 
-	gone := lease == nil && complete
+	// A lease counts as gone only once a listing of the bidder's repo
+	// ended after it was found missing.
+	leaseKey := "lease|" + cc.Spec.Accept.URI
+	gone := lease == nil && s.r.absent.Gone(s.view, cc.Spec.BidderDID, leaseKey, s.now)
+	if lease != nil {
+		s.r.absent.Present(leaseKey)
+	}
 	switch {
 	case wanted && release == nil:
 		switch {

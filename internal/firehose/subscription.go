@@ -21,6 +21,16 @@ type Filter struct {
 	// version kept before is dropped) and is counted in State.Invalid. It
 	// is called with the subscription's lock held: it must not block.
 	Check func(collection string, value json.RawMessage) error
+	// Keep, if set, says whether a record (already past Check) is of
+	// interest: one it declines is not kept (a version kept before is
+	// dropped) and not counted. It is called with the subscription's lock
+	// held: it must not block.
+	Keep func(did, collection string, value json.RawMessage) bool
+}
+
+// declines reports whether the filter's Keep does not want a record.
+func (f Filter) declines(did, collection string, value json.RawMessage) bool {
+	return f.Keep != nil && !f.Keep(did, collection, value)
 }
 
 // rejects reports whether the filter's Check refuses a record.
@@ -164,6 +174,8 @@ type Subscription struct {
 	order   int64
 	// resyncErr is the last listing's error (nil once one succeeds).
 	resyncErr error
+	// listed is when each repo's records were last listed (replaced).
+	listed map[string]time.Time
 }
 
 func newSubscription(filter Filter, maxRecords int, initial State) *Subscription {
@@ -173,7 +185,7 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1)}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
@@ -207,6 +219,16 @@ func (s *Subscription) Refresh(did string) {
 		return
 	}
 	s.stream.requestResync(s, did, ResyncRefresh, 0)
+}
+
+// Listed returns when did's records were last listed from its PDS by
+// this subscription (the zero time if never): a record absent from a
+// listing that ended after a moment is absent from the repo then, whatever
+// the firehose delivered.
+func (s *Subscription) Listed(did string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listed[did]
 }
 
 // LoadRecords builds a record map from records listed newest first, as a
@@ -342,6 +364,10 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 			s.state.Invalid++
 			continue
 		}
+		if s.filter.declines(u.did, op.collection, op.value) {
+			delete(s.state.Records, uri)
+			continue
+		}
 		s.order++
 		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value), order: s.order}
 	}
@@ -455,11 +481,15 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 			s.state.Invalid++
 			continue
 		}
+		if s.filter.declines(did, r.collection(), r.Value) {
+			continue
+		}
 		s.order++
 		r.order = s.order
 		s.state.Records[r.URI] = r
 	}
 	s.evict()
+	s.listed[did] = time.Now()
 	if l.rev == "" {
 		delete(s.state.Repos, did)
 	} else {
@@ -486,6 +516,11 @@ func (s *Subscription) dropReposExcept(dids []string) {
 	for did := range s.state.Repos {
 		if !keep[did] {
 			delete(s.state.Repos, did)
+		}
+	}
+	for did := range s.listed {
+		if !keep[did] {
+			delete(s.listed, did)
 		}
 	}
 	s.bump()

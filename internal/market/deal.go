@@ -2,6 +2,7 @@ package market
 
 import (
 	"slices"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,17 @@ func Vouched(r Reader, operator string, id *marketv1alpha1.MarketIdentity, subje
 		}
 	}
 	return false
+}
+
+// Approved are the DIDs an identity approves with role.
+func Approved(id *marketv1alpha1.MarketIdentity, role marketv1alpha1.Role) []string {
+	var out []string
+	for _, a := range id.Spec.ApprovedAssociations {
+		if slices.Contains(a.Roles, role) {
+			out = append(out, a.DID)
+		}
+	}
+	return out
 }
 
 // Fits reports whether a VM of shape have is at least want.
@@ -71,4 +83,47 @@ func MetaTime(t time.Time) *metav1.Time {
 	}
 	mt := metav1.NewTime(t.UTC().Truncate(time.Second))
 	return &mt
+}
+
+// Absences tell when a record missing from a follower's view is missing
+// from its repo: only once a listing of that repo has ended after the
+// record was first found missing. A record that is merely late on the
+// firehose, or was pushed out of a feed, therefore never ends a deal.
+type Absences struct {
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+// Gone reports whether the record key, missing from r now, is gone from
+// did's repo. The first time it is found missing did is listed again (at
+// most every RefreshEvery); it is gone once a listing ended after that.
+// Present clears what Gone noted.
+func (a *Absences) Gone(r Reader, did, key string, now time.Time) bool {
+	if r.Complete() != nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.since == nil {
+		a.since = map[string]time.Time{}
+	}
+	since, noted := a.since[key]
+	if !noted {
+		a.since[key] = now
+		r.Refresh(did)
+		return false
+	}
+	if r.Listed(did).After(since) {
+		delete(a.since, key)
+		return true
+	}
+	r.Refresh(did)
+	return false
+}
+
+// Present forgets that key was found missing.
+func (a *Absences) Present(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.since, key)
 }

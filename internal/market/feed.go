@@ -45,6 +45,11 @@ type Follower struct {
 	Role    Role
 	DID     string
 	Request mcreconcile.Request
+	// Operator is the operator DID of the follower's network ("" if none).
+	Operator string
+	// Vouches are the DIDs the follower's identity approves in the other
+	// side's role (bidders for a requester, requesters for a bidder).
+	Vouches []string
 }
 
 // FeedsOptions configure Feeds; zero fields take defaults.
@@ -84,11 +89,33 @@ type Feeds struct {
 
 	mu        sync.Mutex
 	ctx       context.Context
+	stopped   bool
 	wg        sync.WaitGroup
 	feeds     map[string]*feed
 	followers map[mcreconcile.Request]*following
+	byDID     map[Role]map[string]map[mcreconcile.Request]bool
 	triggers  map[Role]chan event.TypedGenericEvent[mcreconcile.Request]
+
+	// interest is what the feeds keep, rebuilt (under mu) when followers
+	// change and read without a lock by the subscriptions' Keep.
+	interest atomic.Pointer[interest]
 }
+
+// interest says whose records the feeds keep: of the participants the
+// followers trade as, approve, or whose network's operator vouches for
+// them. Records of anyone else on the firehose are not kept, so an
+// account nobody vouches for cannot fill the provider's memory or push
+// the records of live deals out of the feeds.
+type interest struct {
+	participants map[string]bool // followers' own DIDs
+	operators    map[string]bool
+	// approved are the DIDs a follower's identity approves, by role.
+	approved map[Role]map[string]bool
+}
+
+// maxFeedRecord bounds the size of a record the feeds keep: knotless's
+// market records are well under 2 KiB.
+const maxFeedRecord = 8 << 10
 
 type following struct {
 	Follower
@@ -115,11 +142,13 @@ func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
 		}, []string{"collection"}),
 		feeds:     map[string]*feed{},
 		followers: map[mcreconcile.Request]*following{},
+		byDID:     map[Role]map[string]map[mcreconcile.Request]bool{RoleRequester: {}, RoleBidder: {}},
 		triggers: map[Role]chan event.TypedGenericEvent[mcreconcile.Request]{
 			RoleRequester: make(chan event.TypedGenericEvent[mcreconcile.Request], 4096),
 			RoleBidder:    make(chan event.TypedGenericEvent[mcreconcile.Request], 4096),
 		},
 	}
+	f.interest.Store(&interest{participants: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}})
 	if opts.Registry != nil {
 		if err := opts.Registry.Register(f.invalid); err != nil {
 			return nil, err
@@ -137,6 +166,9 @@ func (f *Feeds) Start(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	<-ctx.Done()
+	f.mu.Lock()
+	f.stopped = true // no indexer starts after this
+	f.mu.Unlock()
 	f.wg.Wait()
 	return nil
 }
@@ -200,6 +232,10 @@ type Reader interface {
 	Vouches(voucher, subject, role string) bool
 	// Refresh asks for did's records to be listed again (rate-limited).
 	Refresh(did string)
+	// Listed is when did's records were last listed from its PDS (the
+	// zero time if never): what a listing that ended after a moment does
+	// not hold was not in the repo then.
+	Listed(did string) time.Time
 }
 
 var (
@@ -229,15 +265,17 @@ func (f *Feeds) Follow(fl Follower, sources []string) (Reader, error) {
 		if f.feeds[src] != nil {
 			continue
 		}
-		fd := &feed{source: src, users: map[mcreconcile.Request]bool{}, refreshed: map[string]time.Time{}}
+		fd := &feed{source: src, users: map[mcreconcile.Request]bool{}, refreshed: map[string]time.Time{}, vouched: map[string]bool{}}
 		fd.idx.Store(&index{})
-		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check}, f.opts.MaxRecords, firehose.State{})
+		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check, Keep: func(did, col string, v json.RawMessage) bool {
+			return f.keep(fd, did, col, v)
+		}}, f.opts.MaxRecords, firehose.State{})
 		if err != nil {
 			return nil, err
 		}
 		fd.sub = sub
 		f.feeds[src] = fd
-		if f.ctx != nil {
+		if f.ctx != nil && !f.stopped {
 			f.run(fd)
 		}
 	}
@@ -249,9 +287,109 @@ func (f *Feeds) Follow(fl Follower, sources []string) (Reader, error) {
 	}
 	f.followers[fl.Request] = &following{Follower: fl, sources: norm}
 	if prev != nil {
+		f.index(prev.Follower, false)
 		f.release(fl.Request, prev.sources, norm)
 	}
+	f.index(fl, true)
+	f.rebuildInterest()
 	return v, nil
+}
+
+// index adds fl to (or removes it from) the index by DID; f.mu is held.
+func (f *Feeds) index(fl Follower, add bool) {
+	m := f.byDID[fl.Role]
+	if add {
+		if m[fl.DID] == nil {
+			m[fl.DID] = map[mcreconcile.Request]bool{}
+		}
+		m[fl.DID][fl.Request] = true
+		return
+	}
+	delete(m[fl.DID], fl.Request)
+	if len(m[fl.DID]) == 0 {
+		delete(m, fl.DID)
+	}
+}
+
+// rebuildInterest computes what the feeds keep from the followers, and
+// asks every feed to list again the repos that became of interest (their
+// records were not kept before); f.mu is held.
+func (f *Feeds) rebuildInterest() {
+	prev := f.interest.Load()
+	next := &interest{participants: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}}
+	var fresh []string
+	for _, fl := range f.followers {
+		next.participants[fl.DID] = true
+		if fl.Operator != "" {
+			next.operators[fl.Operator] = true
+			if !prev.operators[fl.Operator] {
+				fresh = append(fresh, fl.Operator)
+			}
+		}
+		other := RoleBidder
+		if fl.Role == RoleBidder {
+			other = RoleRequester
+		}
+		for _, d := range fl.Vouches {
+			next.approved[other][d] = true
+			if !prev.approved[other][d] {
+				fresh = append(fresh, d)
+			}
+		}
+	}
+	f.interest.Store(next)
+	for _, fd := range f.feeds {
+		for _, did := range fresh {
+			fd.sub.Refresh(did)
+		}
+	}
+}
+
+// vouched reports whether did takes part in role in the eyes of a
+// follower: it trades here, a follower's identity approves it, or an
+// operator of a followed network vouches for it (an association record
+// the feed holds).
+func (f *Feeds) vouched(fd *feed, in *interest, did string, role Role) bool {
+	if in.participants[did] || in.approved[role][did] {
+		return true
+	}
+	idx := fd.idx.Load()
+	for op := range in.operators {
+		if r := idx.recs[URI(op, lexicon.Association, did)]; r != nil && r.Association != nil && slices.Contains(r.Association.Roles, string(role)) {
+			return true
+		}
+	}
+	return false
+}
+
+// keep is the feeds' Keep: a record is kept when it is small and of a
+// participant the followers deal with: operators' associations; requests,
+// accepts and releases of vouched requesters; leases and reclaims of
+// vouched bidders; bids on the followers' own requests (a requester
+// records unvouched bids as such).
+func (f *Feeds) keep(fd *feed, did, collection string, value json.RawMessage) bool {
+	if len(value) > maxFeedRecord {
+		return false
+	}
+	in := f.interest.Load()
+	switch collection {
+	case lexicon.Association:
+		return in.operators[did]
+	case lexicon.Request, lexicon.Accept, lexicon.Release:
+		return f.vouched(fd, in, did, RoleRequester)
+	case lexicon.Lease, lexicon.Reclaim:
+		return f.vouched(fd, in, did, RoleBidder)
+	case lexicon.Bid:
+		var b struct {
+			Request StrongRef `json:"request"`
+		}
+		if json.Unmarshal(value, &b) != nil {
+			return false
+		}
+		parent, _, _ := SplitURI(b.Request.URI)
+		return in.participants[parent] || f.vouched(fd, in, did, RoleBidder)
+	}
+	return false
 }
 
 // Unfollow forgets req; feeds nobody follows any more are dropped.
@@ -263,7 +401,9 @@ func (f *Feeds) Unfollow(req mcreconcile.Request) {
 		return
 	}
 	delete(f.followers, req)
+	f.index(prev.Follower, false)
 	f.release(req, prev.sources, nil)
+	f.rebuildInterest()
 }
 
 // release drops req from the feeds of sources not in keep; f.mu is held.
@@ -293,10 +433,8 @@ func (f *Feeds) Followers(role Role, did string) []mcreconcile.Request {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []mcreconcile.Request
-	for req, fl := range f.followers {
-		if fl.Role == role && fl.DID == did && did != "" {
-			out = append(out, req)
-		}
+	for req := range f.byDID[role][did] {
+		out = append(out, req)
 	}
 	return out
 }
@@ -331,8 +469,11 @@ func (f *Feeds) check(collection string, value json.RawMessage) error {
 	return err
 }
 
-// route wakes the followers that changed records concern.
-func (f *Feeds) route(src string, changed []*Rec) {
+// route wakes the followers that changed records concern: bidders for
+// requests and leases (a lease of another bid ends a bid), the requester
+// a bid, lease or reclaim answers, the bidder an accept or release
+// answers; everyone of the feed for an association.
+func (f *Feeds) route(src string, changed []*Rec, idx *index) {
 	var requesters, bidders []mcreconcile.Request
 	allBidders, all := false, false
 	for _, r := range changed {
@@ -340,9 +481,17 @@ func (f *Feeds) route(src string, changed []*Rec) {
 		switch r.Collection {
 		case lexicon.Request:
 			allBidders = true
-		case lexicon.Bid, lexicon.Lease:
+		case lexicon.Bid:
 			requesters = append(requesters, f.Followers(RoleRequester, parentDID)...)
-		case lexicon.Accept, lexicon.Release, lexicon.Reclaim:
+		case lexicon.Lease:
+			requesters = append(requesters, f.Followers(RoleRequester, parentDID)...)
+			allBidders = true
+		case lexicon.Reclaim:
+			if l := idx.recs[r.Parent.URI]; l != nil {
+				requester, _, _ := SplitURI(l.Parent.URI)
+				requesters = append(requesters, f.Followers(RoleRequester, requester)...)
+			}
+		case lexicon.Accept, lexicon.Release:
 			bidders = append(bidders, f.Followers(RoleBidder, parentDID)...)
 		case lexicon.Association:
 			all = true
@@ -370,6 +519,10 @@ type feed struct {
 
 	mu        sync.Mutex
 	refreshed map[string]time.Time
+	// vouched are the DIDs an operator's association named since the feed
+	// started (their repos were listed again then: their records may not
+	// have been kept before).
+	vouched map[string]bool
 }
 
 // index is one snapshot of a feed, never changed once stored.
@@ -380,6 +533,8 @@ type index struct {
 	recs     map[string]*Rec
 	children map[string][]*Rec
 	requests []*Rec
+	// dids are the repos the feed holds records of.
+	dids map[string]bool
 }
 
 // healthEvery is how often an idle feed reads its stream's health.
@@ -398,7 +553,8 @@ func (fd *feed) run(ctx context.Context, f *Feeds) {
 			next, changed := build(prev, state, version, health, f.opts.Now(), f.opts.Log)
 			fd.idx.Store(next)
 			if len(changed) > 0 {
-				f.route(fd.source, changed)
+				fd.listVouched(changed)
+				f.route(fd.source, changed, next)
 			}
 		case <-tick.C:
 			prev := fd.idx.Load()
@@ -416,6 +572,19 @@ func (fd *feed) run(ctx context.Context, f *Feeds) {
 	}
 }
 
+// listVouched lists again the repos that association records (kept only
+// from operators) newly name: a participant's records are kept only once
+// it is vouched for.
+func (fd *feed) listVouched(changed []*Rec) {
+	for _, r := range changed {
+		if r.Association == nil || fd.vouched[r.Association.Subject] {
+			continue
+		}
+		fd.vouched[r.Association.Subject] = true
+		fd.sub.Refresh(r.Association.Subject)
+	}
+}
+
 func sameErr(a, b error) bool {
 	if a == nil || b == nil {
 		return (a == nil) == (b == nil)
@@ -427,7 +596,7 @@ func sameErr(a, b error) bool {
 // it saw already (when it first saw them), and returns the records that
 // are new, changed or gone (as they were).
 func build(prev *index, state firehose.State, version uint64, health firehose.Health, now time.Time, log logr.Logger) (*index, []*Rec) {
-	next := &index{version: version, built: true, health: health, recs: make(map[string]*Rec, len(state.Records)), children: map[string][]*Rec{}}
+	next := &index{version: version, built: true, health: health, recs: make(map[string]*Rec, len(state.Records)), children: map[string][]*Rec{}, dids: map[string]bool{}}
 	var changed []*Rec
 	for uri, r := range state.Records {
 		rec := prev.recs[uri]
@@ -440,6 +609,7 @@ func build(prev *index, state firehose.State, version uint64, health firehose.He
 			changed = append(changed, rec)
 		}
 		next.recs[uri] = rec
+		next.dids[rec.DID] = true
 		if rec.Parent.URI != "" {
 			next.children[rec.Parent.URI] = append(next.children[rec.Parent.URI], rec)
 		}
@@ -638,13 +808,36 @@ func (v View) Vouches(voucher, subject, role string) bool {
 	return r != nil && r.Association != nil && r.Association.Subject == subject && slices.Contains(r.Association.Roles, role)
 }
 
-// Refresh lists did's market records again from its PDS on every feed of
-// the view, at most once per FeedsOptions.RefreshEvery per feed: a
-// follower reconciles the repos it deals with from listRecords now and
-// then, not from the firehose alone.
+// Listed implements Reader: the latest listing of did on any feed.
+func (v View) Listed(did string) time.Time {
+	var t time.Time
+	for _, fd := range v.feeds {
+		if l := fd.sub.Listed(did); l.After(t) {
+			t = l
+		}
+	}
+	return t
+}
+
+// Refresh lists did's market records again from its PDS on the feeds of
+// the view that carry it, at most once per FeedsOptions.RefreshEvery per
+// feed: a follower reconciles the repos it deals with from listRecords
+// now and then, not from the firehose alone.
 func (v View) Refresh(did string) {
 	now := v.now()
+	// Only feeds that carry did's repo (they hold records of it) list it:
+	// a listing on another would leave records its firehose never
+	// updates. When none holds any, all are asked.
+	var carriers []*feed
 	for _, fd := range v.feeds {
+		if fd.idx.Load().dids[did] {
+			carriers = append(carriers, fd)
+		}
+	}
+	if len(carriers) == 0 {
+		carriers = v.feeds
+	}
+	for _, fd := range carriers {
 		fd.mu.Lock()
 		due := now.Sub(fd.refreshed[did]) >= v.refreshEvery
 		if due {

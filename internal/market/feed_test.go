@@ -79,9 +79,11 @@ func TestRouteWakesWhomARecordConcerns(t *testing.T) {
 	req := func(name string) mcreconcile.Request {
 		return mcreconcile.Request{ClusterName: "ws", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}}
 	}
-	f.followers[req("shop")] = &following{Follower: Follower{Role: RoleRequester, DID: "did:plc:shop", Request: req("shop")}, sources: []string{"https://pds"}}
-	f.followers[req("acme")] = &following{Follower: Follower{Role: RoleBidder, DID: "did:plc:acme", Request: req("acme")}, sources: []string{"https://pds"}}
-	f.followers[req("other")] = &following{Follower: Follower{Role: RoleBidder, DID: "did:plc:other", Request: req("other")}, sources: []string{"https://pds"}}
+	for _, fl := range []Follower{{Role: RoleRequester, DID: "did:plc:shop", Request: req("shop")}, {Role: RoleBidder, DID: "did:plc:acme", Request: req("acme")},
+		{Role: RoleBidder, DID: "did:plc:other", Request: req("other")}} {
+		f.followers[fl.Request] = &following{Follower: fl, sources: []string{"https://pds"}}
+		f.index(fl, true)
+	}
 	f.feeds["https://pds"] = &feed{users: map[mcreconcile.Request]bool{req("shop"): true, req("acme"): true, req("other"): true}}
 	woken := func() map[string]bool {
 		out := map[string]bool{}
@@ -92,20 +94,71 @@ func TestRouteWakesWhomARecordConcerns(t *testing.T) {
 		}
 		return out
 	}
-	f.route("https://pds", []*Rec{{Collection: lexicon.Request}})
+	f.route("https://pds", []*Rec{{Collection: lexicon.Request}}, &index{})
 	if w := woken(); len(w) != 2 || !w["bidder/acme"] || !w["bidder/other"] {
 		t.Errorf("a request woke %v", w)
 	}
-	f.route("https://pds", []*Rec{{Collection: lexicon.Bid, Parent: StrongRef{URI: URI("did:plc:shop", lexicon.Request, "r")}}})
+	f.route("https://pds", []*Rec{{Collection: lexicon.Bid, Parent: StrongRef{URI: URI("did:plc:shop", lexicon.Request, "r")}}}, &index{})
 	if w := woken(); len(w) != 1 || !w["requester/shop"] {
 		t.Errorf("a bid woke %v", w)
 	}
-	f.route("https://pds", []*Rec{{Collection: lexicon.Accept, Parent: StrongRef{URI: URI("did:plc:acme", lexicon.Bid, "b")}}})
+	f.route("https://pds", []*Rec{{Collection: lexicon.Accept, Parent: StrongRef{URI: URI("did:plc:acme", lexicon.Bid, "b")}}}, &index{})
 	if w := woken(); len(w) != 1 || !w["bidder/acme"] {
 		t.Errorf("an accept woke %v", w)
 	}
+	f.route("https://pds", []*Rec{{Collection: lexicon.Lease, Parent: StrongRef{URI: URI("did:plc:shop", lexicon.Accept, "a")}}}, &index{})
+	if w := woken(); len(w) != 3 || !w["requester/shop"] || !w["bidder/other"] {
+		t.Errorf("a lease woke %v (its requester, and every bidder: a lease of another bid ends a bid)", w)
+	}
 	if got := f.Followers(RoleRequester, "did:plc:shop"); len(got) != 1 {
 		t.Errorf("the DID index: %v", got)
+	}
+}
+
+// TestKeepOnlyWhatFollowersDealWith: the feeds keep associations of
+// followed operators only; requests of vouched requesters (by an
+// operator's association, a follower's approval, or a follower itself);
+// bids on the followers' requests; nothing over 8 KiB.
+func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
+	f, err := NewFeeds(nil, FeedsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, shop, acme, stranger, friend := "did:plc:op", "did:plc:shop", "did:plc:acme", "did:plc:stranger", "did:plc:friend"
+	for _, fl := range []Follower{{Role: RoleRequester, DID: shop, Operator: op}, {Role: RoleBidder, DID: acme, Operator: op, Vouches: []string{friend}}} {
+		fl.Request = mcreconcile.Request{Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: fl.DID}}}
+		f.followers[fl.Request] = &following{Follower: fl}
+	}
+	f.rebuildInterest()
+	fd := &feed{}
+	assoc, err := NewRec(URI(op, lexicon.Association, "did:plc:vouched"), "c", "", []byte(`{"subject":"did:plc:vouched","roles":["requester"]}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}})
+	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
+	bidOn := func(requester string) []byte {
+		return []byte(`{"request":{"uri":"` + URI(requester, lexicon.Request, "r") + `","cid":"c"}}`)
+	}
+	for _, c := range []struct {
+		did, col string
+		value    []byte
+		want     bool
+	}{
+		{op, lexicon.Association, []byte(`{}`), true},
+		{stranger, lexicon.Association, []byte(`{}`), false},
+		{"did:plc:vouched", lexicon.Request, req, true},
+		{friend, lexicon.Request, req, true},
+		{shop, lexicon.Request, req, true},
+		{stranger, lexicon.Request, req, false},
+		{stranger, lexicon.Accept, []byte(`{}`), false},
+		{stranger, lexicon.Bid, bidOn(shop), true},
+		{stranger, lexicon.Bid, bidOn("did:plc:elsewhere"), false},
+		{shop, lexicon.Request, make([]byte, maxFeedRecord+1), false},
+	} {
+		if got := f.keep(fd, c.did, c.col, c.value); got != c.want {
+			t.Errorf("keep(%s, %s) = %v, want %v", c.did, c.col, got, c.want)
+		}
 	}
 }
 
@@ -122,11 +175,15 @@ func TestKeys(t *testing.T) {
 			t.Errorf("key %s", k)
 		}
 	}
-	k := RequestKey(owner, 3, 7)
-	if i, a, ok := ParseRequestKey(owner, k); !ok || i != 3 || a != 7 {
-		t.Errorf("ParseRequestKey(%s) = %d %d %v", k, i, a, ok)
+	at := time.UnixMilli(1780000000123)
+	k := RequestKey(owner, 3, at)
+	if i, stamp, ok := ParseRequestKey(owner, k); !ok || i != 3 || stamp != at.UnixMilli() {
+		t.Errorf("ParseRequestKey(%s) = %d %d %v", k, i, stamp, ok)
 	}
-	for _, bad := range []string{"r" + owner + "-3", "r" + owner + "-03-1", "r" + owner + "--1-1", "r" + owner + "-1-0", "x"} {
+	if RequestKey(owner, 3, at) == RequestKey(owner, 3, at.Add(time.Millisecond)) {
+		t.Error("two requests of a replica share a key")
+	}
+	for _, bad := range []string{"r" + owner + "-3", "r" + owner + "-03-1", "r" + owner + "--1-1", "r" + owner + "-1-0", "r" + owner + "-1-A", "x"} {
 		if _, _, ok := ParseRequestKey(owner, bad); ok {
 			t.Errorf("ParseRequestKey(%s) accepted", bad)
 		}

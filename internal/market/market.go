@@ -54,6 +54,10 @@ func Identity(ctx context.Context, c client.Client, namespace, name string) (*ma
 		}
 		return nil, err
 	}
+	if !id.DeletionTimestamp.IsZero() {
+		// Its finalizer deletes what was published in its repo.
+		return nil, conditions.Errorf(marketv1alpha1.ReasonNotFound, nil, "MarketIdentity %s is being deleted", name)
+	}
 	ready := meta.FindStatusCondition(id.Status.Conditions, marketv1alpha1.ConditionReady)
 	if ready == nil || ready.Status != metav1.ConditionTrue || ready.ObservedGeneration != id.Generation || id.Status.DID == "" {
 		msg := fmt.Sprintf("MarketIdentity %s is not Ready", name)

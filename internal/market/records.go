@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,13 +75,14 @@ type Accept struct {
 
 // Lease is the content of a dev.knotless.market.lease record.
 type Lease struct {
-	Type          string    `json:"$type"`
-	Accept        StrongRef `json:"accept"`
-	State         string    `json:"state"`
-	Reason        string    `json:"reason,omitempty"`
-	CAFingerprint string    `json:"caFingerprint,omitempty"`
-	UpdatedAt     string    `json:"updatedAt,omitempty"`
-	CreatedAt     string    `json:"createdAt"`
+	Type          string     `json:"$type"`
+	Accept        StrongRef  `json:"accept"`
+	Bid           *StrongRef `json:"bid,omitempty"`
+	State         string     `json:"state"`
+	Reason        string     `json:"reason,omitempty"`
+	CAFingerprint string     `json:"caFingerprint,omitempty"`
+	UpdatedAt     string     `json:"updatedAt,omitempty"`
+	CreatedAt     string     `json:"createdAt"`
 }
 
 // Release is the content of a dev.knotless.market.release record.
@@ -140,6 +142,7 @@ const (
 	prefixAccept  = "a"
 	prefixLease   = "l"
 	prefixRelease = "x"
+	prefixReclaim = "c"
 )
 
 func derivedKey(prefix, owner, parentURI string) string { return prefix + owner + Hash(parentURI, 24) }
@@ -164,24 +167,51 @@ func Owns(owner, rkey string) bool {
 	return len(rkey) == 1+len(owner)+24 && rkey[1:1+len(owner)] == owner
 }
 
-// RequestKey is the record key of owner's request for a replica, in its
-// attempt (counting from 1).
-func RequestKey(owner string, replica, attempt int32) string {
-	return fmt.Sprintf("%s%s-%d-%d", prefixRequest, owner, replica, attempt)
+// Written reports whether rkey has the form of a key knotless gives the
+// records of a deal (of any owner).
+func Written(rkey string) bool {
+	if len(rkey) < 10 {
+		return false
+	}
+	switch rkey[:1] {
+	case prefixBid, prefixAccept, prefixLease, prefixRelease, prefixReclaim:
+		return len(rkey) == 33
+	case prefixRequest:
+		_, _, ok := ParseRequestKey(rkey[1:9], rkey)
+		return ok
+	}
+	return false
 }
 
-// ParseRequestKey returns the replica and attempt of a request key of
-// owner, and whether the key is one.
-func ParseRequestKey(owner, rkey string) (replica, attempt int32, ok bool) {
+// RequestKey is the record key of owner's request for a replica, made at
+// at: the time part (milliseconds, base 36) keeps every request of a
+// replica distinct, also after the replica was released and is wanted
+// again, so that nothing answering an earlier request (a bid, an accept, a
+// lease, a contract's name) is ever taken for an answer to a later one.
+func RequestKey(owner string, replica int32, at time.Time) string {
+	return fmt.Sprintf("%s%s-%d-%s", prefixRequest, owner, replica, strconv.FormatInt(at.UnixMilli(), 36))
+}
+
+// ParseRequestKey returns the replica and the time part of a request key
+// of owner, and whether the key is one.
+func ParseRequestKey(owner, rkey string) (replica int32, stamp int64, ok bool) {
 	rest, found := strings.CutPrefix(rkey, prefixRequest+owner+"-")
 	if !found {
 		return 0, 0, false
 	}
-	if _, err := fmt.Sscanf(rest, "%d-%d", &replica, &attempt); err != nil || replica < 0 || attempt < 1 ||
-		rest != fmt.Sprintf("%d-%d", replica, attempt) {
+	idx, ts, found := strings.Cut(rest, "-")
+	if !found {
 		return 0, 0, false
 	}
-	return replica, attempt, true
+	i, err := strconv.ParseInt(idx, 10, 32)
+	if err != nil || i < 0 || strconv.FormatInt(i, 10) != idx {
+		return 0, 0, false
+	}
+	stamp, err = strconv.ParseInt(ts, 36, 64)
+	if err != nil || stamp <= 0 || strconv.FormatInt(stamp, 36) != ts {
+		return 0, 0, false
+	}
+	return int32(i), stamp, true
 }
 
 // URI is the at-URI of a record.

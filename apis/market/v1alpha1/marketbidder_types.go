@@ -83,6 +83,14 @@ type MarketBidderSpec struct {
 	// +kubebuilder:default=60
 	// +optional
 	BidValiditySeconds int32 `json:"bidValiditySeconds,omitempty"`
+	// MaxOpenBidsPerRequester caps the open bids (each holding capacity)
+	// on the requests of one requester DID, so that one requester cannot
+	// hold all of the bidder's capacity with requests it never accepts.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +kubebuilder:default=10
+	// +optional
+	MaxOpenBidsPerRequester int32 `json:"maxOpenBidsPerRequester,omitempty"`
 }
 
 // MarketBidderStatus is written only by the marketbidder controller.

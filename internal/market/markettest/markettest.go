@@ -254,6 +254,14 @@ func (n *Network) Vouches(voucher, subject, role string) bool {
 	return r != nil && r.Association != nil && r.Association.Subject == subject && slices.Contains(r.Association.Roles, role)
 }
 
+// Listed implements market.Reader: every repo was listed just now.
+func (n *Network) Listed(string) time.Time {
+	if n.Now != nil {
+		return n.Now().Add(time.Nanosecond)
+	}
+	return time.Now()
+}
+
 // Refresh implements market.Reader (it counts the calls).
 func (n *Network) Refresh(did string) {
 	n.mu.Lock()
