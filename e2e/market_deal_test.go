@@ -430,18 +430,19 @@ func TestMarketDeal(t *testing.T) {
 			}
 			return confirmed == 1 && declined == 1, strings.Join(states, ", ")
 		})
-		for _, name := range []string{"race-a", "race-b"} {
-			if len(contractsOwnedBy(ctx, t, d.app, name)) == 1 {
-				won = name
-			} else {
-				lost = name
+		// The requester's contract follows the lease.
+		waitPDS(ctx, t, "one of the two requesters contracted", func() (bool, string) {
+			a, b := len(contractsOwnedBy(ctx, t, d.app, "race-a")), len(contractsOwnedBy(ctx, t, d.app, "race-b"))
+			switch {
+			case a == 1 && b == 0:
+				won, lost = "race-a", "race-b"
+			case b == 1 && a == 0:
+				won, lost = "race-b", "race-a"
+			default:
+				return false, fmt.Sprintf("race-a %d, race-b %d contracts", a, b)
 			}
-		}
-		if won == "" || lost == "" {
-			// The requester's contract follows the lease: wait for it.
-			contractOf(ctx, t, d.app, "race-a", "a contract", func(*marketv1alpha1.ComputeContract) bool { return true })
-			won, lost = "race-a", "race-b"
-		}
+			return true, ""
+		})
 		if n := len(contractsOwnedBy(ctx, t, d.app, won)) + len(contractsOwnedBy(ctx, t, d.app, lost)); n != 1 {
 			t.Fatalf("%d contracts for the two requesters, want exactly one", n)
 		}

@@ -95,8 +95,8 @@ type Absences struct {
 }
 
 // Gone reports whether the record key, missing from r now, is gone from
-// did's repo. The first time it is found missing did is listed again (at
-// most every RefreshEvery); it is gone once a listing ended after that.
+// did's repo. The first time it is found missing did is listed again at
+// once; it is gone once a listing ended after that.
 // Present clears what Gone noted.
 func (a *Absences) Gone(r Reader, did, key string, now time.Time) bool {
 	if r.Complete() != nil {
@@ -110,7 +110,7 @@ func (a *Absences) Gone(r Reader, did, key string, now time.Time) bool {
 	since, noted := a.since[key]
 	if !noted {
 		a.since[key] = now
-		r.Refresh(did)
+		r.List(did)
 		return false
 	}
 	if r.Listed(did).After(since) {

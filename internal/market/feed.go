@@ -232,6 +232,9 @@ type Reader interface {
 	Vouches(voucher, subject, role string) bool
 	// Refresh asks for did's records to be listed again (rate-limited).
 	Refresh(did string)
+	// List asks for did's records to be listed again now (a listing
+	// already owed is not queued twice).
+	List(did string)
 	// Listed is when did's records were last listed from its PDS (the
 	// zero time if never): what a listing that ended after a moment does
 	// not hold was not in the repo then.
@@ -819,25 +822,40 @@ func (v View) Listed(did string) time.Time {
 	return t
 }
 
+// List implements Reader.
+func (v View) List(did string) {
+	now := v.now()
+	for _, fd := range v.carriers(did) {
+		fd.mu.Lock()
+		fd.refreshed[did] = now
+		fd.mu.Unlock()
+		fd.sub.Refresh(did)
+	}
+}
+
+// carriers are the feeds that carry did's repo (they hold records of it):
+// a listing on another would leave records its firehose never updates.
+// When none holds any, all are.
+func (v View) carriers(did string) []*feed {
+	var out []*feed
+	for _, fd := range v.feeds {
+		if fd.idx.Load().dids[did] {
+			out = append(out, fd)
+		}
+	}
+	if len(out) == 0 {
+		return v.feeds
+	}
+	return out
+}
+
 // Refresh lists did's market records again from its PDS on the feeds of
 // the view that carry it, at most once per FeedsOptions.RefreshEvery per
 // feed: a follower reconciles the repos it deals with from listRecords
 // now and then, not from the firehose alone.
 func (v View) Refresh(did string) {
 	now := v.now()
-	// Only feeds that carry did's repo (they hold records of it) list it:
-	// a listing on another would leave records its firehose never
-	// updates. When none holds any, all are asked.
-	var carriers []*feed
-	for _, fd := range v.feeds {
-		if fd.idx.Load().dids[did] {
-			carriers = append(carriers, fd)
-		}
-	}
-	if len(carriers) == 0 {
-		carriers = v.feeds
-	}
-	for _, fd := range carriers {
+	for _, fd := range v.carriers(did) {
 		fd.mu.Lock()
 		due := now.Sub(fd.refreshed[did]) >= v.refreshEvery
 		if due {
