@@ -12,10 +12,11 @@ LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(sh
 
 all: build
 
-## build: the knotless binaries into bin/
+## build: the knotless binaries into bin/ (provider, mount proxy, agent)
 build:
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-provider ./cmd/knotless-provider
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-agent ./cmd/knotless-agent
 
 ## images: container images of both binaries with docker, FROM scratch (hack/images.sh; KNOTLESS_IMAGE_TAG, default dev)
 images:

@@ -1,0 +1,126 @@
+/*
+Copyright 2026 The knotless Authors.
+
+Licensed under the Apache License, Version 2.0.
+*/
+
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// VMPhase is where a ComputeVM stands.
+// +kubebuilder:validation:Enum=Pending;Provisioning;Running;Terminating;Terminated;Lost;Failed
+type VMPhase string
+
+// ComputeVM phases.
+const (
+	// VMPending: no agent has taken the VM up yet.
+	VMPending VMPhase = "Pending"
+	// VMProvisioning: the driver is starting the VM.
+	VMProvisioning VMPhase = "Provisioning"
+	// VMRunning: the VM runs and its tenant apiserver answers.
+	VMRunning VMPhase = "Running"
+	// VMTerminating: the VM is being stopped (the ComputeVM is deleted).
+	VMTerminating VMPhase = "Terminating"
+	// VMTerminated: the VM was stopped.
+	VMTerminated VMPhase = "Terminated"
+	// VMLost: the VM's process or machine is gone (status.reason says
+	// how); the agent never starts it again by itself.
+	VMLost VMPhase = "Lost"
+	// VMFailed: the driver could not start the VM.
+	VMFailed VMPhase = "Failed"
+)
+
+// Condition types and reasons of ComputeVM.
+const (
+	ConditionRunning = "Running"
+
+	ReasonStarting      = "Starting"
+	ReasonProcessGone   = "ProcessGone"
+	ReasonDriverFailed  = "DriverFailed"
+	ReasonUnknownDriver = "UnknownDriver"
+)
+
+// ComputeVMSpec is set by the bidder's provider (knotless-marketbidder)
+// when it makes the VM for a contract, and never changed.
+type ComputeVMSpec struct {
+	// ContractName is the bidder's ComputeContract (same namespace) the VM
+	// is for; it is also the VM's controller owner.
+	// +kubebuilder:validation:MaxLength=253
+	ContractName string `json:"contractName"`
+	// Driver runs the VM (the agent's driver of that name).
+	// +kubebuilder:validation:Enum=process
+	Driver string `json:"driver"`
+	// CPUMillis is the VM's CPU in thousandths of a core.
+	// +kubebuilder:validation:Minimum=1
+	CPUMillis int64 `json:"cpuMillis"`
+	// MemoryMiB is the VM's memory.
+	// +kubebuilder:validation:Minimum=1
+	MemoryMiB int64 `json:"memoryMiB"`
+}
+
+// ComputeVMStatus is written only by the knotless-agent that runs the VM
+// (field manager knotless-agent). Fields that are cleared (a lost VM has
+// no endpoint) are always sent: the status is replaced whole.
+type ComputeVMStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Phase of the VM.
+	// +optional
+	Phase VMPhase `json:"phase,omitempty"`
+	// Reason says why the VM is Lost or Failed.
+	// +optional
+	Reason string `json:"reason"`
+	// Endpoint is the URL of the VM's tenant apiserver (https).
+	// +optional
+	Endpoint string `json:"endpoint"`
+	// CABundle is the PEM of the CA that signs the tenant apiserver's
+	// serving certificate.
+	// +optional
+	CABundle string `json:"caBundle"`
+	// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the CA
+	// certificate (DER): what the lease record carries.
+	// +optional
+	CAFingerprint string `json:"caFingerprint"`
+	// CredentialSecret names the Secret (owned by the VM, key token) with
+	// the credential the mount uses on the tenant: an identity made on the
+	// tenant for this, that may impersonate and do nothing else.
+	// +optional
+	CredentialSecret string `json:"credentialSecret,omitempty"`
+	// Conditions: Running.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ComputeVM is a VM with a tenant apiserver that a bidder runs for a
+// contract. knotless-agent, next to the bidder's machines, runs it with a
+// driver; the provider makes it from the bidder's ComputeContract and
+// reads its endpoint, CA and credential to hand to the requester.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=knotless;market,shortName=cvm
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ComputeVM struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a ComputeVM's spec never changes"
+	Spec   ComputeVMSpec   `json:"spec"`
+	Status ComputeVMStatus `json:"status,omitempty"`
+}
+
+// ComputeVMList is a list of ComputeVMs.
+//
+// +kubebuilder:object:root=true
+type ComputeVMList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ComputeVM `json:"items"`
+}

@@ -1,0 +1,101 @@
+// Command knotless-agent is what a bidder runs next to its machines. With
+// a kubeconfig for its bidder workspace only (never the provider's), it
+// runs that workspace's ComputeVMs through a driver (the process driver:
+// each VM a tenant apiserver process on this machine) and nothing else.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/cmd/internal/buildinfo"
+	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
+	"github.com/knotless-dev/knotless/cmd/knotless-agent/options"
+	"github.com/knotless-dev/knotless/controllers/computevm"
+	"github.com/knotless-dev/knotless/internal/bootstrap"
+	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/driver/process"
+)
+
+func main() {
+	o := options.NewOptions()
+	fs := flag.NewFlagSet("knotless-agent", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	var args error
+	if fs.NArg() > 0 {
+		args = fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	if err := flagcheck.Join(args, o.Validate()); err != nil {
+		fmt.Fprintf(os.Stderr, "knotless-agent: %v\n", err)
+		os.Exit(1)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Logs)))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "knotless-agent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o *options.Options) error {
+	logger := ctrl.Log.WithName("knotless-agent")
+	cfg, err := bootstrap.LoadConfig(o.Kubeconfig, o.Context)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.ProcessRoot, 0o700); err != nil {
+		return fmt.Errorf("--process-root: %w", err)
+	}
+	version, commit := buildinfo.Get()
+	logger.Info("starting", "version", version, "commit", commit, "workspace", cfg.Host, "processRoot", o.ProcessRoot, "kcp", o.KCPPath())
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme:                 apis.NewScheme(),
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress: o.HealthProbeBindAddress,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	drivers := map[string]driver.Driver{
+		"process": &process.Driver{Root: o.ProcessRoot, KCP: o.KCPPath(), Host: o.TenantHost},
+	}
+	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the computevm controller: %w", err)
+	}
+	if o.HealthProbeBindAddress != "0" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+		// Ready once the ComputeVMs were read.
+		if err := mgr.AddReadyzCheck("vms", func(r *http.Request) error {
+			if !mgr.GetCache().WaitForCacheSync(r.Context()) {
+				return errors.New("the ComputeVMs are not read yet")
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}

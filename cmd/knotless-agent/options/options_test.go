@@ -1,0 +1,67 @@
+/*
+Copyright 2026 The knotless Authors.
+
+Licensed under the Apache License, Version 2.0.
+*/
+
+package options
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func valid(t *testing.T) *Options {
+	t.Helper()
+	kcp := filepath.Join(t.TempDir(), "kcp")
+	if err := os.WriteFile(kcp, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := NewOptions()
+	o.Kubeconfig, o.KCP, o.ProcessRoot = "/bidder.kubeconfig", kcp, "/var/lib/knotless-agent"
+	return o
+}
+
+// TestFlags: every option has a flag with NewOptions' default.
+func TestFlags(t *testing.T) {
+	o := NewOptions()
+	fs := flag.NewFlagSet("knotless-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--kubeconfig", "/k", "--process-root", "/r", "--kcp", "/bin/kcp", "--tenant-host", "10.0.0.1", "--metrics-bind-address", "0", "--health-probe-bind-address", ":9"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.Kubeconfig != "/k" || o.ProcessRoot != "/r" || o.KCP != "/bin/kcp" || o.TenantHost != "10.0.0.1" || o.MetricsBindAddress != "0" || o.HealthProbeBindAddress != ":9" {
+		t.Errorf("flags not bound: %+v", o)
+	}
+}
+
+// TestValidate: each bad value is refused with the flag named, all at
+// once; the valid options pass.
+func TestValidate(t *testing.T) {
+	if err := valid(t).Validate(); err != nil {
+		t.Fatalf("valid options refused: %v", err)
+	}
+	for _, c := range []struct {
+		flag string
+		bad  func(*Options)
+	}{
+		{"kubeconfig", func(o *Options) { o.Kubeconfig = "" }},
+		{"--process-root", func(o *Options) { o.ProcessRoot = "relative/dir" }},
+		{"--kcp", func(o *Options) { o.KCP = "/no/such/kcp" }},
+		{"--tenant-host", func(o *Options) { o.TenantHost = "localhost" }},
+		{"--metrics-bind-address", func(o *Options) { o.MetricsBindAddress = "nope" }},
+		{"--health-probe-bind-address", func(o *Options) { o.HealthProbeBindAddress = "nope" }},
+	} {
+		o := valid(t)
+		c.bad(o)
+		err := o.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("%s: %v", c.flag, err)
+		}
+	}
+}

@@ -1,0 +1,234 @@
+// Package computevm is knotless-agent's controller: it runs the
+// ComputeVMs of the bidder workspace the agent is given through a driver.
+// A VM is provisioned once (an agent that starts again adopts the VMs that
+// run), reported Running with its tenant apiserver's endpoint and CA once
+// that answers, and given a Secret (owned by the VM) with the credential
+// the mount uses on the tenant. A VM whose process or machine is gone is
+// Lost with a reason: the agent never starts it again and never tears
+// down a VM because it cannot see it. Deleting a ComputeVM terminates the
+// VM (finalizer). It is the only writer of ComputeVM status (field
+// manager FieldManager) and never writes spec.
+//
+// It is registered by knotless-agent only; the provider never starts
+// processes.
+package computevm
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/ssa"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "computevm"
+	// FieldManager owns ComputeVM status and finalizer and the credential
+	// Secrets.
+	FieldManager = "knotless-agent"
+	// Finalizer terminates the VM before the ComputeVM goes.
+	Finalizer = "compute.knotless.dev/vm"
+
+	// pollStarting is how often a starting VM is looked at.
+	pollStarting = 2 * time.Second
+	// pollRunning is how often a running VM is checked.
+	pollRunning = 15 * time.Second
+)
+
+// Reconciler runs the ComputeVMs of one workspace.
+type Reconciler struct {
+	Client client.Client
+	// Drivers by name (spec.driver).
+	Drivers map[string]driver.Driver
+	// Events records the VMs' Events.
+	Events events.EventRecorder
+}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(Name).
+		For(&computev1alpha1.ComputeVM{}).
+		Owns(&corev1.Secret{}).
+		WithOptions(controller.Options{
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, time.Minute),
+			ReconciliationTimeout:   2 * time.Minute,
+			MaxConcurrentReconciles: 4,
+		}).
+		Complete(r)
+}
+
+// CredentialSecret is the name of a VM's credential Secret.
+func CredentialSecret(vm string) string { return vm + "-credential" }
+
+func vmOf(vm *computev1alpha1.ComputeVM) driver.VM {
+	return driver.VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB}
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	c := r.Client
+	vm := &computev1alpha1.ComputeVM{}
+	if err := c.Get(ctx, req.NamespacedName, vm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	d := r.Drivers[vm.Spec.Driver]
+	if !vm.DeletionTimestamp.IsZero() {
+		return r.terminate(ctx, vm, d)
+	}
+	if !controllerutil.ContainsFinalizer(vm, Finalizer) {
+		if err := ssa.Metadata(ctx, c, vm, []string{Finalizer}, nil, FieldManager); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+	st := vm.Status.DeepCopy()
+	st.ObservedGeneration = vm.Generation
+	result, cause := r.run(ctx, vm, d, st)
+	if err := r.write(ctx, vm, st); err != nil {
+		return reconcile.Result{}, err
+	}
+	return result, cause
+}
+
+// run drives the VM and sets st.
+func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d driver.Driver, st *computev1alpha1.ComputeVMStatus) (reconcile.Result, error) {
+	switch {
+	case d == nil:
+		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonUnknownDriver, fmt.Sprintf("this agent has no driver %q", vm.Spec.Driver))
+		return reconcile.Result{}, nil
+	case st.Phase == computev1alpha1.VMLost || st.Phase == computev1alpha1.VMFailed:
+		// Never started again: the provider replaces or releases it.
+		return reconcile.Result{}, nil
+	}
+	s, err := d.Provision(ctx, vmOf(vm))
+	switch {
+	case errors.Is(err, driver.ErrLost) || s.State == driver.Lost:
+		set(st, vm, computev1alpha1.VMLost, computev1alpha1.ReasonProcessGone, s.Reason)
+		r.Events.Eventf(vm, nil, corev1.EventTypeWarning, computev1alpha1.ReasonProcessGone, "Provision", "the VM is lost: %s", s.Reason)
+		return reconcile.Result{}, nil
+	case err != nil:
+		set(st, vm, computev1alpha1.VMProvisioning, computev1alpha1.ReasonDriverFailed, "the driver failed: "+err.Error())
+		return reconcile.Result{}, err
+	case s.State != driver.Running:
+		set(st, vm, computev1alpha1.VMProvisioning, computev1alpha1.ReasonStarting, "the VM is starting")
+		return reconcile.Result{RequeueAfter: pollStarting}, nil
+	}
+	token, err := d.Credential(ctx, vmOf(vm))
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.credential(ctx, vm, token); err != nil {
+		return reconcile.Result{}, err
+	}
+	fp, err := Fingerprint(s.CA)
+	if err != nil {
+		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonDriverFailed, "the VM's CA is not a certificate: "+err.Error())
+		return reconcile.Result{}, nil
+	}
+	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
+	set(st, vm, computev1alpha1.VMRunning, string(computev1alpha1.VMRunning), "the tenant apiserver answers at "+s.Endpoint)
+	return reconcile.Result{RequeueAfter: pollRunning}, nil
+}
+
+// credential makes the VM's credential Secret (owned by the VM) hold
+// token.
+func (r *Reconciler) credential(ctx context.Context, vm *computev1alpha1.ComputeVM, token string) error {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: CredentialSecret(vm.Name), Namespace: vm.Namespace}}
+	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, sec, func() error {
+		sec.Type = corev1.SecretTypeOpaque
+		sec.Data = map[string][]byte{"token": []byte(token)}
+		return controllerutil.SetControllerReference(vm, sec, r.Client.Scheme())
+	})
+	if err != nil {
+		return fmt.Errorf("the VM's credential Secret: %w", err)
+	}
+	return nil
+}
+
+// Fingerprint is "sha256:" and the lowercase hex SHA-256 of the DER of
+// the first certificate in pemBytes.
+func Fingerprint(pemBytes []byte) (string, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return "", errors.New("no PEM certificate")
+	}
+	if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(block.Bytes)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, phase computev1alpha1.VMPhase, reason, msg string) {
+	st.Phase = phase
+	st.Reason = ""
+	if phase == computev1alpha1.VMLost || phase == computev1alpha1.VMFailed {
+		st.Reason = reason
+		st.Endpoint, st.CABundle, st.CAFingerprint = "", "", ""
+	}
+	status := metav1.ConditionFalse
+	if phase == computev1alpha1.VMRunning {
+		status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: computev1alpha1.ConditionRunning, Status: status, Reason: reason, Message: msg, ObservedGeneration: vm.Generation})
+}
+
+func (r *Reconciler) write(ctx context.Context, vm *computev1alpha1.ComputeVM, st *computev1alpha1.ComputeVMStatus) error {
+	return ssa.WriteStatus(ctx, r.Client, vm, &vm.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Replace:  true, // endpoint and CA go when the VM is lost
+		Event:    ssa.PhaseChanged(vm.Status.Phase, st.Phase, computev1alpha1.VMFailed, "", meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionRunning).Message),
+		Recorder: r.Events,
+		Action:   "Reconcile",
+	})
+}
+
+// terminate stops a deleted VM, then lets it go.
+func (r *Reconciler) terminate(ctx context.Context, vm *computev1alpha1.ComputeVM, d driver.Driver) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(vm, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	if d != nil {
+		if vm.Status.Phase != computev1alpha1.VMTerminating {
+			st := vm.Status.DeepCopy()
+			set(st, vm, computev1alpha1.VMTerminating, string(computev1alpha1.VMTerminating), "stopping the VM")
+			if err := r.write(ctx, vm, st); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		if err := d.Terminate(ctx, vmOf(vm)); err != nil {
+			return reconcile.Result{}, fmt.Errorf("terminating the VM: %w", err)
+		}
+		// The status write moved the object on.
+		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+	if err := ssa.RemoveFinalizer(ctx, r.Client, vm, Finalizer); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	return reconcile.Result{}, nil
+}

@@ -1,0 +1,68 @@
+// Package driver is what knotless-agent runs VMs through: a driver
+// provisions a VM with a tenant apiserver, reports on it, hands out the
+// credential the mount uses on it, and terminates it. Drivers are
+// pluggable (a cloud's VMs, k3s on bare metal); knotless ships the process
+// driver (package process), whose VMs are tenant apiserver processes on
+// the agent's machine.
+package driver
+
+import (
+	"context"
+	"errors"
+)
+
+// VM is what a driver is told of the VM it runs.
+type VM struct {
+	// ID is stable for the VM's life (the ComputeVM's UID).
+	ID string
+	// CPUMillis and MemoryMiB are the shape asked for.
+	CPUMillis, MemoryMiB int64
+}
+
+// State is where a VM stands, as its driver sees it.
+type State string
+
+// States.
+const (
+	// Absent: the driver has never started this VM, or it was terminated.
+	Absent State = "Absent"
+	// Starting: the VM was started and does not answer yet.
+	Starting State = "Starting"
+	// Running: the VM's tenant apiserver answers.
+	Running State = "Running"
+	// Lost: the VM was started and is gone (its process died, its
+	// machine went away). A driver never starts a lost VM again by
+	// itself.
+	Lost State = "Lost"
+)
+
+// Status is a VM's state and, once it runs, how to reach it.
+type Status struct {
+	State State
+	// Reason says why a VM is Lost.
+	Reason string
+	// Endpoint is the https URL of the tenant apiserver.
+	Endpoint string
+	// CA is the PEM of the CA that verifies the tenant apiserver.
+	CA []byte
+}
+
+// ErrLost is returned by Provision for a VM that was started and is gone:
+// it is not started again.
+var ErrLost = errors.New("the VM was started before and is gone")
+
+// Driver runs VMs. Every method is idempotent and may be called again
+// after the agent restarted: a VM started before is adopted, never started
+// twice.
+type Driver interface {
+	// Provision starts the VM if it is Absent, and returns its status.
+	Provision(ctx context.Context, vm VM) (Status, error)
+	// Status reports on the VM without changing it.
+	Status(ctx context.Context, vm VM) (Status, error)
+	// Credential returns the bearer token of the identity the mount uses
+	// on the running VM's tenant apiserver: made for this, allowed to
+	// impersonate and nothing else (never the tenant's admin).
+	Credential(ctx context.Context, vm VM) (string, error)
+	// Terminate stops the VM and removes what the driver kept of it.
+	Terminate(ctx context.Context, vm VM) error
+}

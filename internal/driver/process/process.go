@@ -1,0 +1,329 @@
+// Package process is the process driver of knotless-agent: each VM is a
+// tenant apiserver process (`kcp start` of the pinned kcp) on the agent's
+// machine, with its own data directory, CA and free ports, started in a
+// session of its own so that it outlives a restart of the agent. What the
+// driver knows of a VM is in its directory (<root>/<VM ID>): the ports,
+// the process ID and the mount identity's token, so that an agent that
+// starts again adopts a VM that runs and reports one whose process died as
+// Lost.
+package process
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/knotless-dev/knotless/internal/driver"
+)
+
+// MountUser is the tenant user the mount's credential authenticates as.
+const MountUser = "knotless-mount"
+
+// Driver runs VMs as kcp processes.
+type Driver struct {
+	// Root holds one directory per VM.
+	Root string
+	// KCP is the kcp binary.
+	KCP string
+	// Host is the address the tenant apiservers listen on (default
+	// 127.0.0.1).
+	Host string
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// state is what the driver keeps of a VM, in <dir>/vm.json.
+type state struct {
+	Port, EtcdClient, EtcdPeer int
+	PID                        int
+	Token                      string
+}
+
+func (d *Driver) dir(vm driver.VM) (string, error) {
+	if vm.ID == "" || strings.ContainsAny(vm.ID, `/\.`) {
+		return "", fmt.Errorf("process driver: invalid VM id %q", vm.ID)
+	}
+	return filepath.Join(d.Root, vm.ID), nil
+}
+
+func (d *Driver) host() string {
+	if d.Host == "" {
+		return "127.0.0.1"
+	}
+	return d.Host
+}
+
+func load(dir string) (*state, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("process driver: %s: %w", dir, err)
+	}
+	return &st, nil
+}
+
+func save(dir string, st *state) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "vm.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "vm.json"))
+}
+
+// alive reports whether pid is a live process (not a zombie) running kcp.
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
+}
+
+// Provision implements driver.Driver.
+func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, error) {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return driver.Status{}, err
+	}
+	st, err := load(dir)
+	if err != nil {
+		return driver.Status{}, err
+	}
+	if st != nil {
+		s, err := d.status(ctx, dir, st)
+		if err == nil && s.State == driver.Lost {
+			return s, driver.ErrLost
+		}
+		return s, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return driver.Status{}, err
+	}
+	st = &state{}
+	for _, p := range []*int{&st.Port, &st.EtcdClient, &st.EtcdPeer} {
+		if *p, err = freePort(d.host()); err != nil {
+			return driver.Status{}, err
+		}
+	}
+	tok := make([]byte, 24)
+	if _, err := rand.Read(tok); err != nil {
+		return driver.Status{}, err
+	}
+	st.Token = hex.EncodeToString(tok)
+	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(fmt.Sprintf("%s,%s,%s,\"knotless\"\n", st.Token, MountUser, MountUser)), 0o600); err != nil {
+		return driver.Status{}, err
+	}
+	// A shell starts kcp in the background and exits: kcp belongs to
+	// init from then on (which reaps it), in a session of its own, so it
+	// outlives this call and the agent. The shell prints its PID.
+	args := []string{"start",
+		"--root-directory", filepath.Join(dir, "kcp"),
+		"--bind-address", d.host(),
+		"--secure-port", strconv.Itoa(st.Port),
+		"--embedded-etcd-client-port", strconv.Itoa(st.EtcdClient),
+		"--embedded-etcd-peer-port", strconv.Itoa(st.EtcdPeer),
+		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+	}
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", `"$0" "$@" >>kcp.log 2>&1 </dev/null & echo $!`, d.KCP}, args...)...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.Output()
+	if err != nil {
+		return driver.Status{}, fmt.Errorf("process driver: starting kcp: %w", err)
+	}
+	if st.PID, err = strconv.Atoi(strings.TrimSpace(string(out))); err != nil {
+		return driver.Status{}, fmt.Errorf("process driver: starting kcp: no PID (%q)", out)
+	}
+	if err := save(dir, st); err != nil {
+		_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		return driver.Status{}, err
+	}
+	return driver.Status{State: driver.Starting}, nil
+}
+
+// Status implements driver.Driver.
+func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error) {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return driver.Status{}, err
+	}
+	st, err := load(dir)
+	if err != nil || st == nil {
+		return driver.Status{State: driver.Absent}, err
+	}
+	return d.status(ctx, dir, st)
+}
+
+func (d *Driver) status(ctx context.Context, dir string, st *state) (driver.Status, error) {
+	if !alive(st.PID) {
+		return driver.Status{State: driver.Lost, Reason: fmt.Sprintf("the VM's process %d is gone", st.PID)}, nil
+	}
+	cfg, err := d.admin(dir)
+	if err != nil {
+		return driver.Status{State: driver.Starting}, nil
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return driver.Status{State: driver.Starting}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base(st)+"/readyz", nil)
+	if err != nil {
+		return driver.Status{}, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return driver.Status{State: driver.Starting}, nil
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return driver.Status{State: driver.Starting}, nil
+	}
+	if err := d.grant(ctx, cfg); err != nil {
+		return driver.Status{State: driver.Starting, Reason: err.Error()}, nil
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "kcp", "apiserver.crt"))
+	if err != nil {
+		return driver.Status{}, err
+	}
+	return driver.Status{State: driver.Running, Endpoint: d.base(st) + "/clusters/root", CA: ca}, nil
+}
+
+func (d *Driver) base(st *state) string {
+	return "https://" + net.JoinHostPort(d.host(), strconv.Itoa(st.Port))
+}
+
+// admin is the tenant's admin config, from the kubeconfig kcp wrote.
+func (d *Driver) admin(dir string) (*rest.Config, error) {
+	return clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kcp", "admin.kubeconfig"))
+}
+
+// grant lets the mount identity impersonate on the tenant, and nothing
+// else.
+func (d *Driver) grant(ctx context.Context, cfg *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "knotless:mount-impersonator"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}},
+			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "knotless:mount-impersonator"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}},
+	}
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("granting the mount identity: %w", err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("granting the mount identity: %w", err)
+	}
+	return nil
+}
+
+// Credential implements driver.Driver.
+func (d *Driver) Credential(_ context.Context, vm driver.VM) (string, error) {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return "", err
+	}
+	st, err := load(dir)
+	if err != nil {
+		return "", err
+	}
+	if st == nil {
+		return "", errors.New("process driver: the VM does not exist")
+	}
+	return st.Token, nil
+}
+
+// Terminate implements driver.Driver: SIGTERM, then SIGKILL after 30 s;
+// the VM's directory goes.
+func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return err
+	}
+	st, err := load(dir)
+	if err != nil {
+		return err
+	}
+	if st != nil && alive(st.PID) {
+		_ = syscall.Kill(st.PID, syscall.SIGTERM)
+		deadline := time.Now().Add(30 * time.Second)
+		for alive(st.PID) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		if alive(st.PID) {
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
+// PIDs returns the process IDs of the VMs under root (for a test's
+// clean-up).
+func PIDs(root string) []int {
+	entries, _ := os.ReadDir(root)
+	var out []int
+	for _, e := range entries {
+		if st, err := load(filepath.Join(root, e.Name())); err == nil && st != nil {
+			out = append(out, st.PID)
+		}
+	}
+	return out
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

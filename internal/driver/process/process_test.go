@@ -1,0 +1,98 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/knotless-dev/knotless/internal/driver"
+)
+
+// fakeKCP is a stand-in for the kcp binary that only stays alive: the
+// driver's bookkeeping (start detached, adopt, lost, terminate) is tested
+// here; e2e tests run the real kcp.
+func fakeKCP(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kcp")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestProvisionAdoptLostTerminate: a VM is started once (a second
+// Provision, as after an agent restart, adopts it), reported Lost when its
+// process dies and never started again, and Terminate removes it.
+func TestProvisionAdoptLostTerminate(t *testing.T) {
+	d := &Driver{Root: t.TempDir(), KCP: fakeKCP(t)}
+	vm := driver.VM{ID: "uid-1", CPUMillis: 1000, MemoryMiB: 1024}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		for _, pid := range PIDs(d.Root) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	st, err := d.Provision(ctx, vm)
+	if err != nil || st.State != driver.Starting {
+		t.Fatalf("Provision: %+v, %v", st, err)
+	}
+	pids := PIDs(d.Root)
+	if len(pids) != 1 || !alive(pids[0]) {
+		t.Fatalf("pids %v", pids)
+	}
+	// Adopted, not started twice (a fresh driver: the agent restarted).
+	d2 := &Driver{Root: d.Root, KCP: d.KCP}
+	if st, err := d2.Provision(ctx, vm); err != nil || st.State != driver.Starting {
+		t.Fatalf("second Provision: %+v, %v", st, err)
+	}
+	if got := PIDs(d.Root); len(got) != 1 || got[0] != pids[0] {
+		t.Fatalf("a second process was started: %v", got)
+	}
+	if tok, err := d2.Credential(ctx, vm); err != nil || len(tok) != 48 {
+		t.Errorf("credential %q, %v", tok, err)
+	}
+	// The process dies: Lost, and not started again.
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pids[0]) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st, err := d2.Status(ctx, vm); err != nil || st.State != driver.Lost || st.Reason == "" {
+		t.Fatalf("Status after the process died: %+v, %v", st, err)
+	}
+	if _, err := d2.Provision(ctx, vm); !errors.Is(err, driver.ErrLost) {
+		t.Fatalf("Provision of a lost VM: %v, want ErrLost", err)
+	}
+	if err := d2.Terminate(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d2.Status(ctx, vm); err != nil || st.State != driver.Absent {
+		t.Fatalf("after Terminate: %+v, %v", st, err)
+	}
+	if _, err := d2.Provision(ctx, driver.VM{ID: "../escape"}); err == nil {
+		t.Error("a VM id with a path was accepted")
+	}
+}
+
+// TestTerminateStopsARunningVM: Terminate stops a live process.
+func TestTerminateStopsARunningVM(t *testing.T) {
+	d := &Driver{Root: t.TempDir(), KCP: fakeKCP(t)}
+	vm := driver.VM{ID: "uid-2"}
+	if _, err := d.Provision(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+	pid := PIDs(d.Root)[0]
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := d.Terminate(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+	if alive(pid) {
+		t.Error("the VM's process still runs")
+	}
+}
