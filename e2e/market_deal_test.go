@@ -27,10 +27,13 @@ import (
 // bidder workspace (market-bidder), all made by the unprivileged user
 // alice with kubectl ws create, every account on the suite's PDS.
 type deal struct {
-	op       *framework.Account
-	opWS     client.Client
-	app, bid client.Client
-	accounts map[string]*framework.Account
+	op         *framework.Account
+	opWS       client.Client
+	app, bid   client.Client
+	bidWS      string
+	appWS      string
+	bidderUser string
+	accounts   map[string]*framework.Account
 }
 
 // newDeal sets the market up: requester identities and bidder identities
@@ -38,14 +41,22 @@ type deal struct {
 // with its role.
 func newDeal(ctx context.Context, t *testing.T, tag string, requesters, bidders, unvouched []string) *deal {
 	t.Helper()
-	d := &deal{accounts: map[string]*framework.Account{}}
+	return newDealAs(ctx, t, tag, "alice", requesters, bidders, unvouched)
+}
+
+// newDealAs is newDeal with the bidder workspace made by bidderUser.
+func newDealAs(ctx context.Context, t *testing.T, tag, bidderUser string, requesters, bidders, unvouched []string) *deal {
+	t.Helper()
+	d := &deal{accounts: map[string]*framework.Account{}, bidderUser: bidderUser}
 	d.opWS = marketWorkspace(ctx, t, env.prefix+"-"+tag+"-op")
 	create(ctx, t, d.opWS, network("net", []string{env.pds.URL}, ""))
 	d.op = participant(ctx, t, d.opWS, env.pds, env.prefix+tag+"op.test", "operator", "net")
 
-	d.app = userWorkspace(ctx, t, env.prefix+"-"+tag+"-buyer", "socialweb-application")
+	d.appWS = env.prefix + "-" + tag + "-buyer"
+	d.app = userWorkspace(ctx, t, d.appWS, "socialweb-application")
 	create(ctx, t, d.app, network("net", []string{env.pds.URL}, d.op.DID))
-	d.bid = marketWorkspace(ctx, t, env.prefix+"-"+tag+"-sellers")
+	d.bidWS = env.prefix + "-" + tag + "-sellers"
+	d.bid = userWorkspaceAs(ctx, t, d.bidWS, "market-bidder", bidderUser)
 	create(ctx, t, d.bid, network("net", []string{env.pds.URL}, d.op.DID))
 	var approve []any
 	for _, name := range requesters {
@@ -446,6 +457,7 @@ func TestMarketDeal(t *testing.T) {
 		if n := len(contractsOwnedBy(ctx, t, d.app, won)) + len(contractsOwnedBy(ctx, t, d.app, lost)); n != 1 {
 			t.Fatalf("%d contracts for the two requesters, want exactly one", n)
 		}
+		contractOf(ctx, t, d.bid, "last", "the bidder's one contract", func(*marketv1alpha1.ComputeContract) bool { return true })
 		if n := len(contractsOwnedBy(ctx, t, d.bid, "last")); n != 1 {
 			t.Errorf("the bidder holds %d contracts, want 1", n)
 		}

@@ -46,7 +46,13 @@ func marketWorkspace(ctx context.Context, t *testing.T, name string) client.Clie
 // client for it.
 func userWorkspace(ctx context.Context, t *testing.T, name, wsType string) client.Client {
 	t.Helper()
-	cfg, err := env.kcp.UserConfig("alice")
+	return userWorkspaceAs(ctx, t, name, wsType, "alice")
+}
+
+// userWorkspaceAs is userWorkspace as another token user of the suite.
+func userWorkspaceAs(ctx context.Context, t *testing.T, name, wsType, user string) client.Client {
+	t.Helper()
+	cfg, err := env.kcp.UserConfig(user)
 	if err != nil {
 		t.Logf("no unprivileged user on an existing kcp (%v); using kcp-admin", err)
 		cfg = env.admin

@@ -15,10 +15,6 @@ package computevm
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"time"
@@ -37,6 +33,7 @@ import (
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -82,7 +79,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func CredentialSecret(vm string) string { return vm + "-credential" }
 
 func vmOf(vm *computev1alpha1.ComputeVM) driver.VM {
-	return driver.VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB}
+	return driver.VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB,
+		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups}
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -140,7 +138,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 	if err := r.credential(ctx, vm, token); err != nil {
 		return reconcile.Result{}, err
 	}
-	fp, err := Fingerprint(s.CA)
+	fp, err := market.CAFingerprint(s.CA)
 	if err != nil {
 		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonDriverFailed, "the VM's CA is not a certificate: "+err.Error())
 		return reconcile.Result{}, nil
@@ -163,20 +161,6 @@ func (r *Reconciler) credential(ctx context.Context, vm *computev1alpha1.Compute
 		return fmt.Errorf("the VM's credential Secret: %w", err)
 	}
 	return nil
-}
-
-// Fingerprint is "sha256:" and the lowercase hex SHA-256 of the DER of
-// the first certificate in pemBytes.
-func Fingerprint(pemBytes []byte) (string, error) {
-	block, _ := pem.Decode(pemBytes)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return "", errors.New("no PEM certificate")
-	}
-	if _, err := x509.ParseCertificate(block.Bytes); err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(block.Bytes)
-	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, phase computev1alpha1.VMPhase, reason, msg string) {

@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -42,6 +43,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/conditions"
@@ -110,6 +112,25 @@ func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, re
 
 func (r *Reconciler) resync() time.Duration { return cmp.Or(r.Resync, 2*time.Minute) }
 
+// tenantAdmins are the tenant admins that the requester of a contract
+// names, found by the requester's DID (the index of requesters over every
+// engaged workspace) and the accept it made; none when the requester is
+// not reconciled by this provider.
+func (r *Reconciler) tenantAdmins(ctx context.Context, cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins {
+	_, _, acceptKey := market.SplitURI(cc.Spec.Accept.URI)
+	for _, req := range r.Market.Followers(market.RoleRequester, cc.Spec.RequesterDID) {
+		cl, err := r.GetCluster(ctx, req.ClusterName)
+		if err != nil {
+			continue
+		}
+		mr := &marketv1alpha1.MarketRequester{}
+		if cl.GetClient().Get(ctx, req.NamespacedName, mr) == nil && market.Owns(market.Owner(string(mr.UID)), acceptKey) {
+			return mr.Spec.TenantAdmins
+		}
+	}
+	return computev1alpha1.TenantAdmins{}
+}
+
 func key(req mcreconcile.Request) string {
 	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
 }
@@ -142,6 +163,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Owns(&marketv1alpha1.MarketPresence{}).
 		Watches(&marketv1alpha1.MarketIdentity{}, mapping.ByIndex(bidders, byIdentity, client.Object.GetName)).
 		Watches(&marketv1alpha1.MarketNetwork{}, mapping.ByClusterIndex(bidders, byNetwork, client.Object.GetName)).
+		// A VM's phase (Running, Lost) moves its lease on.
+		Watches(&computev1alpha1.ComputeVM{}, vmToBidder()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout:   time.Minute,
@@ -151,6 +174,27 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		b = b.WatchesRawSource(r.Source)
 	}
 	return b.Complete(r)
+}
+
+// vmToBidder maps a ComputeVM to the MarketBidder that owns its contract.
+func vmToBidder() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
+			ref := metav1.GetControllerOf(o)
+			if ref == nil || ref.Kind != "ComputeContract" {
+				return nil
+			}
+			cc := &marketv1alpha1.ComputeContract{}
+			if cl.GetCache().Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}, cc) != nil {
+				return nil
+			}
+			owner := metav1.GetControllerOf(cc)
+			if owner == nil || owner.Kind != "MarketBidder" {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}}}}
+		})
+	}
 }
 
 // Reconcile implements mcreconcile.Reconciler.
@@ -263,7 +307,8 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 		return nil, err
 	}
 	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: r.now(), id: id, net: net,
-		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID)), absent: &r.absent}
+		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
+		admins: func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) }}
 	if b.Spec.Suspend {
 		t.stop = "suspended"
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -70,9 +71,12 @@ type trader struct {
 	perRequester map[string]int32
 	bids         map[string]*marketv1alpha1.Bid
 	contracts    map[string]*marketv1alpha1.ComputeContract
-	ignored      map[string]bool
-	next         time.Time
-	errs         []error
+	vms          map[string]*computev1alpha1.ComputeVM
+	// admins are the tenant admins the requester of a contract names.
+	admins  func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins
+	ignored map[string]bool
+	next    time.Time
+	errs    []error
 
 	// actions are the writes decided on, done by execute.
 	actions []action
@@ -287,6 +291,56 @@ func (t *trader) load() error {
 			t.contracts[cc.Name] = cc
 		}
 	}
+	t.vms = map[string]*computev1alpha1.ComputeVM{}
+	var vms computev1alpha1.ComputeVMList
+	if err := t.c.List(t.ctx, &vms, client.InNamespace(t.b.Namespace)); err != nil {
+		return err
+	}
+	for i := range vms.Items {
+		if vm := &vms.Items[i]; t.contracts[vm.Name] != nil && metav1.IsControlledBy(vm, t.contracts[vm.Name]) {
+			t.vms[vm.Name] = vm
+		}
+	}
+	return nil
+}
+
+// ensureVM makes the ComputeVM of the contract name (owned by it) when it
+// does not exist; the agent runs it.
+func (t *trader) ensureVM(name string, vm *computev1alpha1.ComputeVM) error {
+	t.mu.Lock()
+	cc := t.contracts[name]
+	t.mu.Unlock()
+	if vm != nil || cc == nil || !live(cc) {
+		return nil
+	}
+	want := &computev1alpha1.ComputeVM{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: t.b.Namespace},
+		Spec: computev1alpha1.ComputeVMSpec{
+			ContractName: name,
+			Driver:       string(cmp.Or(t.b.Spec.Driver, marketv1alpha1.DriverProcess)),
+			CPUMillis:    cc.Spec.Shape.CPUMillis,
+			MemoryMiB:    cc.Spec.Shape.MemoryMiB,
+		},
+	}
+	if t.admins != nil {
+		want.Spec.Admins = t.admins(cc)
+	}
+	if err := ssa.Child(t.ctx, t.c, want, cc, FieldManager); err != nil {
+		return err
+	}
+	t.events.Eventf(cc, nil, corev1.EventTypeNormal, "Provisioning", "Provision", "ComputeVM %s made for the lease; the agent runs it", name)
+	return nil
+}
+
+// deleteVM deletes a contract's VM (the agent stops it).
+func (t *trader) deleteVM(vm *computev1alpha1.ComputeVM) error {
+	if !vm.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	uid := vm.UID
+	if err := t.c.Delete(t.ctx, vm, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
 	return nil
 }
 
@@ -329,25 +383,65 @@ func (t *trader) lease(ol *ownLease) {
 	switch l.State {
 	case market.LeaseConfirmed, market.LeaseRunning:
 		release := t.releaseOf(ol, requester)
+		name := market.ChildName(t.b.Name, l.Accept.URI)
+		vm := t.vms[name]
 		if release == nil && !withdrawn {
 			if offer >= 0 {
 				t.used[offer]++
 			} else {
 				t.unknown++
 			}
+			t.due(t.now.Add(30 * time.Second))
+			switch {
+			case vm != nil && (vm.Status.Phase == computev1alpha1.VMLost || vm.Status.Phase == computev1alpha1.VMFailed):
+				// The VM is gone: the lease ends, the requester goes back to
+				// the market.
+				reason := "vm-lost"
+				if vm.Status.Phase == computev1alpha1.VMFailed {
+					reason = market.DeclineDriverFailed
+				}
+				done := *l
+				done.State, done.Reason, done.CAFingerprint, done.UpdatedAt = market.LeaseCompleted, reason, "", market.Time(t.now)
+				t.do(action{
+					pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); return err },
+					kcp: func() error {
+						t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "VMLost", "Lease", "the VM of %s is %s (%s): the lease ends", name, vm.Status.Phase, vm.Status.Reason)
+						return errors.Join(t.contract(ol, acc, cc, marketv1alpha1.ContractFailed, reason), t.deleteVM(vm))
+					},
+				})
+				return
+			case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != market.LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint):
+				// The VM runs: the lease says so, with the CA's fingerprint
+				// (never the CA or a credential).
+				up := *l
+				up.State, up.CAFingerprint, up.UpdatedAt = market.LeaseRunning, vm.Status.CAFingerprint, market.Time(t.now)
+				t.do(action{
+					pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &up); return err },
+					kcp: func() error { return t.contract(ol, acc, cc, marketv1alpha1.ContractActive, "") },
+				})
+				return
+			}
 			phase := marketv1alpha1.ContractProvisioning
 			if l.State == market.LeaseRunning {
 				phase = marketv1alpha1.ContractActive
 			}
-			t.do(action{kcp: func() error { return t.contract(ol, acc, cc, phase, "") }})
-			t.due(t.now.Add(30 * time.Second))
+			t.do(action{kcp: func() error {
+				return errors.Join(t.contract(ol, acc, cc, phase, ""), t.ensureVM(name, vm))
+			}})
 			return
 		}
-		// Released, or the requester withdrew its accept: the lease ends.
-		// (Part 3 stops the VM first.)
+		// Released, or the requester withdrew its accept: the VM stops
+		// first, then the lease ends.
 		reason := "accept-withdrawn"
 		if release != nil {
 			reason = release.Release.Reason
+		}
+		if vm != nil {
+			t.do(action{kcp: func() error {
+				return errors.Join(t.contract(ol, acc, cc, marketv1alpha1.ContractReleasing, reason), t.deleteVM(vm))
+			}})
+			t.due(t.now.Add(2 * time.Second))
+			return
 		}
 		done := *l
 		done.State, done.UpdatedAt = market.LeaseCompleted, market.Time(t.now)

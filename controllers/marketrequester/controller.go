@@ -46,6 +46,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/conditions"
@@ -132,6 +133,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		// A Component's (or, through it, an Application's) suspend reaches
 		// the requester it templates.
 		Watches(&appsv1alpha1.Component{}, componentToRequester(), predicates.PhaseChanged()).
+		// A mount's phase moves its contract to Active.
+		Watches(&computev1alpha1.TenantCluster{}, tenantToRequester()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout: time.Minute,
@@ -153,6 +156,29 @@ func componentToRequester() func(multicluster.ClusterName, cluster.Cluster) hand
 				return nil
 			}
 			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
+		})
+	}
+}
+
+// tenantToRequester maps a TenantCluster the requester made (named like
+// its contract, whose namespace the credential reference names) to the
+// contract's MarketRequester.
+func tenantToRequester() func(multicluster.ClusterName, cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+	return func(name multicluster.ClusterName, cl cluster.Cluster) handler.TypedEventHandler[client.Object, mcreconcile.Request] {
+		return handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []mcreconcile.Request {
+			tc, ok := o.(*computev1alpha1.TenantCluster)
+			if !ok || tc.Spec.Credential.SecretRef.Name != tenantCredential(tc.Name) {
+				return nil
+			}
+			cc := &marketv1alpha1.ComputeContract{}
+			if cl.GetCache().Get(ctx, client.ObjectKey{Namespace: tc.Spec.Credential.SecretRef.Namespace, Name: tc.Name}, cc) != nil {
+				return nil
+			}
+			owner := metav1.GetControllerOf(cc)
+			if owner == nil || owner.Kind != "MarketRequester" {
+				return nil
+			}
+			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKey{Namespace: cc.Namespace, Name: owner.Name}}}}
 		})
 	}
 }
@@ -226,6 +252,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		setReady(s.st, mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
 	}
 	if deleting && s.done {
+		if err := s.sweepMounts(); err != nil {
+			return reconcile.Result{}, err
+		}
 		if err := ssa.RemoveFinalizer(ctx, c, mr, Finalizer); err != nil {
 			if apierrors.IsConflict(err) {
 				return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -397,13 +426,33 @@ func (s *session) unreachable(err error) error {
 }
 
 // letGo lets a deleting requester go although its records could not be
-// released (an Event says so when it held any).
+// released (an Event says so when it held any). Its mounts go with it.
 func (s *session) letGo(err error) error {
+	if err := s.sweepMounts(); err != nil {
+		return err
+	}
 	if len(s.mr.Status.Requests) > 0 {
 		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
 			"the requester's repo or network is not usable (%v); its records could not be released or deleted", err)
 	}
 	s.done = true
+	return nil
+}
+
+// sweepMounts removes the mounts of every contract the requester holds
+// (its contracts go with it; TenantClusters cannot be owned by them).
+func (s *session) sweepMounts() error {
+	var ccs marketv1alpha1.ComputeContractList
+	if err := s.c.List(s.ctx, &ccs, client.InNamespace(s.mr.Namespace)); err != nil {
+		return err
+	}
+	for i := range ccs.Items {
+		if cc := &ccs.Items[i]; metav1.IsControlledBy(cc, s.mr) {
+			if err := s.undeliver(cc); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

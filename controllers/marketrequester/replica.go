@@ -589,6 +589,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 
 	// A lease counts as gone only once a listing of the bidder's repo
 	// ended after it was found missing.
+	var mountMsg string
 	leaseKey := "lease|" + cc.Spec.Accept.URI
 	gone := lease == nil && s.r.absent.Gone(s.view, cc.Spec.BidderDID, leaseKey, s.now)
 	if lease != nil {
@@ -604,7 +605,17 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		case lease.Lease.State == market.LeaseConfirmed:
 			st.Phase = marketv1alpha1.ContractProvisioning
 		case lease.Lease.State == market.LeaseRunning:
-			st.Phase = marketv1alpha1.ContractActive
+			// Active only once the tenant is mounted.
+			ready, why, err := s.deliver(cc, lease)
+			if err != nil {
+				return false, err
+			}
+			st.Phase, mountMsg = marketv1alpha1.ContractProvisioning, why
+			if ready {
+				st.Phase = marketv1alpha1.ContractActive
+			} else {
+				s.due(s.now.Add(2 * time.Second))
+			}
 		case lease.Lease.State == market.LeaseDeclined:
 			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
 		case lease.Lease.State == market.LeaseCompleted:
@@ -614,8 +625,12 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			st.Phase = marketv1alpha1.ContractProvisioning
 		}
 	default:
-		// Not wanted (or already released): give the VM back.
+		// Not wanted (or already released): the mount goes, and the VM
+		// is given back.
 		rs.State = marketv1alpha1.RequestReleasing
+		if err := s.undeliver(cc); err != nil {
+			return false, err
+		}
 		switch {
 		case gone || (lease != nil && lease.Lease.State == market.LeaseCompleted):
 			if release != nil {
@@ -651,18 +666,21 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 	}
 	finished := !live(&marketv1alpha1.ComputeContract{Status: *st})
-	if err := s.contractStatus(cc, st); err != nil {
+	if err := s.contractStatus(cc, st, mountMsg); err != nil {
 		return false, err
 	}
 	if !finished {
 		rs.Message = fmt.Sprintf("ComputeContract %s is %s", cc.Name, st.Phase)
+		if mountMsg != "" && st.Phase != marketv1alpha1.ContractActive {
+			rs.Message += ": " + mountMsg
+		}
 		if st.Phase == marketv1alpha1.ContractReleasing || st.Phase == marketv1alpha1.ContractProvisioning {
 			s.due(s.now.Add(30 * time.Second))
 		}
 		return false, nil
 	}
-	// Over: the requester's records of the deal go.
-	var errs []error
+	// Over: the mount and the requester's records of the deal go.
+	errs := []error{s.undeliver(cc)}
 	if release != nil {
 		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))
 	}
@@ -704,7 +722,7 @@ func ptr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
 
 // contractStatus writes a contract's status when it changed, with an
 // Event when its phase did.
-func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus) error {
+func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mount string) error {
 	status, reason, msg := metav1.ConditionTrue, string(st.Phase), "the contract is "+string(st.Phase)
 	switch st.Phase {
 	case marketv1alpha1.ContractFailed:
@@ -713,6 +731,11 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 		status, msg = metav1.ConditionFalse, "the contract is over: "+st.Reason
 	case marketv1alpha1.ContractProvisioning, marketv1alpha1.ContractPending:
 		status, msg = metav1.ConditionFalse, "the bidder confirmed; the VM is not running yet"
+		if mount != "" {
+			msg = mount
+		}
+	case marketv1alpha1.ContractActive:
+		msg = cmp.Or(mount, msg)
 	case marketv1alpha1.ContractReleasing:
 		status, msg = metav1.ConditionFalse, "released ("+st.Reason+"); waiting for the bidder to end the lease"
 	}

@@ -17,6 +17,9 @@ type VM struct {
 	ID string
 	// CPUMillis and MemoryMiB are the shape asked for.
 	CPUMillis, MemoryMiB int64
+	// AdminUsers and AdminGroups get every right on the tenant (the
+	// mount impersonates the requester's kcp users).
+	AdminUsers, AdminGroups []string
 }
 
 // State is where a VM stands, as its driver sees it.

@@ -1,6 +1,11 @@
 package market
 
 import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -40,6 +45,20 @@ func Approved(id *marketv1alpha1.MarketIdentity, role marketv1alpha1.Role) []str
 		}
 	}
 	return out
+}
+
+// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the DER of
+// the first certificate in pemBytes: how a lease names a tenant's CA.
+func CAFingerprint(pemBytes []byte) (string, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return "", errors.New("no PEM certificate")
+	}
+	if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(block.Bytes)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 // Fits reports whether a VM of shape have is at least want.

@@ -213,6 +213,9 @@ type Market interface {
 	Follow(fl Follower, sources []string) (Reader, error)
 	// Unfollow forgets the follower of req.
 	Unfollow(req mcreconcile.Request)
+	// Followers returns the followers of role that trade as did: the
+	// index of requesters and bidders by DID over every engaged workspace.
+	Followers(role Role, did string) []mcreconcile.Request
 }
 
 // Reader is a follower's view of the market's records.

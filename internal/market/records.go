@@ -26,6 +26,8 @@ const (
 	DeclineExpired    = "expired"
 	DeclineSuspended  = "suspended"
 	DeclineInvalid    = "invalid"
+	// DeclineDriverFailed also ends a lease whose VM could not be run.
+	DeclineDriverFailed = "driver-failed"
 
 	// Requester-side reasons (release.reason).
 	ReleaseReplicasLowered  = "replicas-lowered"

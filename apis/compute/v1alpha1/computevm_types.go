@@ -57,6 +57,27 @@ type ComputeVMSpec struct {
 	// MemoryMiB is the VM's memory.
 	// +kubebuilder:validation:Minimum=1
 	MemoryMiB int64 `json:"memoryMiB"`
+	// Admins are the requester's kcp users and groups that administer the
+	// tenant (the mount forwards each request as the kcp user who made it).
+	// +optional
+	Admins TenantAdmins `json:"admins,omitempty"`
+}
+
+// TenantAdmins are kcp users and groups that get every right on a tenant
+// apiserver.
+type TenantAdmins struct {
+	// Users by name.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	Users []string `json:"users,omitempty"`
+	// Groups by name (system: groups are not forwarded by the mount).
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=set
+	// +optional
+	Groups []string `json:"groups,omitempty"`
 }
 
 // ComputeVMStatus is written only by the knotless-agent that runs the VM

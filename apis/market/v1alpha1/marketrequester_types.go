@@ -6,7 +6,11 @@ Licensed under the Apache License, Version 2.0.
 
 package v1alpha1
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+)
 
 // Shape is the size of one VM.
 type Shape struct {
@@ -98,6 +102,13 @@ type MarketRequesterSpec struct {
 	// is released.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+	// TenantAdmins are the kcp users and groups that administer the
+	// tenants the requester gets (each is mounted into this workspace as
+	// a TenantCluster; requests reach the tenant as the kcp user who made
+	// them). They travel to the bidder through the provider, never in a
+	// record.
+	// +optional
+	TenantAdmins computev1alpha1.TenantAdmins `json:"tenantAdmins,omitempty"`
 }
 
 // RequestState is where one replica's request stands.

@@ -125,7 +125,7 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 		return driver.Status{}, err
 	}
 	if st != nil {
-		s, err := d.status(ctx, dir, st)
+		s, err := d.status(ctx, dir, st, vm)
 		if err == nil && s.State == driver.Lost {
 			return s, driver.ErrLost
 		}
@@ -186,10 +186,10 @@ func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error
 	if err != nil || st == nil {
 		return driver.Status{State: driver.Absent}, err
 	}
-	return d.status(ctx, dir, st)
+	return d.status(ctx, dir, st, vm)
 }
 
-func (d *Driver) status(ctx context.Context, dir string, st *state) (driver.Status, error) {
+func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM) (driver.Status, error) {
 	if !alive(st.PID) {
 		return driver.Status{State: driver.Lost, Reason: fmt.Sprintf("the VM's process %d is gone", st.PID)}, nil
 	}
@@ -215,7 +215,7 @@ func (d *Driver) status(ctx context.Context, dir string, st *state) (driver.Stat
 	if resp.StatusCode != http.StatusOK {
 		return driver.Status{State: driver.Starting}, nil
 	}
-	if err := d.grant(ctx, cfg); err != nil {
+	if err := d.grant(ctx, cfg, vm); err != nil {
 		return driver.Status{State: driver.Starting, Reason: err.Error()}, nil
 	}
 	ca, err := os.ReadFile(filepath.Join(dir, "kcp", "apiserver.crt"))
@@ -235,29 +235,55 @@ func (d *Driver) admin(dir string) (*rest.Config, error) {
 }
 
 // grant lets the mount identity impersonate on the tenant, and nothing
-// else.
-func (d *Driver) grant(ctx context.Context, cfg *rest.Config) error {
+// else, and gives the VM's admins every right.
+func (d *Driver) grant(ctx context.Context, cfg *rest.Config, vm driver.VM) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	role := &rbacv1.ClusterRole{
+	impersonator := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "knotless:mount-impersonator"},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}},
 			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
 		},
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "knotless:mount-impersonator"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}},
+	admin := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "knotless:tenant-admin"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
+			{NonResourceURLs: []string{"*"}, Verbs: []string{"*"}},
+		},
 	}
-	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("granting the mount identity: %w", err)
+	var admins []rbacv1.Subject
+	for _, u := range vm.AdminUsers {
+		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "User", Name: u})
 	}
-	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("granting the mount identity: %w", err)
+	for _, g := range vm.AdminGroups {
+		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "Group", Name: g})
+	}
+	objs := []struct {
+		role     *rbacv1.ClusterRole
+		subjects []rbacv1.Subject
+	}{
+		{impersonator, []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}}},
+		{admin, admins},
+	}
+	for _, o := range objs {
+		if len(o.subjects) == 0 {
+			continue
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: o.role.Name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: o.role.Name},
+			Subjects:   o.subjects,
+		}
+		if _, err := cs.RbacV1().ClusterRoles().Create(ctx, o.role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("granting %s: %w", o.role.Name, err)
+		}
+		if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("granting %s: %w", o.role.Name, err)
+		}
 	}
 	return nil
 }

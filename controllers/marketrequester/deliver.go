@@ -1,0 +1,123 @@
+package marketrequester
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/market"
+)
+
+// The objects a contract's tenant is mounted with, in the requester's
+// workspace: a Secret with the tenant's CA and the mount's credential
+// (owned by the requester's contract), and the TenantCluster
+// (cluster-scoped, named like the contract; a cluster-scoped object
+// cannot be owned by a namespaced one, so the contract's end deletes it).
+func tenantCredential(cc string) string { return cc + "-tenant" }
+
+// bidderVM finds the running VM of the requester's contract in the
+// bidder's workspace, through the index of bidders by DID: the bidder's
+// contract must rest on the same accept and name this requester, and the
+// VM must be its own. It returns the VM and the mount's token, or nil.
+func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (*computev1alpha1.ComputeVM, string, error) {
+	for _, req := range s.r.Market.Followers(market.RoleBidder, cc.Spec.BidderDID) {
+		cl, err := s.r.GetCluster(s.ctx, req.ClusterName)
+		if err != nil {
+			continue
+		}
+		c := cl.GetClient()
+		mb := &marketv1alpha1.MarketBidder{}
+		if err := c.Get(s.ctx, req.NamespacedName, mb); err != nil || mb.Status.DID != cc.Spec.BidderDID {
+			continue
+		}
+		bcc := &marketv1alpha1.ComputeContract{}
+		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: market.ChildName(mb.Name, cc.Spec.Accept.URI)}, bcc); err != nil ||
+			!metav1.IsControlledBy(bcc, mb) || bcc.Spec.Accept != cc.Spec.Accept || bcc.Spec.RequesterDID != s.st.DID {
+			continue
+		}
+		vm := &computev1alpha1.ComputeVM{}
+		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: bcc.Name}, vm); err != nil || !metav1.IsControlledBy(vm, bcc) {
+			continue
+		}
+		if vm.Status.Phase != computev1alpha1.VMRunning || vm.Status.CredentialSecret == "" {
+			return nil, "", nil
+		}
+		sec := &corev1.Secret{}
+		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: vm.Status.CredentialSecret}, sec); err != nil {
+			return nil, "", client.IgnoreNotFound(err)
+		}
+		if !metav1.IsControlledBy(sec, vm) || len(sec.Data["token"]) == 0 {
+			return nil, "", nil
+		}
+		return vm, string(sec.Data["token"]), nil
+	}
+	return nil, "", nil
+}
+
+// deliver mounts the tenant of a contract whose lease says the VM runs:
+// it copies the VM's endpoint, CA and the mount's credential from the
+// bidder's workspace (never through a record) once the CA matches the
+// fingerprint the bidder's lease record carries, and makes the
+// TenantCluster. It reports whether the mount is Ready, and what it waits
+// for.
+func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, error) {
+	vm, token, err := s.bidderVM(cc)
+	switch {
+	case err != nil:
+		return false, "", err
+	case vm == nil:
+		return false, "the bidder's VM is not running yet", nil
+	}
+	fp, err := market.CAFingerprint([]byte(vm.Status.CABundle))
+	if err != nil || fp != lease.Lease.CAFingerprint {
+		return false, "the VM's CA does not match the fingerprint in the bidder's lease record: not mounted", nil
+	}
+	ns := cc.Namespace
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tenantCredential(cc.Name), Namespace: ns}}
+	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
+		sec.Type = corev1.SecretTypeOpaque
+		sec.Data = map[string][]byte{"token": []byte(token), "ca.crt": []byte(vm.Status.CABundle)}
+		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
+	}); err != nil {
+		return false, "", fmt.Errorf("the tenant's Secret: %w", err)
+	}
+	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
+	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, tc, func() error {
+		tc.Spec.URL = vm.Status.Endpoint
+		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: sec.Name, Key: "ca.crt"}
+		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: sec.Name}}
+		return nil
+	}); err != nil {
+		return false, "", fmt.Errorf("the TenantCluster: %w", err)
+	}
+	if tc.Status.Phase != computev1alpha1.PhaseReady {
+		return false, "the tenant is being mounted as TenantCluster " + tc.Name, nil
+	}
+	return true, "the tenant is mounted as workspace " + tc.Name, nil
+}
+
+// undeliver removes the mount of a contract: the TenantCluster (when it is
+// the one deliver made) and the copied CA and credential.
+func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
+	tc := &computev1alpha1.TenantCluster{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
+		if tc.Spec.Credential.SecretRef == (computev1alpha1.SecretRef{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}) {
+			if err := s.c.Delete(s.ctx, tc); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return err
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tenantCredential(cc.Name), Namespace: cc.Namespace}}
+	if err := s.c.Delete(s.ctx, sec); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver/process"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
+)
+
+// TestMarketTenantMounted: the whole walk as unprivileged users. bob runs
+// a bidder workspace and knotless-agent with a kubeconfig for it only;
+// alice, in her socialweb-application workspace, applies a
+// MarketRequester and, with no other step, gets a workspace that is the
+// tenant the winning bidder runs: `kubectl get namespaces` through kcp as
+// alice. The lease record carries the tenant CA's fingerprint, never a
+// credential; bob's credential cannot read alice's workspace. Deleting
+// the MarketRequester leaves no VM, process, TenantCluster, workspace,
+// Secret or record behind. Figures: MarketRequester created -> namespaces
+// listed through the mount, split into market, provisioning and mount.
+func TestMarketTenantMounted(t *testing.T) {
+	defer failWithLogs(t)
+	if env.frontProxy == nil {
+		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
+	}
+	ctx := t.Context()
+	d := newDealAs(ctx, t, "t", "bob", []string{"buyer"}, []string{"acme"}, nil)
+	t.Cleanup(func() { d.dumpOnFailure(t) })
+	bobCfg, err := env.kcp.UserConfig("bob")
+	if err != nil {
+		t.Skip("no token user bob on this kcp")
+	}
+	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 30, 1))
+
+	start := time.Now()
+	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
+	spec.TenantAdmins.Users = []string{"alice"}
+	d.requester(ctx, t, "vms", spec)
+	contractOf(ctx, t, d.app, "vms", "the requester's contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Records.Lease != nil
+	})
+	market_ := time.Since(start)
+	bc := contractOf(ctx, t, d.bid, "acme", "the bidder's contract Active (the VM runs)", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	provisioned := time.Since(start)
+	rc := contractOf(ctx, t, d.app, "vms", "the requester's contract Active (the tenant mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	mounted := time.Since(start)
+
+	// alice, through kcp-front-proxy, in the mounted workspace.
+	cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	var names []string
+	if err := framework.Eventually(ctx, 2*time.Minute, "namespaces through the mount as alice", func(ctx context.Context) (bool, string, error) {
+		nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		names = names[:0]
+		for _, ns := range nss.Items {
+			names = append(names, ns.Name)
+		}
+		return slices.Contains(names, "default"), strings.Join(names, ","), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	total := time.Since(start)
+	t.Logf("FIGURE MarketRequester created -> kubectl get namespaces through the mount: %s (market %s, provisioning %s, mount %s, first list %s)",
+		total.Round(time.Millisecond), market_.Round(time.Millisecond), (provisioned - market_).Round(time.Millisecond),
+		(mounted - provisioned).Round(time.Millisecond), (total - mounted).Round(time.Millisecond))
+
+	// The lease carries the CA's fingerprint and no credential; the VM is
+	// the contract's, its credential the VM's; the copies are the
+	// requester's contract's.
+	vm := &computev1alpha1.ComputeVM{}
+	if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bc.Name}, vm); err != nil {
+		t.Fatal(err)
+	}
+	ownedBy(t, vm, "ComputeContract", bc.UID)
+	token := vmToken(ctx, t, d.bid, vm)
+	leases := listCollection(ctx, t, env.pds, d.accounts["acme"].DID, lexicon.Lease)
+	for _, l := range leases {
+		rec := decodeRecord[market.Lease](t, l)
+		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != market.LeaseRunning {
+			t.Errorf("lease %s: state %s fingerprint %q, want running with the VM's %q", l.URI, rec.State, rec.CAFingerprint, vm.Status.CAFingerprint)
+		}
+	}
+	for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
+		for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Presence} {
+			for _, r := range listCollection(ctx, t, env.pds, did, col) {
+				if strings.Contains(string(r.Value), token) || strings.Contains(string(r.Value), "BEGIN CERTIFICATE") {
+					t.Errorf("record %s carries the credential or the CA", r.URI)
+				}
+			}
+		}
+	}
+	copied := &corev1.Secret{}
+	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, copied); err != nil {
+		t.Fatal(err)
+	}
+	ownedBy(t, copied, "ComputeContract", rc.UID)
+	for _, o := range []client.Object{rc, bc} {
+		for _, st := range []string{token} {
+			if raw := fmt.Sprintf("%+v", o); strings.Contains(raw, st) {
+				t.Errorf("%T %s carries the credential", o, o.GetName())
+			}
+		}
+	}
+	// bob's credential (the agent's) cannot read alice's workspace.
+	bobApp, err := framework.ClientFor(bobCfg, root.Join(d.appWS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bobApp.List(ctx, &marketv1alpha1.MarketRequesterList{}); !apierrors.IsForbidden(err) {
+		t.Errorf("bob listing alice's MarketRequesters: %v, want Forbidden", err)
+	}
+
+	// Deleting the MarketRequester leaves nothing behind.
+	pids := process.PIDs(a.root)
+	if err := d.app.Delete(ctx, getMR(ctx, t, d.app, "vms")); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 3*time.Minute, "everything of the deal gone", func(ctx context.Context) (bool, string, error) {
+		var left []string
+		if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vms"}, &marketv1alpha1.MarketRequester{}); err == nil {
+			left = append(left, "MarketRequester")
+		}
+		if err := d.app.Get(ctx, client.ObjectKey{Name: rc.Name}, &computev1alpha1.TenantCluster{}); err == nil {
+			left = append(left, "TenantCluster")
+		}
+		if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bc.Name}, &computev1alpha1.ComputeVM{}); err == nil {
+			left = append(left, "ComputeVM")
+		}
+		if n := len(process.PIDs(a.root)); n > 0 {
+			left = append(left, fmt.Sprintf("%d VM directories", n))
+		}
+		for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
+			for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Release} {
+				if n := len(listCollection(ctx, t, env.pds, did, col)); n > 0 {
+					left = append(left, fmt.Sprintf("%d %s of %s", n, col, did))
+				}
+			}
+		}
+		return len(left) == 0, strings.Join(left, ", "), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		if err := syscallKill0(pid); err == nil {
+			t.Errorf("the VM's process %d still runs", pid)
+		}
+	}
+	contractOf(ctx, t, d.bid, "acme", "the bidder's contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == bc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseRequesterDeleted
+	})
+}
