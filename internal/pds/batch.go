@@ -22,6 +22,10 @@ type EnsureResult struct {
 	Rev string
 	// Wrote reports whether the record had to be written or deleted.
 	Wrote bool
+	// Skipped reports that nothing was decided for the record: the
+	// caller's want answered false (EnsureOwned), or the prune found no
+	// marker of its owner or a record that is kept (Prune).
+	Skipped bool
 }
 
 // maxParallelReads bounds the concurrent getRecord calls of one batch.
@@ -35,10 +39,18 @@ const maxSwapRetries = 5
 type ensureOp struct {
 	collection, rkey string
 	value            json.RawMessage // nil: the record must be absent
-	res              *EnsureResult
-	err              error
-	done             chan struct{} // closed when res/err are set
-	lead             chan struct{} // closed when this caller becomes the leader
+	// owner, if set, keeps the record: its marker (InventoryCollection)
+	// is written or deleted in the same commit as the record.
+	owner string
+	// prune: delete the record only when owner's marker of it exists.
+	prune bool
+	// want, if set, is asked inside the batch before anything is decided;
+	// false: nothing is written (Skipped).
+	want func(context.Context) bool
+	res  *EnsureResult
+	err  error
+	done chan struct{} // closed when res/err are set
+	lead chan struct{} // closed when this caller becomes the leader
 }
 
 // batcher groups the Ensure calls of one repo (group commit): one caller,
@@ -58,7 +70,8 @@ type batcher struct {
 // back from the PDS (the write's own answer is not trusted for status).
 //
 // Calls for records of the same repo that overlap in time are applied as
-// one com.atproto.repo.applyWrites batch (at most Options.MaxBatch). Each
+// one com.atproto.repo.applyWrites batch (at most Options.MaxBatch writes;
+// a record kept by an owner, EnsureOwned, counts two, for its marker). Each
 // batch reads the repo's latest commit, then the current records, and
 // writes only the ones that differ with swapCommit set to that commit: a
 // write by anyone else in between makes the PDS refuse the batch
@@ -67,6 +80,15 @@ type batcher struct {
 // record's CID. When the PDS refuses a batch of several records as invalid,
 // they are retried one by one so that one bad record fails alone.
 func (c *Client) Ensure(ctx context.Context, collection, rkey string, value json.RawMessage) (*EnsureResult, error) {
+	op, err := c.newOp(collection, rkey, value)
+	if err != nil {
+		return nil, err
+	}
+	return c.ensure(ctx, op)
+}
+
+// newOp validates a record and makes the op that ensures it.
+func (c *Client) newOp(collection, rkey string, value json.RawMessage) (*ensureOp, error) {
 	if err := validateKey(collection, rkey); err != nil {
 		return nil, err
 	}
@@ -80,7 +102,12 @@ func (c *Client) Ensure(ctx context.Context, collection, rkey string, value json
 			return nil, err
 		}
 	}
-	op := &ensureOp{collection: collection, rkey: rkey, value: value, done: make(chan struct{}), lead: make(chan struct{})}
+	return &ensureOp{collection: collection, rkey: rkey, value: value, done: make(chan struct{}), lead: make(chan struct{})}, nil
+}
+
+// ensure queues op for the next batch and waits for its result, applying
+// batches itself while it is the leader.
+func (c *Client) ensure(ctx context.Context, op *ensureOp) (*EnsureResult, error) {
 	b := &c.batch
 	b.mu.Lock()
 	b.pending = append(b.pending, op)
@@ -139,23 +166,34 @@ func (b *batcher) remove(op *ensureOp) {
 	}
 }
 
-// takeBatch removes up to maxBatch waiting calls, oldest first, at most
-// one per record (a later call for the same record waits for the next
-// batch).
+// writes is the most writes op can make: its record, and its marker
+// when it has an owner.
+func (op *ensureOp) writes() int {
+	if op.owner != "" {
+		return 2
+	}
+	return 1
+}
+
+// takeBatch removes waiting calls, oldest first, that make at most
+// maxBatch writes together (and at least one call), at most one per
+// record (a later call for the same record waits for the next batch).
 func (c *Client) takeBatch() []*ensureOp {
 	b := &c.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	seen := map[[2]string]bool{}
 	var ops, rest []*ensureOp
+	writes := 0
 	for _, op := range b.pending {
 		k := [2]string{op.collection, op.rkey}
-		if seen[k] || len(ops) == c.maxBatch {
+		if seen[k] || (len(ops) > 0 && writes+op.writes() > c.maxBatch) {
 			rest = append(rest, op)
 			continue
 		}
 		seen[k] = true
 		ops = append(ops, op)
+		writes += op.writes()
 	}
 	b.pending = rest
 	return ops
@@ -185,35 +223,59 @@ func (c *Client) flush(ctx context.Context, ops []*ensureOp) {
 	}
 }
 
-// ensureBatch reads, decides and writes one batch; see Ensure.
+// ensureBatch reads, decides and writes one batch; see Ensure and
+// EnsureOwned.
 func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResult, error) {
+	// What the batch reads: each record, then the markers of the owned ones.
+	keys := make([]Key, 0, 2*len(ops))
+	marker := make([]int, len(ops)) // index in keys of op i's marker, or -1
+	for _, op := range ops {
+		keys = append(keys, Key{op.collection, op.rkey})
+	}
+	for i, op := range ops {
+		marker[i] = -1
+		if op.owner != "" {
+			marker[i] = len(keys)
+			keys = append(keys, Key{InventoryCollection, MarkerKey(op.owner, Key{op.collection, op.rkey})})
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		head, err := c.latestCommit(ctx)
 		if err != nil {
 			return nil, err
 		}
-		before, err := c.getMany(ctx, ops)
+		read, err := c.getMany(ctx, keys)
 		if err != nil {
 			return nil, err
 		}
 		results := make([]EnsureResult, len(ops))
 		var writes []Write
-		var written []*ensureOp
+		var written []Key
 		var at []int
 		for i, op := range ops {
-			results[i] = EnsureResult{Before: before[i], After: before[i], Rev: head.Rev}
-			w := Write{Collection: op.collection, Rkey: op.rkey, Value: op.value}
-			switch {
-			case op.value == nil && before[i] == nil, op.value != nil && before[i] != nil && JSONEqual(before[i].Value, op.value):
-				continue
-			case op.value == nil:
-				w.Op = OpDelete
-			case before[i] == nil:
-				w.Op = OpCreate
-			default:
-				w.Op = OpUpdate
+			before := read[i]
+			results[i] = EnsureResult{Before: before, After: before, Rev: head.Rev}
+			var mark *Record
+			if marker[i] >= 0 {
+				mark = read[marker[i]]
 			}
-			writes, written, at = append(writes, w), append(written, op), append(at, i)
+			if (op.prune && mark == nil) || (op.want != nil && !op.want(ctx)) {
+				results[i].Skipped = true
+				continue
+			}
+			if w, ok := decide(op.collection, op.rkey, op.value, before); ok {
+				writes, written, at = append(writes, w), append(written, keys[i]), append(at, i)
+			}
+			if marker[i] >= 0 {
+				mk := keys[marker[i]]
+				var want json.RawMessage
+				if op.value != nil {
+					want = markerValue(op.owner, Key{op.collection, op.rkey})
+				}
+				if w, ok := decide(mk.Collection, mk.RKey, want, mark); ok {
+					writes = append(writes, w)
+				}
+			}
 		}
 		if len(writes) == 0 {
 			return results, nil
@@ -247,14 +309,32 @@ func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResu
 	}
 }
 
+// decide returns the write that makes collection/rkey hold value (absent
+// when nil), given what was read (nil: absent), and false when nothing
+// has to be written.
+func decide(collection, rkey string, value json.RawMessage, before *Record) (Write, bool) {
+	w := Write{Collection: collection, Rkey: rkey, Value: value}
+	switch {
+	case value == nil && before == nil, value != nil && before != nil && JSONEqual(before.Value, value):
+		return w, false
+	case value == nil:
+		w.Op = OpDelete
+	case before == nil:
+		w.Op = OpCreate
+	default:
+		w.Op = OpUpdate
+	}
+	return w, true
+}
+
 // getMany reads records concurrently; a missing record is nil.
-func (c *Client) getMany(ctx context.Context, ops []*ensureOp) ([]*Record, error) {
-	out := make([]*Record, len(ops))
+func (c *Client) getMany(ctx context.Context, keys []Key) ([]*Record, error) {
+	out := make([]*Record, len(keys))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(maxParallelReads)
-	for i, op := range ops {
+	for i, k := range keys {
 		g.Go(func() error {
-			r, err := c.GetRecord(gctx, op.collection, op.rkey)
+			r, err := c.GetRecord(gctx, k.Collection, k.RKey)
 			if errors.Is(err, ErrRecordNotFound) {
 				return nil
 			}

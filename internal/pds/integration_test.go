@@ -221,6 +221,31 @@ func TestAgainstReferencePDS(t *testing.T) {
 		}
 	}
 
+	// A record an owner keeps: the record and its marker in one commit;
+	// the prune deletes both and leaves another writer's record alone.
+	owned := pds.Key{Collection: coll, RKey: "owned"}
+	if r, err := c.EnsureOwned(ctx, "uid-1", owned, json.RawMessage(`{"n":1}`), nil); err != nil || !r.Wrote {
+		t.Fatalf("EnsureOwned = %+v, %v", r, err)
+	}
+	if cid, _, _ := plain("owned"); cid == "" {
+		t.Fatal("the owned record is not on the PDS")
+	}
+	if inv, err := c.Inventory(ctx, "uid-1"); err != nil || len(inv) != 1 || inv[0] != owned {
+		t.Fatalf("Inventory = %v, %v", inv, err)
+	}
+	if n, err := c.Prune(ctx, "uid-1", nil, func(context.Context, pds.Key) bool { return false }); err != nil || n != 1 {
+		t.Fatalf("Prune = %d, %v", n, err)
+	}
+	if _, _, name := plain("owned"); name != "RecordNotFound" {
+		t.Fatalf("after the prune: owned error %q", name)
+	}
+	if cid, _, _ := plain("a"); cid == "" {
+		t.Fatal("the prune deleted a record without a marker")
+	}
+	if inv, err := c.Inventory(ctx, "uid-1"); err != nil || len(inv) != 0 {
+		t.Fatalf("Inventory after the prune = %v, %v", inv, err)
+	}
+
 	// Wrong app password: typed, and no secret in the text.
 	_, err = pds.Connect(ctx, server.URL, acct.Handle, "wrong-"+acct.AppPassword, pds.Options{Policy: local, Store: &countingStore{}})
 	if !errors.Is(err, pds.ErrAuthentication) {
