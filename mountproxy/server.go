@@ -109,7 +109,7 @@ func (h Headers) Validate() error {
 func ValidateHeaderName(what, n string) error {
 	switch {
 	case n == "":
-		return fmt.Errorf("the %s is required: choose a name callers cannot guess, e.g. X-Knotless-<16 random hex digits>-User (docs/mountproxy.md)", what)
+		return fmt.Errorf("the %s is required: choose a name callers cannot guess, e.g. X-Knotless-<16 random hex digits>-%s (docs/mountproxy.md)", what, exampleSuffix(what))
 	case standardHeader(http.CanonicalHeaderKey(n)):
 		return fmt.Errorf("the %s %q is a standard name (X-Remote-*, Impersonate-*, Authorization): callers could send it themselves", what, n)
 	case len(n) < minHeaderName:
@@ -119,9 +119,20 @@ func ValidateHeaderName(what, n string) error {
 	}):
 		return fmt.Errorf("the %s %q may contain only letters, digits and '-'", what, n)
 	case !hasRandomPart(n):
-		return fmt.Errorf("the %s %q has no run of 16 hex digits: include at least 64 random bits, e.g. X-Knotless-$(openssl rand -hex 8)-User", what, n)
+		return fmt.Errorf("the %s %q has no run of 16 hex digits: include at least 64 random bits, e.g. X-Knotless-$(openssl rand -hex 8)-%s", what, n, exampleSuffix(what))
 	}
 	return nil
+}
+
+// exampleSuffix ends the example name of an error about what.
+func exampleSuffix(what string) string {
+	switch {
+	case strings.Contains(what, "group"):
+		return "Group"
+	case strings.Contains(what, "extra"):
+		return "Extra-"
+	}
+	return "User"
 }
 
 // hasRandomPart reports whether n holds 16 hex digits in a row.

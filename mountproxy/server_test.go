@@ -443,3 +443,18 @@ func TestRegistryRefusesUnsafeTenants(t *testing.T) {
 	}
 	_ = errors.New
 }
+
+func TestHeaderNameErrorsSuggestAFittingName(t *testing.T) {
+	for what, want := range map[string]string{
+		"--requestheader-username-headers":    "-User",
+		"--requestheader-group-headers":       "-Group",
+		"--requestheader-extra-headers-prefix": "-Extra-",
+	} {
+		for _, name := range []string{"", "X-Knotless-not-random-enough"} {
+			err := ValidateHeaderName(what, name)
+			if err == nil || !strings.Contains(err.Error(), want+" (") && !strings.HasSuffix(err.Error(), want) {
+				t.Errorf("%s %q: %v, want an example ending in %s", what, name, err, want)
+			}
+		}
+	}
+}
