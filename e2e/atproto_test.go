@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/pds"
 )
 
 const testCollection = "dev.knotless.test.note"
@@ -194,8 +194,11 @@ func TestAtprotoRecordLifecycle(t *testing.T) {
 	if got.CID != rec.Status.CID || got.URI != rec.Status.URI || field(got.Value, "text") != "hello" {
 		t.Fatalf("PDS has %s %s %s; status says %s %s", got.URI, got.CID, got.Value, rec.Status.URI, rec.Status.CID)
 	}
-	if len(rec.OwnerReferences) != 0 || !slices.Contains(rec.Finalizers, "atproto.knotless.dev/record") {
-		t.Errorf("record owner references %v, finalizers %v: want no owner (the repo's finalizer deletes its records) and the record finalizer", rec.OwnerReferences, rec.Finalizers)
+	if len(rec.OwnerReferences) != 0 || len(rec.Finalizers) != 0 {
+		t.Errorf("record owner references %v, finalizers %v: want none (the record is in the repo's inventory on the PDS)", rec.OwnerReferences, rec.Finalizers)
+	}
+	if _, err := getRecord(ctx, acct.DID, pds.InventoryCollection, pds.MarkerKey(string(repo.UID), pds.Key{Collection: testCollection, RKey: "self"})); err != nil {
+		t.Errorf("the record's marker in the repo's inventory: %v", err)
 	}
 
 	// Update: compare-and-swap on the last observed CID.
@@ -239,7 +242,8 @@ func TestAtprotoRecordLifecycle(t *testing.T) {
 	})
 	waitEvent(ctx, t, c, "note", "Restored")
 
-	// Delete: the finalizer deletes the record from the PDS.
+	// Delete: the object goes at once, and its record (with its marker)
+	// leaves the PDS.
 	if err := c.Delete(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -249,8 +253,12 @@ func TestAtprotoRecordLifecycle(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := getRecord(ctx, acct.DID, testCollection, "self"); !isNotFound(err) {
-		t.Fatalf("after delete the PDS answers %v, want RecordNotFound", err)
+	waitPDS(ctx, t, "the deleted record to leave the PDS", func() (bool, string) {
+		_, err := getRecord(ctx, acct.DID, testCollection, "self")
+		return isNotFound(err), fmt.Sprint(err)
+	})
+	if inv := listCollection(ctx, t, env.pds, acct.DID, pds.InventoryCollection); len(inv) != 0 {
+		t.Fatalf("the repo's inventory still lists %v", inv)
 	}
 }
 

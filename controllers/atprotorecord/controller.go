@@ -1,8 +1,17 @@
 // Package atprotorecord keeps each AtprotoRecord equal to its spec on the
 // PDS of its AtprotoRepo. Status comes from reading the record back from
 // the PDS, never from what the controller intended (R01). It is the only
-// writer of AtprotoRecord status and of the record's finalizer (field
-// manager FieldManager); it never writes spec.
+// writer of AtprotoRecord status (field manager FieldManager); it never
+// writes spec.
+//
+// A record costs kcp two writes: the user's create and this controller's
+// status. There is no finalizer per record: every record is written
+// together with its marker in the repo's inventory on the PDS
+// (pds.EnsureOwned, one commit), and a deleted AtprotoRecord's record is
+// pruned through that inventory, by this controller when it sees the
+// deletion and by the repo controller for deletions it did not see
+// (provider down). Objects that still carry the finalizer of older
+// knotless versions (LegacyFinalizer) are handled as before and lose it.
 package atprotorecord
 
 import (
@@ -18,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,6 +46,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/inventory"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/names"
@@ -49,10 +60,13 @@ import (
 const (
 	// Name is the controller's name.
 	Name = "atprotorecord"
-	// FieldManager owns AtprotoRecord status, finalizer and owner reference.
+	// FieldManager owns AtprotoRecord status.
 	FieldManager = "knotless-atprotorecord"
-	// Finalizer deletes the record from the PDS before the object goes.
-	Finalizer = "atproto.knotless.dev/record"
+	// LegacyFinalizer is the finalizer older knotless versions put on
+	// every record. An object that carries it is written into the
+	// inventory and loses it; one being deleted has its record deleted
+	// first, as before.
+	LegacyFinalizer = "atproto.knotless.dev/record"
 )
 
 // Reconciler reconciles AtprotoRecords in every engaged workspace.
@@ -68,6 +82,10 @@ type Reconciler struct {
 	// while its record's write is batched with the other records of the
 	// same repo, so more workers make larger batches. Zero means 64.
 	Workers int
+
+	// deleted holds the AtprotoRecords seen deleted whose records are not
+	// pruned yet.
+	deleted tombstones
 }
 
 // SetupWithManager registers the controller. The repo controller's
@@ -77,6 +95,9 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 	return engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&atprotov1alpha1.AtprotoRecord{}, predicates.SpecOrLifecycleChanged()).
+		// A deletion is remembered (spec included) so that its reconcile
+		// prunes the record although the object is gone.
+		Watches(&atprotov1alpha1.AtprotoRecord{}, r.remember()).
 		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo()).
 		// A Component's suspend or resume reaches the record it owns.
 		Watches(&appsv1alpha1.Component{}, componentToRecord(), predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())).
@@ -94,6 +115,9 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 // (pds.ValidateRecord) and, for a collection knotless has a lexicon of
 // (the market's), the value against that lexicon.
 func validate(spec *atprotov1alpha1.AtprotoRecordSpec) error {
+	if spec.Collection == pds.InventoryCollection {
+		return &pds.SpecError{Field: "collection", Reason: pds.InventoryCollection + " is knotless's own inventory of the records it keeps"}
+	}
 	if err := pds.ValidateRecord(spec.Collection, spec.RKey, spec.Value.Raw); err != nil {
 		return err
 	}
@@ -123,7 +147,10 @@ func enqueueRecordsOfRepo() mchandler.TypedEventHandlerFunc[client.Object, mcrec
 		func(o client.Object) string { return o.GetName() })
 }
 
-// Reconcile implements mcreconcile.Reconciler.
+// Reconcile implements mcreconcile.Reconciler. It first prunes the
+// records of deleted AtprotoRecords of this name (another object of the
+// same name may exist by now: a Component that moved its record), then
+// syncs the object, if there is one.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 	cl, err := r.GetCluster(ctx, req.ClusterName)
 	if err != nil {
@@ -133,7 +160,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	c := cl.GetClient()
 	rec := &atprotov1alpha1.AtprotoRecord{}
 	if err := c.Get(ctx, req.NamespacedName, rec); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		rec = nil
+	}
+	var uid types.UID
+	if rec != nil {
+		uid = rec.UID
+	}
+	if res, err := r.pruneDeleted(ctx, cl, req, uid); err != nil || res.RequeueAfter > 0 {
+		return res, err
+	}
+	if rec == nil {
+		return reconcile.Result{}, nil
 	}
 	s := &syncer{r: r, c: c, cluster: lc, events: cl.GetEventRecorder(Name), rec: rec}
 	return s.sync(ctx)
@@ -165,9 +205,6 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 			return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
 				fmt.Sprintf("AtprotoRepo %s not found in this namespace", rec.Spec.RepoRef.Name), nil)
 		}
-		return reconcile.Result{}, err
-	}
-	if err := s.ensureMetadata(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
 	// Suspended (by the record's Component or Application): write nothing.
@@ -206,7 +243,9 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 	}
 
-	res, err := pc.Ensure(ctx, rec.Spec.Collection, rec.Spec.RKey, rec.Spec.Value.Raw)
+	// The record and its marker in the repo's inventory, in one commit;
+	// nothing is written once the object or the repo went meanwhile.
+	res, err := pc.EnsureOwned(ctx, inventory.Owner(repo), inventory.KeyOf(rec), rec.Spec.Value.Raw, s.wanted(repo))
 	if errors.Is(err, pds.ErrInvalidSwap) {
 		// Another writer kept moving the repo: read again later.
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -222,8 +261,14 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 		s.events.Eventf(rec, nil, corev1.EventTypeWarning, "Restored", "Sync", "the record was %s on the PDS behind knotless's back; restoring it from spec", what)
 	}
-	if res.After == nil {
+	if res.Skipped || res.After == nil {
 		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	if err := s.dropLegacy(ctx); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
 		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev})
@@ -247,25 +292,54 @@ func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error
 	return reconcile.Result{}, err
 }
 
-// ensureMetadata sets the finalizer. The record gets no owner reference to
-// its repo: the repo's finalizer deletes its records, and a second owner
-// would keep kcp's garbage collector from deleting a record whose
-// Component goes (it deletes a dependent only when all owners are gone).
-// An owner reference that an older knotless applied is removed.
-func (s *syncer) ensureMetadata(ctx context.Context) error {
-	oldOwner := slices.ContainsFunc(s.rec.OwnerReferences, func(o metav1.OwnerReference) bool {
-		return o.Kind == "AtprotoRepo" && o.APIVersion == atprotov1alpha1.GroupVersion.String()
-	})
-	if controllerutil.ContainsFinalizer(s.rec, Finalizer) && !oldOwner {
-		return nil
+// wanted is the want of the record's EnsureOwned: asked inside the batch,
+// it reports whether the object (this one, by UID) and its repo still
+// exist and are not being deleted, as the workspace's cache sees them.
+func (s *syncer) wanted(repo *atprotov1alpha1.AtprotoRepo) func(context.Context) bool {
+	return func(ctx context.Context) bool {
+		cur := &atprotov1alpha1.AtprotoRecord{}
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(s.rec), cur); err != nil || cur.UID != s.rec.UID || !cur.DeletionTimestamp.IsZero() {
+			return false
+		}
+		r := &atprotov1alpha1.AtprotoRepo{}
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(repo), r)
+		return err == nil && r.UID == repo.UID && r.DeletionTimestamp.IsZero()
 	}
-	return ssa.Metadata(ctx, s.c, s.rec, []string{Finalizer}, nil, FieldManager)
 }
 
-// finalize deletes the record from the PDS, then drops the finalizer.
+// isRepoOwner reports whether o is an owner reference to an AtprotoRepo,
+// which older knotless versions put on records.
+func isRepoOwner(o metav1.OwnerReference) bool {
+	return o.Kind == "AtprotoRepo" && o.APIVersion == atprotov1alpha1.GroupVersion.String()
+}
+
+// dropLegacy removes what older knotless versions put on the object once
+// its record is in the inventory: LegacyFinalizer and an owner reference
+// to the repo (a second owner would keep kcp's garbage collector from
+// deleting a record whose Component goes). One merge patch of metadata,
+// guarded by the resourceVersion (an apply through the virtual workspace
+// would keep the entries it leaves out).
+func (s *syncer) dropLegacy(ctx context.Context) error {
+	rec := s.rec
+	if !controllerutil.ContainsFinalizer(rec, LegacyFinalizer) && !slices.ContainsFunc(rec.OwnerReferences, isRepoOwner) {
+		return nil
+	}
+	orig := rec.DeepCopy()
+	controllerutil.RemoveFinalizer(rec, LegacyFinalizer)
+	rec.OwnerReferences = slices.DeleteFunc(slices.Clone(rec.OwnerReferences), isRepoOwner)
+	if err := s.c.Patch(ctx, rec, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("removing the finalizer and repo owner of older knotless versions from %s/%s: %w", rec.Namespace, rec.Name, err)
+	}
+	return nil
+}
+
+// finalize handles an object being deleted. Without LegacyFinalizer there
+// is nothing to do: when the object is gone, its deletion prunes the
+// record. With it, the record and its marker are deleted from the PDS,
+// then the finalizer is removed, as older versions did.
 func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 	rec := s.rec
-	if !controllerutil.ContainsFinalizer(rec, Finalizer) {
+	if !controllerutil.ContainsFinalizer(rec, LegacyFinalizer) {
 		return reconcile.Result{}, nil
 	}
 	repo := &atprotov1alpha1.AtprotoRepo{}
@@ -290,11 +364,11 @@ func (s *syncer) finalize(ctx context.Context) (reconcile.Result, error) {
 				return s.failed(ctx, err)
 			}
 		}
-		if _, err := pc.Ensure(ctx, rec.Spec.Collection, rec.Spec.RKey, nil); err != nil {
+		if _, err := pc.EnsureOwned(ctx, inventory.Owner(repo), inventory.KeyOf(rec), nil, nil); err != nil {
 			return s.failed(ctx, err)
 		}
 	}
-	err = ssa.RemoveFinalizer(ctx, s.c, rec, Finalizer)
+	err = ssa.RemoveFinalizer(ctx, s.c, rec, LegacyFinalizer)
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}

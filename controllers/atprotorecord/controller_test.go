@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,15 +14,22 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	"github.com/knotless-dev/knotless/apis"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/inventory"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 )
@@ -38,6 +46,9 @@ type world struct {
 	pds *pdstest.PDS
 	ws  *clustertest.Cluster
 	r   *Reconciler
+	// writes counts the writes to kcp (creates, updates, patches,
+	// applies, deletes, of objects and of their status).
+	writes *atomic.Int64
 }
 
 func newWorld(t *testing.T, objs ...client.Object) *world {
@@ -49,18 +60,96 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 			PDS:        atprotov1alpha1.PDS{URL: f.URL()},
 			Credential: atprotov1alpha1.Credential{Identifier: pdstest.Handle, SecretKeyRef: &atprotov1alpha1.SecretKeyRef{Name: "cred", Key: "password"}},
 		},
-		Status: atprotov1alpha1.AtprotoRepoStatus{Conditions: []metav1.Condition{{
+		Status: atprotov1alpha1.AtprotoRepoStatus{DID: pdstest.DID, Conditions: []metav1.Condition{{
 			Type: atprotov1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: atprotov1alpha1.ReasonReady, LastTransitionTime: metav1.Now(),
 		}}},
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cred"}, Data: map[string][]byte{"password": []byte(pdstest.Password)}}
-	ws := clustertest.New(append([]client.Object{repo, secret}, objs...)...)
+	fc := clustertest.NewClientBuilder().
+		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
+			return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
+		}).
+		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByKey, inventory.IndexByKey).
+		WithObjects(append([]client.Object{repo, secret}, objs...)...).Build()
+	writes := &atomic.Int64{}
+	ws := clustertest.NewWithClient(countWrites(fc, writes))
 	pool := &repoconn.Pool{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)}
-	return &world{t: t, pds: f, ws: ws, r: &Reconciler{
+	return &world{t: t, pds: f, ws: ws, writes: writes, r: &Reconciler{
 		GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}),
 		Pool:       pool,
 		Scheme:     apis.NewScheme(),
 	}}
+}
+
+// countWrites wraps c so that every write of an AtprotoRecord (object or
+// status) adds one to n.
+func countWrites(c client.WithWatch, n *atomic.Int64) client.WithWatch {
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			count(n, obj)
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			count(n, obj)
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			count(n, obj)
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			count(n, obj)
+			return c.Apply(ctx, obj, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			count(n, obj)
+			return c.Delete(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			count(n, obj)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			count(n, obj)
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+		SubResourceApply: func(ctx context.Context, c client.Client, sub string, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+			count(n, obj)
+			return c.SubResource(sub).Apply(ctx, obj, opts...)
+		},
+	})
+}
+
+// count adds one to n when obj is an AtprotoRecord (or its apply
+// configuration).
+func count(n *atomic.Int64, obj any) {
+	raw, _ := json.Marshal(obj)
+	var tm metav1.TypeMeta
+	_ = json.Unmarshal(raw, &tm)
+	if _, ok := obj.(*atprotov1alpha1.AtprotoRecord); ok || tm.Kind == "AtprotoRecord" {
+		n.Add(1)
+	}
+}
+
+// deleteObject deletes an AtprotoRecord as kcp does (it has no finalizer)
+// and hands the deletion to the controller's handler, as the informer would.
+func (w *world) deleteObject(name string) {
+	w.t.Helper()
+	rec := w.get(name)
+	if err := w.ws.Client.Delete(context.Background(), rec); err != nil {
+		w.t.Fatal(err)
+	}
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[mcreconcile.Request]())
+	defer q.ShutDown()
+	w.r.remember()(lc, w.ws).Delete(context.Background(), event.TypedDeleteEvent[client.Object]{Object: rec}, q)
+	if q.Len() != 1 {
+		w.t.Fatalf("the deletion enqueued %d requests, want 1", q.Len())
+	}
+}
+
+// markerOf is the PDS key of the repo's marker of a record.
+func markerOf(rkey string) string {
+	return pds.InventoryCollection + "/" + pds.MarkerKey("repo-uid", pds.Key{Collection: coll, RKey: rkey})
 }
 
 func record(name, collection, rkey, value string) *atprotov1alpha1.AtprotoRecord {
@@ -128,8 +217,19 @@ func TestRecordIsWrittenAndStatusIsTheReadBack(t *testing.T) {
 	if rec.Status.CID != cid || rec.Status.URI != "at://"+pdstest.DID+"/"+coll+"/self" || rec.Status.Rev == "" || rec.Status.ObservedGeneration != 1 {
 		t.Fatalf("status %+v; the PDS has cid %s", rec.Status, cid)
 	}
-	if !slices.Contains(rec.Finalizers, Finalizer) {
-		t.Fatalf("finalizers %v, want %s", rec.Finalizers, Finalizer)
+	// Two writes to kcp per record: the user's create (not counted here)
+	// and the status. No finalizer: the record is in the inventory.
+	if len(rec.Finalizers) != 0 || len(rec.OwnerReferences) != 0 {
+		t.Fatalf("finalizers %v, owners %v: want none", rec.Finalizers, rec.OwnerReferences)
+	}
+	if n := w.writes.Load(); n != 1 {
+		t.Fatalf("%d writes to kcp, want 1 (the status)", n)
+	}
+	if _, _, ok := w.pds.Record(pds.InventoryCollection, pds.MarkerKey("repo-uid", pds.Key{Collection: coll, RKey: "self"})); !ok {
+		t.Fatalf("no marker of the record in the repo's inventory; the PDS has %v", w.pds.Keys())
+	}
+	if batches := w.pds.ApplyBatches(); !slices.Equal(batches, []int{2}) {
+		t.Fatalf("applyWrites %v, want one commit of the record and its marker", batches)
 	}
 
 	// A change behind knotless's back is undone, with a warning.
@@ -200,8 +300,8 @@ func TestRecordOfRepoNotReadyWaits(t *testing.T) {
 	}
 }
 
-// Deleting the AtprotoRecord deletes the record from the PDS, then lets
-// the object go.
+// Deleting the AtprotoRecord (it goes at once: no finalizer) deletes its
+// record and marker from the PDS; another record stays.
 func TestDeletedRecordIsRemovedFromThePDS(t *testing.T) {
 	w := newWorld(t, record("note", coll, "self", `{"n":1}`), record("other", coll, "other", `{"n":2}`))
 	for _, name := range []string{"note", "other"} {
@@ -209,24 +309,155 @@ func TestDeletedRecordIsRemovedFromThePDS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if keys := w.pds.Keys(); !slices.Equal(keys, []string{coll + "/other", coll + "/self"}) {
+	if keys := w.pds.Keys(); !slices.Equal(keys, sorted(coll+"/other", coll+"/self", markerOf("other"), markerOf("self"))) {
 		t.Fatalf("PDS has %v", keys)
 	}
-	ctx := context.Background()
-	if err := w.ws.Client.Delete(ctx, w.get("note")); err != nil {
+	w.deleteObject("note")
+	if _, err := w.reconcile("note"); err != nil {
 		t.Fatal(err)
 	}
-	if rec := w.get("note"); rec.DeletionTimestamp.IsZero() {
-		t.Fatal("the finalizer did not hold the object")
+	if keys := w.pds.Keys(); !slices.Equal(keys, sorted(coll+"/other", markerOf("other"))) {
+		t.Fatalf("PDS has %v after the deletion, want only the other record", keys)
+	}
+	// Done: a second reconcile sends nothing.
+	calls := w.pdsCalls()
+	if _, err := w.reconcile("note"); err != nil || w.pdsCalls() != calls {
+		t.Fatalf("%v, %d more PDS calls: the tombstone was not dropped", err, w.pdsCalls()-calls)
+	}
+}
+
+func sorted(s ...string) []string {
+	slices.Sort(s)
+	return s
+}
+
+// A record that someone else wrote in the same collection, under a key no
+// AtprotoRecord declared, is never deleted; a deleted AtprotoRecord whose
+// key another AtprotoRecord declares keeps its record.
+func TestPruneLeavesWhatKnotlessDoesNotOwn(t *testing.T) {
+	w := newWorld(t, record("a", coll, "shared", `{"n":1}`), record("b", coll, "shared", `{"n":1}`), record("invalid", coll, "theirs", `{"x":1.5}`))
+	for _, name := range []string{"a", "b", "invalid"} {
+		if _, err := w.reconcile(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	theirs := json.RawMessage(`{"$type":"` + coll + `","by":"someone else"}`)
+	w.pds.SetRecord(coll, "theirs", theirs)
+	w.pds.SetRecord(coll, "foreign", theirs)
+	// An object that never wrote its record (invalid spec) is deleted:
+	// the record at its key is someone else's.
+	w.deleteObject("invalid")
+	w.deleteObject("a")
+	for _, name := range []string{"invalid", "a"} {
+		if _, err := w.reconcile(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := w.pds.Keys(); !slices.Equal(keys, sorted(coll+"/foreign", coll+"/shared", coll+"/theirs", markerOf("shared"))) {
+		t.Fatalf("PDS has %v", keys)
+	}
+}
+
+// A Component that moves its record deletes the AtprotoRecord and makes
+// one of the same name at once: the old record is pruned when the new
+// object is reconciled.
+func TestMovedRecordLeavesTheOldKey(t *testing.T) {
+	w := newWorld(t, record("note", coll, "old", `{"n":1}`))
+	if _, err := w.reconcile("note"); err != nil {
+		t.Fatal(err)
+	}
+	w.deleteObject("note")
+	moved := record("note", coll, "new", `{"n":1}`)
+	moved.UID = "note-uid-2"
+	if err := w.ws.Client.Create(context.Background(), moved); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := w.reconcile("note"); err != nil {
 		t.Fatal(err)
 	}
-	if keys := w.pds.Keys(); !slices.Equal(keys, []string{coll + "/other"}) {
-		t.Fatalf("PDS has %v after the deletion, want only the other record", keys)
+	if keys := w.pds.Keys(); !slices.Equal(keys, sorted(coll+"/new", markerOf("new"))) {
+		t.Fatalf("PDS has %v, want only the moved record", keys)
 	}
-	err := w.ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "note"}, &atprotov1alpha1.AtprotoRecord{})
-	if !apierrors.IsNotFound(err) {
-		t.Fatalf("the object is still there (%v): the finalizer was not removed", err)
+}
+
+// A deletion that cannot reach the PDS yet is retried: the object is gone,
+// its tombstone stays until the prune succeeds.
+func TestDeletionWaitsForTheRepo(t *testing.T) {
+	w := newWorld(t, record("note", coll, "self", `{"n":1}`))
+	if _, err := w.reconcile("note"); err != nil {
+		t.Fatal(err)
+	}
+	w.deleteObject("note")
+	w.ws.Unsynced = true
+	if _, err := w.reconcile("note"); err == nil {
+		t.Fatal("a prune ran from a cache that has not synced")
+	}
+	if _, _, ok := w.pds.Record(coll, "self"); !ok {
+		t.Fatal("the record went although the cache had not synced")
+	}
+	w.ws.Unsynced = false
+	if _, err := w.reconcile("note"); err != nil {
+		t.Fatal(err)
+	}
+	if keys := w.pds.Keys(); len(keys) != 0 {
+		t.Fatalf("PDS has %v", keys)
+	}
+}
+
+// Objects of older knotless versions carry LegacyFinalizer (and maybe an
+// owner reference to the repo): a live one is written into the inventory
+// and loses both; one being deleted has its record deleted, then loses the
+// finalizer.
+func TestLegacyFinalizerIsMigrated(t *testing.T) {
+	live := record("live", coll, "live", `{"n":1}`)
+	live.Finalizers = []string{LegacyFinalizer}
+	live.OwnerReferences = []metav1.OwnerReference{{APIVersion: atprotov1alpha1.GroupVersion.String(), Kind: "AtprotoRepo", Name: "repo", UID: "repo-uid"}}
+	going := record("going", coll, "going", `{"n":2}`)
+	going.Finalizers = []string{LegacyFinalizer}
+	w := newWorld(t, live, going)
+	// The older version wrote the records without markers.
+	w.pds.SetRecord(coll, "live", json.RawMessage(`{"$type":"`+coll+`","n":1}`))
+	w.pds.SetRecord(coll, "going", json.RawMessage(`{"$type":"`+coll+`","n":2}`))
+
+	if _, err := w.reconcile("live"); err != nil {
+		t.Fatal(err)
+	}
+	got := w.get("live")
+	if len(got.Finalizers) != 0 || len(got.OwnerReferences) != 0 {
+		t.Fatalf("finalizers %v, owners %v after the migration", got.Finalizers, got.OwnerReferences)
+	}
+	if c := clustertest.Condition(t, got.Status.Conditions, atprotov1alpha1.ConditionSynced); c.Status != metav1.ConditionTrue {
+		t.Fatalf("Synced %+v", c)
+	}
+	if _, _, ok := w.pds.Record(pds.InventoryCollection, pds.MarkerKey("repo-uid", pds.Key{Collection: coll, RKey: "live"})); !ok {
+		t.Fatal("the migrated record is not in the inventory")
+	}
+
+	if err := w.ws.Client.Delete(context.Background(), w.get("going")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.reconcile("going"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := w.pds.Record(coll, "going"); ok {
+		t.Fatal("the record of a deleted legacy object is still on the PDS")
+	}
+	if err := w.ws.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "going"}, &atprotov1alpha1.AtprotoRecord{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the legacy object is still there (%v): its finalizer was not removed", err)
+	}
+}
+
+// The inventory's collection is knotless's own: no AtprotoRecord may name it.
+func TestInventoryCollectionIsRefused(t *testing.T) {
+	w := newWorld(t, record("forge", pds.InventoryCollection, "x", `{"owner":"someone"}`))
+	if _, err := w.reconcile("forge"); err != nil {
+		t.Fatal(err)
+	}
+	c := clustertest.Condition(t, w.get("forge").Status.Conditions, atprotov1alpha1.ConditionSynced)
+	if c.Reason != atprotov1alpha1.ReasonInvalidSpec || !strings.Contains(c.Message, "collection") {
+		t.Fatalf("Synced = %+v, want InvalidSpec naming the collection", c)
+	}
+	if n := w.pdsCalls(); n != 0 {
+		t.Fatalf("%d requests reached the PDS", n)
 	}
 }

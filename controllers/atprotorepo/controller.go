@@ -2,6 +2,11 @@
 // the repo's credential and reports the account's DID, handle and latest
 // revision as the PDS reports them. It is the only status writer of
 // AtprotoRepo (field manager FieldManager) and never writes spec.
+//
+// It also prunes the repo's inventory on the PDS (internal/inventory):
+// at every check of the repo, the records knotless wrote whose
+// AtprotoRecords are gone (deleted while no provider ran) are deleted, and
+// when the repo is deleted, every record it wrote.
 package atprotorepo
 
 import (
@@ -35,6 +40,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/inventory"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/pds"
@@ -50,8 +56,8 @@ const (
 	// FieldManager owns AtprotoRepo status and the repo finalizer, and
 	// the session Secrets internal/repoconn writes.
 	FieldManager = names.AtprotoRepoManager
-	// Finalizer makes a deleted repo delete its records (from the PDS)
-	// before it goes.
+	// Finalizer makes a deleted repo delete its AtprotoRecords and the
+	// records it wrote (from the PDS) before it goes.
 	Finalizer = "atproto.knotless.dev/records"
 	// refIndex indexes repos by the Secrets and ConfigMaps they reference.
 	refIndex = "atproto.knotless.dev/refs"
@@ -78,6 +84,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
 		return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
 	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &atprotov1alpha1.AtprotoRecord{}, names.RecordsByKey, inventory.IndexByKey); err != nil {
 		return err
 	}
 	return engage.ControllerManagedBy(mgr).
@@ -139,13 +148,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	lc := string(req.ClusterName)
 	c := cl.GetClient()
 	rec := cl.GetEventRecorder(Name)
+	p := &pruner{r: r, cl: cl, cluster: lc, events: rec}
 
 	repo := &atprotov1alpha1.AtprotoRepo{}
 	if err := c.Get(ctx, req.NamespacedName, repo); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !repo.DeletionTimestamp.IsZero() {
-		return r.finalize(ctx, c, lc, repo)
+		return r.finalize(ctx, c, lc, repo, p)
 	}
 	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
 		if err := addFinalizer(ctx, c, repo); err != nil {
@@ -176,19 +186,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		// not suspended themselves must not log in through it either.
 		st.ObservedGeneration = repo.Generation
 		setReady(st, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
-		r.Pool.Forget(lc, repo.UID)
-		return reconcile.Result{}, ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
+		if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
 			Manager:  FieldManager,
 			Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, suspend.ConditionType),
 			Recorder: rec,
 			Action:   "Suspend",
-		})
+		}); err != nil {
+			return reconcile.Result{}, err
+		}
+		// Clean-up goes on while suspended (R04): records whose
+		// AtprotoRecords went while no provider ran are deleted. A repo
+		// that never connected wrote nothing.
+		var err error
+		if repo.Status.DID != "" {
+			err = p.prune(ctx, repo, inventory.Declared(c, repo))
+		}
+		r.Pool.Forget(lc, repo.UID)
+		return reconcile.Result{}, err
 	}
 	st.ObservedGeneration = repo.Generation
 	pc, err := r.Pool.Connect(ctx, c, lc, repo)
+	var pruneErr error
 	if err == nil {
 		did, handle := pc.Info()
 		st.DID, st.Handle = did, handle
+		// Records whose AtprotoRecords went while no provider ran (the
+		// record controller prunes the deletions it sees itself). Before
+		// the revision is read: a prune makes a commit.
+		pruneErr = p.pruneWith(ctx, pc, repo, inventory.Declared(c, repo))
 		st.Rev, err = pc.LatestRev(ctx)
 		if err != nil {
 			err = repoconn.Classify(err)
@@ -225,6 +250,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if cause != nil {
 		return reconcile.Result{}, cause
 	}
+	if pruneErr != nil {
+		return reconcile.Result{}, pruneErr
+	}
 	return result, nil
 }
 
@@ -232,11 +260,12 @@ func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.Co
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
-// finalize deletes the repo's records and the MarketIdentities whose
-// account it is (their own finalizers delete what they published from the
-// PDS while the repo and its credential still exist), then lets the repo
-// go.
-func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (reconcile.Result, error) {
+// finalize deletes the repo's AtprotoRecords and the MarketIdentities
+// whose account it is (their own finalizers delete what they published
+// from the PDS while the repo and its credential still exist), waits
+// until they are gone, deletes every record the repo's inventory lists
+// (what it wrote), then lets the repo go.
+func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo, p *pruner) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
 		return reconcile.Result{}, nil
 	}
@@ -271,12 +300,22 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster stri
 	}
 	if len(dependents) > 0 {
 		for _, o := range dependents {
+			if !o.GetDeletionTimestamp().IsZero() {
+				continue
+			}
 			if err := c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
 				return reconcile.Result{}, err
 			}
 		}
 		log.FromContext(ctx).Info("waiting for the repo's records and market identities to be deleted", "objects", len(dependents))
 		return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
+	}
+	// No AtprotoRecord of the repo is left: nothing it wrote is kept. A
+	// repo that never connected wrote nothing.
+	if repo.Status.DID != "" {
+		if err := p.prune(ctx, repo, inventory.Nothing); err != nil {
+			return reconcile.Result{}, p.reportDeletion(ctx, repo, err)
+		}
 	}
 	if err := ssa.RemoveFinalizer(ctx, c, repo, Finalizer); err != nil {
 		if apierrors.IsConflict(err) {

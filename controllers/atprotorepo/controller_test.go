@@ -2,6 +2,8 @@ package atprotorepo
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -22,8 +24,10 @@ import (
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/inventory"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/suspend"
@@ -57,6 +61,7 @@ func setup(policy *netpolicy.Policy, objs ...client.Object) (*Reconciler, *clust
 		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
 			return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
 		}).
+		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByKey, inventory.IndexByKey).
 		WithObjects(objs...).Build())
 	return &Reconciler{GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}), Pool: &repoconn.Pool{Policy: policy}}, ws
 }
@@ -198,20 +203,96 @@ func TestHTTPToHostNotAllowedIsInsecureURL(t *testing.T) {
 	}
 }
 
-// A deleted repo deletes its records first and goes once they are gone.
-func TestDeletedRepoDeletesItsRecordsFirst(t *testing.T) {
-	ctx := context.Background()
-	f := pdstest.New(t)
-	rec := func(name, repo string) *atprotov1alpha1.AtprotoRecord {
-		return &atprotov1alpha1.AtprotoRecord{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Finalizers: []string{"atproto.knotless.dev/record"}},
-			Spec:       atprotov1alpha1.AtprotoRecordSpec{RepoRef: atprotov1alpha1.LocalObjectRef{Name: repo}, Collection: "dev.knotless.test.thing", RKey: name},
+const coll = "dev.knotless.test.thing"
+
+func recordOf(name, repo, rkey string) *atprotov1alpha1.AtprotoRecord {
+	return &atprotov1alpha1.AtprotoRecord{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(name + "-uid")},
+		Spec:       atprotov1alpha1.AtprotoRecordSpec{RepoRef: atprotov1alpha1.LocalObjectRef{Name: repo}, Collection: coll, RKey: rkey},
+	}
+}
+
+// written puts records on the fake PDS as the record controller writes
+// them for owner: each with its marker in the inventory.
+func written(t *testing.T, f *pdstest.PDS, owner string, rkeys ...string) {
+	t.Helper()
+	c, err := pds.Connect(context.Background(), f.URL(), pdstest.Handle, pdstest.Password, pds.Options{Policy: local, Store: &memStore{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range rkeys {
+		if _, err := c.EnsureOwned(context.Background(), owner, pds.Key{Collection: coll, RKey: k}, json.RawMessage(`{"n":1}`), nil); err != nil {
+			t.Fatal(err)
 		}
 	}
-	r, ws := setup(local, repoOn(f.URL()), credential(pdstest.Password), rec("mine", "repo"), rec("theirs", "other"))
+}
+
+type memStore struct{ s *pds.Session }
+
+func (m *memStore) Load(context.Context) (*pds.Session, error)   { return m.s, nil }
+func (m *memStore) Save(_ context.Context, s *pds.Session) error { m.s = s; return nil }
+
+func marker(owner, rkey string) string {
+	return pds.InventoryCollection + "/" + pds.MarkerKey(owner, pds.Key{Collection: coll, RKey: rkey})
+}
+
+func sorted(s ...string) []string {
+	slices.Sort(s)
+	return s
+}
+
+// AtprotoRecords deleted while no provider ran: their records are in the
+// repo's inventory, no object declares them, and the repo's check deletes
+// them. A record of another writer in the same collection, one another
+// repo object (of the same account) wrote, and one still declared stay.
+func TestRepoPrunesRecordsDeletedWhileTheProviderWasDown(t *testing.T) {
+	f := pdstest.New(t)
+	written(t, f, "repo-uid", "kept", "deleted")
+	written(t, f, "other-repo-uid", "theirs")
+	f.SetRecord(coll, "foreign", json.RawMessage(`{"$type":"`+coll+`","by":"someone else"}`))
+	r, ws := setup(local, repoOn(f.URL()), credential(pdstest.Password), recordOf("kept", "repo", "kept"))
+
+	// Not before the workspace's cache has synced: it would declare nothing.
+	ws.Unsynced = true
+	if _, err := reconcileRepo(r); err == nil {
+		t.Fatal("no error from a prune that waits for the cache")
+	}
+	if got := len(f.Keys()); got != 7 {
+		t.Fatalf("the PDS has %v: something was pruned from an unsynced cache", f.Keys())
+	}
+	ws.Unsynced = false
 	if _, err := reconcileRepo(r); err != nil {
 		t.Fatal(err)
 	}
+	want := sorted(coll+"/kept", coll+"/theirs", coll+"/foreign", marker("repo-uid", "kept"), marker("other-repo-uid", "theirs"))
+	if got := f.Keys(); !slices.Equal(got, want) {
+		t.Fatalf("the PDS has\n%v\nwant\n%v", got, want)
+	}
+	if got := ws.Events.Reasons(); !slices.Contains(got, "Pruned") {
+		t.Fatalf("events %v, want Pruned", got)
+	}
+	// The revision is read after the prune's commit (the fake counts
+	// commits: every applyWrites, and the other writer's record).
+	if repo := getRepo(t, ws); repo.Status.Rev != fmt.Sprintf("3rev%09d", f.Calls("com.atproto.repo.applyWrites")+1) {
+		t.Fatalf("status rev %s after %d commits", repo.Status.Rev, f.Calls("com.atproto.repo.applyWrites")+1)
+	}
+}
+
+// A deleted repo deletes its AtprotoRecords (gone at once: they have no
+// finalizer) and waits for those of older versions (LegacyFinalizer); then
+// it deletes every record its inventory lists from the PDS, and goes. A
+// record of another writer stays.
+func TestDeletedRepoDeletesItsRecordsFirst(t *testing.T) {
+	ctx := context.Background()
+	f := pdstest.New(t)
+	legacy := recordOf("legacy", "repo", "legacy")
+	legacy.Finalizers = []string{"atproto.knotless.dev/record"}
+	r, ws := setup(local, repoOn(f.URL()), credential(pdstest.Password), recordOf("mine", "repo", "mine"), legacy, recordOf("theirs", "other", "theirs"))
+	if _, err := reconcileRepo(r); err != nil {
+		t.Fatal(err)
+	}
+	written(t, f, "repo-uid", "mine", "orphan")
+	f.SetRecord(coll, "foreign", json.RawMessage(`{"$type":"`+coll+`","by":"someone else"}`))
 	if err := ws.Client.Delete(ctx, getRepo(t, ws)); err != nil {
 		t.Fatal(err)
 	}
@@ -219,27 +300,70 @@ func TestDeletedRepoDeletesItsRecordsFirst(t *testing.T) {
 	if err != nil || res.RequeueAfter == 0 {
 		t.Fatalf("%+v, %v: want a requeue while records remain", res, err)
 	}
-	mine, theirs := &atprotov1alpha1.AtprotoRecord{}, &atprotov1alpha1.AtprotoRecord{}
-	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mine"}, mine); err != nil || mine.DeletionTimestamp.IsZero() {
-		t.Fatalf("the repo's record is not being deleted (%v)", err)
+	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mine"}, &atprotov1alpha1.AtprotoRecord{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the repo's record is not deleted (%v)", err)
 	}
-	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "theirs"}, theirs); err != nil || !theirs.DeletionTimestamp.IsZero() {
+	got := &atprotov1alpha1.AtprotoRecord{}
+	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "legacy"}, got); err != nil || got.DeletionTimestamp.IsZero() {
+		t.Fatalf("the repo's legacy record is not being deleted (%v)", err)
+	}
+	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "theirs"}, got); err != nil || !got.DeletionTimestamp.IsZero() {
 		t.Fatalf("another repo's record is being deleted (%v)", err)
 	}
 	if repo := getRepo(t, ws); !slices.Contains(repo.Finalizers, Finalizer) {
 		t.Fatal("the repo went before its records")
 	}
+	if len(f.Keys()) != 5 {
+		t.Fatalf("the PDS has %v: records went before the objects", f.Keys())
+	}
 
-	// The record controller's finalizer is done: the repo goes.
-	mine.Finalizers = nil
-	if err := ws.Client.Update(ctx, mine); err != nil {
+	// The record controller's finalizer is done: the repo deletes what it
+	// wrote and goes.
+	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "legacy"}, got); err != nil {
+		t.Fatal(err)
+	}
+	got.Finalizers = nil
+	if err := ws.Client.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := reconcileRepo(r); err != nil {
 		t.Fatal(err)
 	}
+	if got := f.Keys(); !slices.Equal(got, []string{coll + "/foreign"}) {
+		t.Fatalf("the PDS has %v, want only the other writer's record", got)
+	}
 	if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "repo"}, &atprotov1alpha1.AtprotoRepo{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the repo is still there: %v", err)
+	}
+}
+
+// A repo whose PDS cannot be reached while it is deleted says why and
+// waits; the records it wrote are not given up silently.
+func TestDeletedRepoWaitsForItsPDS(t *testing.T) {
+	ctx := context.Background()
+	f := pdstest.New(t)
+	r, ws := setup(local, repoOn(f.URL()), credential(pdstest.Password))
+	if _, err := reconcileRepo(r); err != nil {
+		t.Fatal(err)
+	}
+	written(t, f, "repo-uid", "mine")
+	repo := getRepo(t, ws)
+	repo.Spec.Credential.SecretKeyRef.Name = "missing"
+	if err := ws.Client.Update(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.Client.Delete(ctx, getRepo(t, ws)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reconcileRepo(r); err == nil {
+		t.Fatal("no error: the deletion would not back off")
+	}
+	repo = getRepo(t, ws)
+	if c := ready(t, repo); c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonCredentialNotFound || !strings.Contains(c.Message, "records it wrote") {
+		t.Fatalf("Ready = %+v", c)
+	}
+	if !slices.Contains(repo.Finalizers, Finalizer) || len(f.Keys()) != 2 {
+		t.Fatalf("finalizers %v, PDS %v", repo.Finalizers, f.Keys())
 	}
 }
 

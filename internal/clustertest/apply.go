@@ -151,7 +151,7 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyC
 		} else {
 			delete(live.Object, "status")
 		}
-		if err := c.Status().Update(ctx, live); err != nil {
+		if err := updateTyped(ctx, c, live, true); err != nil {
 			return err
 		}
 		return into(live, obj)
@@ -164,13 +164,47 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyC
 		}
 		live.Object[k] = merge(live.Object[k], v)
 	}
-	if err := c.Update(ctx, live); err != nil {
+	if err := updateTyped(ctx, c, live, false); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil // its last finalizer went: deleted
 		}
 		return err
 	}
 	return into(live, obj)
+}
+
+// updateTyped updates the object (its status subresource when status)
+// as the typed kind of the scheme, so that the fake client keeps storing
+// typed objects (its List with a field index cannot convert unstructured
+// ones), and copies the stored object back into live.
+func updateTyped(ctx context.Context, c client.Client, live *unstructured.Unstructured, status bool) error {
+	gvk := live.GroupVersionKind()
+	o, err := c.Scheme().New(gvk)
+	if err != nil {
+		return err
+	}
+	typed, ok := o.(client.Object)
+	if !ok {
+		return fmt.Errorf("%T is not a client.Object", o)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(live.Object, typed); err != nil {
+		return err
+	}
+	if status {
+		err = c.Status().Update(ctx, typed)
+	} else {
+		err = c.Update(ctx, typed)
+	}
+	if err != nil {
+		return err
+	}
+	back, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
+	if err != nil {
+		return err
+	}
+	live.Object = back
+	live.SetGroupVersionKind(gvk)
+	return nil
 }
 
 // mergeMetadata applies cfg's finalizers, owner references, labels and

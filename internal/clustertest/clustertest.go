@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
@@ -30,7 +31,8 @@ import (
 )
 
 // Cluster is a fake workspace. GetClient, GetAPIReader, GetScheme,
-// GetRESTMapper and GetEventRecorder are implemented; the other methods of
+// GetRESTMapper, GetEventRecorder and GetCache (WaitForCacheSync only)
+// are implemented; the other methods of
 // cluster.Cluster are not (calling one panics: the embedded interface is
 // nil), so a reconciler that starts using one fails its tests loudly.
 type Cluster struct {
@@ -40,7 +42,23 @@ type Cluster struct {
 	Client client.WithWatch
 	// Events records what the reconcilers emitted.
 	Events *Recorder
+	// Unsynced makes GetCache().WaitForCacheSync report false, as a
+	// workspace whose informers have not synced yet.
+	Unsynced bool
 }
+
+// GetCache implements cluster.Cluster with a cache whose only method is
+// WaitForCacheSync (the fake client holds every object from the start;
+// the others panic).
+func (c *Cluster) GetCache() cache.Cache { return syncCache{c: c} }
+
+type syncCache struct {
+	cache.Cache
+	c *Cluster
+}
+
+// WaitForCacheSync reports whether the fake workspace counts as synced.
+func (s syncCache) WaitForCacheSync(context.Context) bool { return !s.c.Unsynced }
 
 // NewClientBuilder returns a fake client builder with apis.NewScheme(),
 // the status subresource of every knotless kind (a status write and a

@@ -29,4 +29,10 @@ const (
 	// their repo (spec.repoRef.name). The atprotorepo controller registers
 	// it; the repo and record controllers list records by it.
 	RecordsByRepo = "atproto.knotless.dev/repo"
+
+	// RecordsByKey is the field index of AtprotoRecords by repo name,
+	// collection and record key (internal/inventory.IndexByKey). The
+	// atprotorepo controller registers it; prunes ask it whether an
+	// AtprotoRecord still declares a record of the inventory.
+	RecordsByKey = "atproto.knotless.dev/key"
 )
