@@ -230,6 +230,3 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 		t.Errorf("the process driver kept %d directories", len(entries))
 	}
 }
-
-// syscallKill0 reports whether pid is a process (nil) or not.
-func syscallKill0(pid int) error { return syscall.Kill(pid, 0) }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,6 +52,7 @@ func TestMarketTenantMounted(t *testing.T) {
 	start := time.Now()
 	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
 	spec.TenantAdmins.Users = []string{"alice"}
+	spec.UnresponsiveGraceSeconds = 20
 	d.requester(ctx, t, "vms", spec)
 	contractOf(ctx, t, d.app, "vms", "the requester's contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Records.Lease != nil
@@ -135,8 +138,53 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Errorf("bob listing alice's MarketRequesters: %v, want Forbidden", err)
 	}
 
-	// Deleting the MarketRequester leaves nothing behind.
+	// The tenant stops answering (SIGSTOP) for less than the grace:
+	// nothing is released.
 	pids := process.PIDs(a.root)
+	if len(pids) != 1 {
+		t.Fatalf("VM processes %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	contractOf(ctx, t, d.app, "vms", "the contract says its tenant does not answer", func(cc *marketv1alpha1.ComputeContract) bool {
+		c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady)
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive && c != nil && c.Reason == "TenantUnresponsive"
+	})
+	if err := syscall.Kill(pids[0], syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	contractOf(ctx, t, d.app, "vms", "the contract healthy again", func(cc *marketv1alpha1.ComputeContract) bool {
+		c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady)
+		return cc.Name == rc.Name && c != nil && c.Status == metav1.ConditionTrue
+	})
+	if n := len(listCollection(ctx, t, env.pds, d.accounts["buyer"].DID, lexicon.Release)); n != 0 {
+		t.Fatalf("released after a pause shorter than the grace (%d release records)", n)
+	}
+	// For longer than the grace: released as provider-unresponsive, and
+	// another contract is made (acme again, once its VM is gone).
+	start = time.Now()
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	contractOf(ctx, t, d.app, "vms", "the unresponsive contract released", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == rc.Name && cc.Status.Reason == market.ReleaseProviderUnresponsive
+	})
+	t.Logf("FIGURE tenant stopped -> released as provider-unresponsive: %s (grace 20 s)", time.Since(start).Round(time.Millisecond))
+	rc2 := contractOf(ctx, t, d.app, "vms", "a new contract Active", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name != rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	t.Logf("FIGURE tenant stopped -> a new tenant mounted: %s", time.Since(start).Round(time.Millisecond))
+	if process.Alive(pids[0]) {
+		t.Errorf("the unresponsive VM's process %d still runs", pids[0])
+	}
+	bc = contractOf(ctx, t, d.bid, "acme", "the bidder's new contract", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Spec.Accept == rc2.Spec.Accept
+	})
+	rc = rc2
+
+	// Deleting the MarketRequester leaves nothing behind.
+	pids = process.PIDs(a.root)
 	if err := d.app.Delete(ctx, getMR(ctx, t, d.app, "vms")); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +214,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, pid := range pids {
-		if err := syscallKill0(pid); err == nil {
+		if process.Alive(pid) {
 			t.Errorf("the VM's process %d still runs", pid)
 		}
 	}

@@ -294,8 +294,27 @@ and both sides hold a ComputeContract:
   kubectl ws use :root:shop
   kubectl wait --for=condition=Ready marketrequester/buyer --timeout=120s
   kubectl get marketrequesters,bids,computecontracts
+
+The VM itself: acme runs knotless-agent with a kubeconfig for its own
+workspace only (docs/compute.md); the agent starts a tenant kcp for the
+ComputeVM, the lease record says running with the CA's fingerprint, and
+the tenant is mounted into shop as a workspace named like the contract:
+
+  kubectl ws use :root:acme
+  kubectl config view --minify --flatten > $dev/acme.kubeconfig
+  $root/bin/knotless-agent --kubeconfig $dev/acme.kubeconfig --process-root $dev/agent --kcp $root/bin/kcp \\
+    --metrics-bind-address 0 --health-probe-bind-address 127.0.0.1:8095 >$dev/agent.log 2>&1 &
+  kubectl get computevms -w        # Provisioning, then Running (about 40 s)
+  kubectl ws use :root:shop
+  kubectl wait --for=jsonpath='{.status.phase}'=Active computecontract --all --timeout=180s
   curl -sS "\$pds/xrpc/com.atproto.repo.listRecords?repo=acme.test&collection=dev.knotless.market.lease"; echo
-  kubectl patch marketrequester buyer --type merge -p '{"spec":{"replicas":0}}'   # releases the VM: contracts Completed
+  cc=\$(kubectl get computecontracts -o jsonpath='{.items[0].metadata.name}')
+  KUBECONFIG=$dev/mount/admin.kubeconfig kubectl ws use :root:shop:\$cc
+  KUBECONFIG=$dev/mount/admin.kubeconfig kubectl get namespaces
+  kubectl patch marketrequester buyer --type merge -p '{"spec":{"replicas":0}}'   # releases the VM: the mount goes, the VM stops
+
+(The agent's VMs outlive it and Ctrl-C of make dev on purpose: release
+them, as above, before you stop; kill %1 stops the agent.)
 
 A tenant apiserver mounted into kcp (docs/mountproxy.md). Start a second
 kcp as the tenant, in another shell:

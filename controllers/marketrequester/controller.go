@@ -76,6 +76,9 @@ const (
 	keepFinished = 10
 	// keepSettledBids is how many Bids of earlier requests it keeps.
 	keepSettledBids = 20
+	// ReasonTenantUnresponsive: an Active contract whose mounted tenant
+	// does not answer (its Ready condition's reason).
+	ReasonTenantUnresponsive = "TenantUnresponsive"
 	// avoidFor is how long a bidder that declined or did not answer an
 	// accept is not taken again.
 	avoidFor = 10 * time.Minute

@@ -67,6 +67,17 @@ func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (*computev1alpha1
 // TenantCluster. It reports whether the mount is Ready, and what it waits
 // for.
 func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, error) {
+	// Once mounted, the mount's own probe says whether the tenant answers
+	// (liveness is judged off the record and off the bidder's view).
+	tc := &computev1alpha1.TenantCluster{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil && tc.Spec.Credential.SecretRef.Name == tenantCredential(cc.Name) {
+		if tc.Status.Phase != computev1alpha1.PhaseReady {
+			return false, "the tenant is being mounted as TenantCluster " + tc.Name, nil
+		}
+		return true, "the tenant is mounted as workspace " + tc.Name, nil
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return false, "", err
+	}
 	vm, token, err := s.bidderVM(cc)
 	switch {
 	case err != nil:
@@ -87,7 +98,7 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	}); err != nil {
 		return false, "", fmt.Errorf("the tenant's Secret: %w", err)
 	}
-	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
+	tc = &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, tc, func() error {
 		tc.Spec.URL = vm.Status.Endpoint
 		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: sec.Name, Key: "ca.crt"}

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -595,7 +596,30 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	if lease != nil {
 		s.r.absent.Present(leaseKey)
 	}
+	// A mounted tenant that stops answering is given back after the
+	// grace, and the replica goes back to the market.
+	relReason := s.release
+	unresponsive := ""
+	if wanted && release == nil && lease != nil && lease.Lease.State == market.LeaseRunning && cc.Status.Phase == marketv1alpha1.ContractActive {
+		tc := &computev1alpha1.TenantCluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil && tc.Status.Phase != computev1alpha1.PhaseReady {
+			since := s.now
+			if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c != nil && c.Reason == ReasonTenantUnresponsive {
+				since = c.LastTransitionTime.Time
+			}
+			grace := time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second
+			if !s.now.Before(since.Add(grace)) {
+				wanted, relReason = false, market.ReleaseProviderUnresponsive
+				s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(since))
+			} else {
+				unresponsive = "the tenant has not answered since " + market.Time(since) + "; it is released at " + market.Time(since.Add(grace)) + " unless it answers"
+				s.due(since.Add(grace))
+			}
+		}
+	}
 	switch {
+	case wanted && release == nil && unresponsive != "":
+		st.Phase, mountMsg = marketv1alpha1.ContractActive, unresponsive
 	case wanted && release == nil:
 		switch {
 		case gone:
@@ -643,14 +667,14 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		case lease == nil:
 			st.Phase = marketv1alpha1.ContractReleasing
 		case release == nil:
-			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: s.release, CreatedAt: market.Time(s.now)}
+			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
 			rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
 			if err != nil {
 				return false, err
 			}
 			st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, s.release
-			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, s.release)
+			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, relReason
+			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
 			s.due(s.now.Add(s.confirm()))
 		default:
 			// The bidder has as long to end the lease as it had to confirm
@@ -666,7 +690,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 	}
 	finished := !live(&marketv1alpha1.ComputeContract{Status: *st})
-	if err := s.contractStatus(cc, st, mountMsg); err != nil {
+	if err := s.contractStatus(cc, st, mountMsg, unresponsive != ""); err != nil {
 		return false, err
 	}
 	if !finished {
@@ -722,7 +746,7 @@ func ptr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
 
 // contractStatus writes a contract's status when it changed, with an
 // Event when its phase did.
-func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mount string) error {
+func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mount string, unresponsive bool) error {
 	status, reason, msg := metav1.ConditionTrue, string(st.Phase), "the contract is "+string(st.Phase)
 	switch st.Phase {
 	case marketv1alpha1.ContractFailed:
@@ -736,6 +760,9 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 		}
 	case marketv1alpha1.ContractActive:
 		msg = cmp.Or(mount, msg)
+		if unresponsive {
+			status, reason = metav1.ConditionFalse, ReasonTenantUnresponsive
+		}
 	case marketv1alpha1.ContractReleasing:
 		status, msg = metav1.ConditionFalse, "released ("+st.Reason+"); waiting for the bidder to end the lease"
 	}

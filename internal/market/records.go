@@ -34,6 +34,9 @@ const (
 	ReleaseRequesterDeleted = "requester-deleted"
 	ReleaseSuspended        = "suspended"
 	ReleaseContractFailed   = "contract-failed"
+	// ReleaseProviderUnresponsive: the tenant did not answer for the
+	// requester's grace.
+	ReleaseProviderUnresponsive = "provider-unresponsive"
 )
 
 // StrongRef is com.atproto.repo.strongRef: a record's at-URI and the CID

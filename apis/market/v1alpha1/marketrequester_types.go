@@ -102,6 +102,14 @@ type MarketRequesterSpec struct {
 	// is released.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+	// UnresponsiveGraceSeconds is how long a mounted tenant may not answer
+	// (the TenantCluster's probe) before its VM is released as
+	// provider-unresponsive and another is bought.
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=86400
+	// +kubebuilder:default=300
+	// +optional
+	UnresponsiveGraceSeconds int32 `json:"unresponsiveGraceSeconds,omitempty"`
 	// TenantAdmins are the kcp users and groups that administer the
 	// tenants the requester gets (each is mounted into this workspace as
 	// a TenantCluster; requests reach the tenant as the kcp user who made

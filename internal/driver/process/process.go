@@ -100,8 +100,9 @@ func save(dir string, st *state) error {
 	return os.Rename(tmp, filepath.Join(dir, "vm.json"))
 }
 
-// alive reports whether pid is a live process (not a zombie) running kcp.
-func alive(pid int) bool {
+// Alive reports whether pid is a live process (a zombie that init has not
+// reaped yet is not).
+func Alive(pid int) bool {
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false
 	}
@@ -190,7 +191,7 @@ func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error
 }
 
 func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM) (driver.Status, error) {
-	if !alive(st.PID) {
+	if !Alive(st.PID) {
 		return driver.Status{State: driver.Lost, Reason: fmt.Sprintf("the VM's process %d is gone", st.PID)}, nil
 	}
 	cfg, err := d.admin(dir)
@@ -315,17 +316,20 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	if err != nil {
 		return err
 	}
-	if st != nil && alive(st.PID) {
+	if st != nil && Alive(st.PID) {
 		_ = syscall.Kill(st.PID, syscall.SIGTERM)
+		// A stopped process gets its SIGTERM only once it runs again
+		// (a tenant that stopped answering may be one).
+		_ = syscall.Kill(st.PID, syscall.SIGCONT)
 		deadline := time.Now().Add(30 * time.Second)
-		for alive(st.PID) && time.Now().Before(deadline) {
+		for Alive(st.PID) && time.Now().Before(deadline) {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		if alive(st.PID) {
+		if Alive(st.PID) {
 			_ = syscall.Kill(st.PID, syscall.SIGKILL)
 		}
 	}
