@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +20,14 @@ import (
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/pds"
 )
 
 // repoWorkspace creates a workspace with a Ready AtprotoRepo "repo" for a
@@ -489,5 +492,166 @@ func TestAtprotoCABundleRotation(t *testing.T) {
 	waitRecordEventually(ctx, t, c, "note", 2*time.Minute)
 	if got, err := getRecord(ctx, acct.DID, testCollection, "note"); err != nil || field(got.Value, "text") != "ca2" {
 		t.Fatalf("PDS has %+v (%v), want the edited value", got, err)
+	}
+}
+
+// TestAtprotoRecordsDeletedWhileProviderDown: AtprotoRecords have no
+// finalizer; each record is written with its marker in the repo's
+// inventory (dev.knotless.inventory) in one commit. After a kill -9:
+//   - objects deleted while the provider is down have their records
+//     deleted from the PDS after the restart;
+//   - a kill in the middle of 100 writes (records on the PDS whose
+//     statuses were never written), then deleting every object while the
+//     provider is down, leaves none of them behind;
+//   - an object of an older version (the finalizer atproto.knotless.dev/record,
+//     a record without a marker) is taken into the inventory, loses the
+//     finalizer and is deleted from the PDS when it goes;
+//   - deleting the repo deletes every record it wrote.
+//
+// A record of another writer in the same collection survives all of it.
+func TestAtprotoRecordsDeletedWhileProviderDown(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	c, _ := appWorkspace(ctx, t, env.prefix+"-inv")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"inv.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(ctx, t, c, passwordSecret("cred", acct.AppPassword), secretRepo("repo", acct.Handle, "cred"))
+	repo := waitRepo(ctx, t, c, "repo", atprotov1alpha1.ReasonReady)
+	sess, err := env.pds.CreateSession(ctx, acct.Handle, acct.Password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(rkey, text string) {
+		t.Helper()
+		in := map[string]any{"repo": acct.DID, "collection": testCollection, "rkey": rkey, "record": map[string]any{"$type": testCollection, "text": text}}
+		if err := env.pds.XRPC(ctx, "com.atproto.repo.putRecord", sess.AccessJWT, nil, in, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("foreign", "another writer's")
+	// inventory returns the rkeys the repo's inventory lists.
+	inventory := func() []string {
+		var out []string
+		for _, r := range listCollection(ctx, t, env.pds, acct.DID, pds.InventoryCollection) {
+			var m pds.Marker
+			_ = json.Unmarshal(r.Value, &m)
+			if m.Owner == string(repo.UID) && m.Collection == testCollection {
+				out = append(out, m.RKey)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	// waitOnPDS waits until the collection holds exactly want (and the
+	// other writer's record) and the inventory lists exactly want.
+	waitOnPDS := func(what string, want ...string) {
+		t.Helper()
+		slices.Sort(want)
+		all := append(slices.Clone(want), "foreign")
+		slices.Sort(all)
+		if err := framework.Eventually(ctx, 3*time.Minute, what, func(ctx context.Context) (bool, string, error) {
+			var got []string
+			for rkey := range listRecords(ctx, t, acct.DID) {
+				got = append(got, rkey)
+			}
+			slices.Sort(got)
+			inv := inventory()
+			return slices.Equal(got, all) && slices.Equal(inv, want), fmt.Sprintf("records %v, inventory %v", got, inv), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteRecords := func(names ...string) {
+		t.Helper()
+		for _, n := range names {
+			if err := c.Delete(ctx, &atprotov1alpha1.AtprotoRecord{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: n}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// Objects deleted while the provider is down.
+	for i := range 5 {
+		create(ctx, t, c, record(fmt.Sprintf("a%d", i), "repo", fmt.Sprintf("a%d", i), fmt.Sprintf(`{"text":"a%d"}`, i)))
+	}
+	waitAllSynced(ctx, t, c, 5, 2*time.Minute)
+	waitOnPDS("five records and their markers", "a0", "a1", "a2", "a3", "a4")
+	env.provider.Kill9()
+	start := time.Now()
+	deleteRecords("a0", "a1", "a2")
+	if err := env.provider.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	waitOnPDS("the records deleted while the provider was down to leave the PDS", "a3", "a4")
+	t.Logf("FIGURE 3 records deleted while the provider was down: gone from the PDS %s after the kill", time.Since(start).Round(time.Millisecond))
+	waitEvent(ctx, t, c, "repo", "Pruned")
+
+	// kill -9 in the middle of 100 writes, then every object deleted while
+	// the provider is down.
+	const n = 100
+	for i := range n {
+		create(ctx, t, c, record(fmt.Sprintf("k%03d", i), "repo", fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"text":"k%03d"}`, i)))
+	}
+	// Kill while the writes go on: records on the PDS whose statuses were
+	// not written yet (counted below).
+	if err := framework.EventuallyEvery(ctx, 20*time.Millisecond, 2*time.Minute, "some of the 100 records to be written", func(ctx context.Context) (bool, string, error) {
+		got := len(listRecords(ctx, t, acct.DID))
+		return got >= 3+10, strconv.Itoa(got), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	env.provider.Kill9()
+	onPDS := listRecords(ctx, t, acct.DID)
+	var list atprotov1alpha1.AtprotoRecordList
+	if err := c.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	unreported := 0
+	for _, r := range list.Items {
+		if _, ok := onPDS[r.Spec.RKey]; ok && r.Status.CID == "" {
+			unreported++
+		}
+	}
+	t.Logf("killed the provider with %d of %d records on the PDS, %d of them without a status", len(onPDS)-3, n, unreported)
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("k%03d", i))
+	}
+	deleteRecords(names...)
+	if err := env.provider.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	waitOnPDS("none of the 100 records left after the restart", "a3", "a4")
+
+	// An object of an older version: the finalizer, and a record written
+	// without a marker.
+	put("legacy", "legacy")
+	legacy := record("legacy", "repo", "legacy", `{"text":"legacy"}`)
+	legacy.Finalizers = []string{"atproto.knotless.dev/record"}
+	create(ctx, t, c, legacy)
+	waitRecord(ctx, t, c, "legacy", atprotov1alpha1.ReasonSynced, func(r *atprotov1alpha1.AtprotoRecord) bool { return len(r.Finalizers) == 0 })
+	waitOnPDS("the legacy record in the inventory", "a3", "a4", "legacy")
+	deleteRecords("legacy")
+	waitOnPDS("the legacy record deleted", "a3", "a4")
+
+	// Deleting the repo deletes what it wrote, and nothing else.
+	if err := c.Delete(ctx, repo); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 2*time.Minute, "the repo and its records to be gone", func(ctx context.Context) (bool, string, error) {
+		var left atprotov1alpha1.AtprotoRecordList
+		if err := c.List(ctx, &left); err != nil {
+			return false, err.Error(), nil
+		}
+		err := c.Get(ctx, client.ObjectKeyFromObject(repo), &atprotov1alpha1.AtprotoRepo{})
+		return apierrors.IsNotFound(err) && len(left.Items) == 0, fmt.Sprintf("repo: %v, %d records", err, len(left.Items)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitOnPDS("only the other writer's record after the repo went")
+	if got, err := getRecord(ctx, acct.DID, testCollection, "foreign"); err != nil || field(got.Value, "text") != "another writer's" {
+		t.Fatalf("the other writer's record: %+v, %v", got, err)
 	}
 }
