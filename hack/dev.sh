@@ -254,20 +254,20 @@ that references it:
   kubectl get atprotorepos
 
 A bidder in the market (docs/market.md): a market-bidder workspace, an
-account acme.test, and a network, identity and bidder; knotless publishes
+account acmecloud.test, and a network, identity and bidder; knotless publishes
 the bidder's presence record, checked against its lexicon
 (docs/lexicons.md):
 
   kubectl ws use :root
   kubectl ws create acme --type $ws:market-bidder --ignore-existing --enter
-  curl -sS -H 'Content-Type: application/json' -d '{"handle":"acme.test","email":"acme@knotless.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount >/dev/null
-  acme_jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"acme.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
+  curl -sS -H 'Content-Type: application/json' -d '{"handle":"acmecloud.test","email":"acme@knotless.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createAccount >/dev/null
+  acme_jwt=\$(curl -sS -H 'Content-Type: application/json' -d '{"identifier":"acmecloud.test","password":"acme-dev-password"}' \$pds/xrpc/com.atproto.server.createSession | sed -n 's/.*"accessJwt":"\([^"]*\)".*/\1/p')
   acme_pw=\$(curl -sS -H "Authorization: Bearer \$acme_jwt" -H 'Content-Type: application/json' -d '{"name":"knotless"}' \$pds/xrpc/com.atproto.server.createAppPassword | sed -n 's/.*"password":"\([^"]*\)".*/\1/p')
   kubectl create secret generic acme-pds --from-literal=password="\$acme_pw"
   $apply_market
   kubectl wait --for=condition=Ready marketbidder/acme --timeout=90s
   kubectl get market
-  curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=acme.test&collection=dev.knotless.market.presence&rkey=acme"; echo
+  curl -sS "\$pds/xrpc/com.atproto.repo.getRecord?repo=acmecloud.test&collection=dev.knotless.market.presence&rkey=acme"; echo
   kubectl patch marketbidder acme --type merge -p '{"spec":{"suspend":true}}'   # acceptingRequests: false
 
 A requester buys a VM from acme (docs/market.md#deals): in the shop
@@ -307,7 +307,7 @@ the tenant is mounted into shop as a workspace named like the contract:
   kubectl get computevms -w        # Provisioning, then Running (about 40 s)
   kubectl ws use :root:shop
   kubectl wait --for=jsonpath='{.status.phase}'=Active computecontract --all --timeout=180s
-  curl -sS "\$pds/xrpc/com.atproto.repo.listRecords?repo=acme.test&collection=dev.knotless.market.lease"; echo
+  curl -sS "\$pds/xrpc/com.atproto.repo.listRecords?repo=acmecloud.test&collection=dev.knotless.market.lease"; echo
   cc=\$(kubectl get computecontracts -o jsonpath='{.items[0].metadata.name}')
   KUBECONFIG=$dev/mount/admin.kubeconfig kubectl ws use :root:shop:\$cc
   KUBECONFIG=$dev/mount/admin.kubeconfig kubectl get namespaces

@@ -410,6 +410,9 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 				return reconcile.Result{}, r.deleting(ctx, cl, id, err)
 			}
 		}
+	case errors.As(err, &ce) && ce.Reason == marketv1alpha1.ReasonNotReady && id.Status.DID == "" && neverConnected(ctx, c, id):
+		// Nothing was published through a repo that never logged in (a
+		// wrong credential must not keep a workspace from going).
 	case errors.As(err, &ce) && ce.Reason == marketv1alpha1.ReasonNotFound:
 		if len(id.Status.Associations) > 0 {
 			cl.GetEventRecorder(Name).Eventf(id, nil, corev1.EventTypeWarning, "RecordsLeft", "Delete",
@@ -425,6 +428,13 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	return reconcile.Result{}, nil
+}
+
+// neverConnected reports whether the identity's AtprotoRepo never logged
+// in (it has no DID).
+func neverConnected(ctx context.Context, c client.Client, id *marketv1alpha1.MarketIdentity) bool {
+	repo := &atprotov1alpha1.AtprotoRepo{}
+	return c.Get(ctx, client.ObjectKey{Namespace: id.Namespace, Name: id.Spec.RepoRef.Name}, repo) == nil && repo.Status.DID == ""
 }
 
 // deleteRecords deletes the identity's association records, the presence

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -189,5 +190,39 @@ func TestDeleteCleansTheRepo(t *testing.T) {
 	}
 	if rec, _ := repo.Get(context.Background(), lexicon.Presence, "b"); rec != nil {
 		t.Fatalf("presence record left: %s", rec.Value)
+	}
+}
+
+// TestDeleteWithARepoThatNeverLoggedIn: an identity whose repo never
+// logged in (a wrong credential) published nothing, and its deletion does
+// not wait for that repo (which waits for the identity to go); one whose
+// repo logged in once waits with a condition.
+func TestDeleteWithARepoThatNeverLoggedIn(t *testing.T) {
+	for _, everConnected := range []bool{false, true} {
+		objs := fixtures("")
+		repoObj := objs[0].(*atprotov1alpha1.AtprotoRepo)
+		repoObj.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "CredentialNotFound", LastTransitionTime: metav1.Now()}}
+		if !everConnected {
+			repoObj.Status.DID = ""
+		}
+		id := objs[2].(*marketv1alpha1.MarketIdentity)
+		id.Finalizers = []string{Finalizer}
+		if everConnected {
+			id.Status.DID = did
+		}
+		repo := markettest.New(did)
+		r, ws := setup(repo, objs...)
+		if err := ws.Client.Delete(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.Reconcile(context.Background(), mcreconcile.Request{ClusterName: lc, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "op"}}})
+		got := &marketv1alpha1.MarketIdentity{}
+		getErr := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "op"}, got)
+		switch {
+		case !everConnected && (err != nil || !apierrors.IsNotFound(getErr)):
+			t.Errorf("never logged in: %v, identity %v %+v", err, getErr, got.Status)
+		case everConnected && (err == nil || getErr != nil || got.Status.Phase != marketv1alpha1.PhaseDeleting):
+			t.Errorf("logged in once: %v, identity %v %+v", err, getErr, got.Status)
+		}
 	}
 }
