@@ -591,8 +591,15 @@ func TestAtprotoRecordsDeletedWhileProviderDown(t *testing.T) {
 	// kill -9 in the middle of 100 writes, then every object deleted while
 	// the provider is down.
 	const n = 100
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
 	for i := range n {
-		create(ctx, t, c, record(fmt.Sprintf("k%03d", i), "repo", fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"text":"k%03d"}`, i)))
+		g.Go(func() error {
+			return c.Create(gctx, record(fmt.Sprintf("k%03d", i), "repo", fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"text":"k%03d"}`, i)))
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
 	}
 	// Kill while the writes go on: records on the PDS whose statuses were
 	// not written yet (counted below).

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -98,7 +99,7 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 		// A deletion is remembered (spec included) so that its reconcile
 		// prunes the record although the object is gone.
 		Watches(&atprotov1alpha1.AtprotoRecord{}, r.remember()).
-		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo()).
+		Watches(&atprotov1alpha1.AtprotoRepo{}, enqueueRecordsOfRepo(), repoChangedForRecords()).
 		// A Component's suspend or resume reaches the record it owns.
 		Watches(&appsv1alpha1.Component{}, componentToRecord(), predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicates.PhaseChanged())).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
@@ -138,6 +139,24 @@ func componentToRecord() func(multicluster.ClusterName, cluster.Cluster) handler
 			}
 			return []mcreconcile.Request{{ClusterName: name, Request: reconcile.Request{NamespacedName: client.ObjectKeyFromObject(comp)}}}
 		})
+	}
+}
+
+// repoChangedForRecords passes the repo updates its records act on: its
+// spec, its deletion, its Ready status and its account (DID). A repo's
+// other status writes (its revision, every check) would otherwise make
+// every record of the repo read its record again and write its status.
+func repoChangedForRecords() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*atprotov1alpha1.AtprotoRepo)
+			n, ok2 := e.ObjectNew.(*atprotov1alpha1.AtprotoRepo)
+			if !ok1 || !ok2 {
+				return true
+			}
+			return o.Generation != n.Generation || !o.DeletionTimestamp.Equal(n.DeletionTimestamp) || o.Status.DID != n.Status.DID ||
+				meta.IsStatusConditionTrue(o.Status.Conditions, atprotov1alpha1.ConditionReady) != meta.IsStatusConditionTrue(n.Status.Conditions, atprotov1alpha1.ConditionReady)
+		},
 	}
 }
 
@@ -270,8 +289,15 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		}
 		return reconcile.Result{}, err
 	}
+	// status.rev is the repo's revision when the record was last written
+	// or found changed: a record read back unchanged keeps it, so that a
+	// resync of an unchanged record in a repo that moved writes nothing.
+	rev := res.Rev
+	if !res.Wrote && res.After.CID == rec.Status.CID && rec.Status.Rev != "" {
+		rev = rec.Status.Rev
+	}
 	return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
-		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: res.Rev})
+		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: rev})
 }
 
 // resync is the Reconciler's Resync or its default.

@@ -232,6 +232,16 @@ func TestRecordIsWrittenAndStatusIsTheReadBack(t *testing.T) {
 		t.Fatalf("applyWrites %v, want one commit of the record and its marker", batches)
 	}
 
+	// The repo moves (another record written): a resync of the unchanged
+	// record writes nothing to kcp (status.rev stays that of its write).
+	w.pds.SetRecord(coll, "unrelated", json.RawMessage(`{"$type":"`+coll+`"}`))
+	if _, err := w.reconcile("note"); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.writes.Load(); n != 1 || w.get("note").Status.Rev != rec.Status.Rev {
+		t.Fatalf("%d writes to kcp after a resync of an unchanged record (rev %s, was %s), want still 1", n, w.get("note").Status.Rev, rec.Status.Rev)
+	}
+
 	// A change behind knotless's back is undone, with a warning.
 	w.pds.SetRecord(coll, "self", json.RawMessage(`{"$type":"`+coll+`","text":"tampered"}`))
 	if _, err := w.reconcile("note"); err != nil {
@@ -459,5 +469,32 @@ func TestInventoryCollectionIsRefused(t *testing.T) {
 	}
 	if n := w.pdsCalls(); n != 0 {
 		t.Fatalf("%d requests reached the PDS", n)
+	}
+}
+
+// Only the repo changes its records act on reach them: not a new
+// revision in its status.
+func TestRepoChangesThatReachRecords(t *testing.T) {
+	ready := func(st metav1.ConditionStatus) []metav1.Condition {
+		return []metav1.Condition{{Type: atprotov1alpha1.ConditionReady, Status: st}}
+	}
+	base := &atprotov1alpha1.AtprotoRepo{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Status: atprotov1alpha1.AtprotoRepoStatus{DID: "did:plc:a", Rev: "1", Conditions: ready(metav1.ConditionTrue)}}
+	p := repoChangedForRecords()
+	for _, tc := range []struct {
+		name string
+		edit func(*atprotov1alpha1.AtprotoRepo)
+		want bool
+	}{
+		{"revision", func(r *atprotov1alpha1.AtprotoRepo) { r.Status.Rev = "2" }, false},
+		{"not Ready", func(r *atprotov1alpha1.AtprotoRepo) { r.Status.Conditions = ready(metav1.ConditionFalse) }, true},
+		{"spec", func(r *atprotov1alpha1.AtprotoRepo) { r.Generation = 2 }, true},
+		{"account", func(r *atprotov1alpha1.AtprotoRepo) { r.Status.DID = "did:plc:b" }, true},
+		{"deleted", func(r *atprotov1alpha1.AtprotoRepo) { now := metav1.Now(); r.DeletionTimestamp = &now }, true},
+	} {
+		n := base.DeepCopy()
+		tc.edit(n)
+		if got := p.Update(event.UpdateEvent{ObjectOld: base, ObjectNew: n}); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
