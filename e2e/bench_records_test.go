@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -12,11 +15,15 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -36,6 +43,7 @@ func cpuSeconds(p *framework.Process) float64 {
 // of its account for plain clients.
 type benchRepo struct {
 	c    client.Client
+	wc   client.WithWatch
 	did  string
 	sess string // access JWT
 }
@@ -53,7 +61,72 @@ func newBenchRepo(ctx context.Context, t *testing.T, name, handle string) benchR
 	if err != nil {
 		t.Fatal(err)
 	}
-	return benchRepo{c: c, did: acct.DID, sess: sess.AccessJWT}
+	cfg, err := bootstrap.ForWorkspace(env.admin, root.Join(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: framework.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return benchRepo{c: c, wc: wc, did: acct.DID, sess: sess.AccessJWT}
+}
+
+// watchSynced starts counting the AtprotoRecords of r whose names start
+// with prefix that are Synced for their generation, from one list and a
+// watch: listing every record once a second, as waitAllSynced does, costs
+// kcp more CPU than the records' own writes once there are thousands.
+// The returned func waits until count are Synced; if the watch ends
+// early it falls back to waitAllSynced for all want records of r.
+func watchSynced(ctx context.Context, t *testing.T, r benchRepo, prefix string, count, want int) func() {
+	t.Helper()
+	var list atprotov1alpha1.AtprotoRecordList
+	if err := r.wc.List(ctx, &list, client.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	wi, err := r.wc.Watch(ctx, &atprotov1alpha1.AtprotoRecordList{}, client.InNamespace("default"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := map[string]bool{}
+	isSynced := func(rec *atprotov1alpha1.AtprotoRecord) bool {
+		c := meta.FindStatusCondition(rec.Status.Conditions, atprotov1alpha1.ConditionSynced)
+		return strings.HasPrefix(rec.Name, prefix) && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == rec.Generation
+	}
+	for i := range list.Items {
+		if isSynced(&list.Items[i]) {
+			synced[list.Items[i].Name] = true
+		}
+	}
+	done := make(chan bool, 1)
+	go func() {
+		defer wi.Stop()
+		for ev := range wi.ResultChan() {
+			rec, ok := ev.Object.(*atprotov1alpha1.AtprotoRecord)
+			if !ok {
+				continue
+			}
+			synced[rec.Name] = isSynced(rec)
+			n := 0
+			for _, v := range synced {
+				if v {
+					n++
+				}
+			}
+			if n >= count {
+				done <- true
+				return
+			}
+		}
+		done <- false
+	}()
+	return func() {
+		t.Helper()
+		if !<-done {
+			t.Logf("the watch of %s* ended early; listing", prefix)
+			waitAllSynced(ctx, t, r.c, want, 30*time.Minute)
+		}
+	}
 }
 
 // declarative does what any declarative client of a record must do, and
@@ -158,8 +231,17 @@ func TestRecordThroughput(t *testing.T) {
 	// usage is a measurement: records/s, CPU cores of the provider, kcp
 	// (0 for an external kcp) and the PDS, kcp CPU seconds per record,
 	// writes to kcp per record.
-	type usage struct{ rate, provider, kcp, pds, kcpPerRecord, writes float64 }
+	type usage struct {
+		rate, provider, kcp, pds, kcpPerRecord, writes float64
+		// breakdown of the writes and reads per record: the user's (or the
+		// plain client's) writes, the provider's requests by method
+		breakdown string
+	}
+	profiles := 0
 	measure := func(run func(writes *atomic.Int64) error) usage {
+		profiles++
+		stopProfile := profileKCP(ctx, t, filepath.Join(env.dir, fmt.Sprintf("kcp-cpu-%d.pprof", profiles)))
+		defer stopProfile()
 		cpu := func() [3]float64 {
 			var k, p float64
 			if env.kcp.Process != nil {
@@ -171,21 +253,39 @@ func TestRecordThroughput(t *testing.T) {
 			return [3]float64{p, k, cpuSeconds(env.pds.Process)}
 		}
 		var writes atomic.Int64
-		c0, w0 := cpu(), providerWrites(t)
+		c0, r0 := cpu(), providerRequests(t)
 		start := time.Now()
 		if err := run(&writes); err != nil {
 			t.Fatal(err)
 		}
 		el := time.Since(start).Seconds()
-		c1, w1 := cpu(), providerWrites(t)
+		c1, r1 := cpu(), providerRequests(t)
 		if c1[0] < c0[0] { // the provider did not run
 			c1[0] = c0[0]
 		}
-		return usage{
+		u := usage{
 			rate: float64(n) / el, provider: (c1[0] - c0[0]) / el, kcp: (c1[1] - c0[1]) / el, pds: (c1[2] - c0[2]) / el,
 			kcpPerRecord: (c1[1] - c0[1]) / float64(n),
-			writes:       float64(writes.Load()+int64(max(w1-w0, 0))) / float64(n),
 		}
+		total := float64(writes.Load())
+		u.breakdown = fmt.Sprintf("client %.2f", float64(writes.Load())/float64(n))
+		for _, m := range []string{"POST", "PUT", "PATCH", "DELETE", "GET"} {
+			d := r1[m] - r0[m]
+			if d <= 0 {
+				continue
+			}
+			if m != "GET" {
+				total += d
+			}
+			u.breakdown += fmt.Sprintf(", provider %s %.2f", m, d/float64(n))
+		}
+		for _, c := range []string{"atprotorecord", "atprotorepo"} {
+			if d := r1["reconcile "+c] - r0["reconcile "+c]; d > 0 {
+				u.breakdown += fmt.Sprintf(", %s reconciles %.2f", c, d/float64(n))
+			}
+		}
+		u.writes = total / float64(n)
+		return u
 	}
 	// createAll creates count records with 16 concurrent clients, so that
 	// creating them is not what is measured.
@@ -216,7 +316,7 @@ func TestRecordThroughput(t *testing.T) {
 		if ceil > 0 {
 			l += fmt.Sprintf(", %.2fx declarative", u.rate/ceil)
 		}
-		l += fmt.Sprintf("); kcp writes/record %.2f, kcp CPU/record %.0f ms; CPU cores: provider %.2f, kcp %.2f, PDS %.2f", u.writes, u.kcpPerRecord*1000, u.provider, u.kcp, u.pds)
+		l += fmt.Sprintf("); kcp writes/record %.2f (%s), kcp CPU/record %.0f ms; CPU cores: provider %.2f, kcp %.2f, PDS %.2f", u.writes, u.breakdown, u.kcpPerRecord*1000, u.provider, u.kcp, u.pds)
 		if !env.provider.Exited() {
 			l += fmt.Sprintf("; provider RSS %.1f MiB", float64(rss)/(1<<20))
 		}
@@ -259,17 +359,22 @@ func TestRecordThroughput(t *testing.T) {
 		}
 		waitQuiet(ctx, t)
 
+		wait := watchSynced(ctx, t, one, mode.prefix, n, (round+1)*n)
 		u := measure(func(writes *atomic.Int64) error {
 			t0 := time.Now()
 			if err := createAll(one.c, mode.prefix, n, writes); err != nil {
 				return err
 			}
 			t.Logf("created %d records in %s", n, time.Since(t0))
-			waitAllSynced(ctx, t, one.c, (round+1)*n, 30*time.Minute)
+			wait()
 			return nil
 		})
 		line(fmt.Sprintf("knotless %s, 1 repo:", mode.name), u, declOne)
 
+		waits := make([]func(), w)
+		for i := range w {
+			waits[i] = watchSynced(ctx, t, many[i], mode.prefix, n/w, (round+1)*(n/w))
+		}
 		u = measure(func(writes *atomic.Int64) error {
 			g, _ := errgroup.WithContext(ctx)
 			for i := range w {
@@ -278,8 +383,8 @@ func TestRecordThroughput(t *testing.T) {
 			if err := g.Wait(); err != nil {
 				return err
 			}
-			for i := range w {
-				waitAllSynced(ctx, t, many[i].c, (round+1)*(n/w), 30*time.Minute)
+			for _, wait := range waits {
+				wait()
 			}
 			return nil
 		})
@@ -289,6 +394,67 @@ func TestRecordThroughput(t *testing.T) {
 	t.Logf("FIGURE %-40s %7.1f/s", "plain sequential putRecord loop:", ceiling)
 	for _, l := range lines {
 		t.Logf("FIGURE %s", l)
+	}
+}
+
+// profileKCP takes a CPU profile of the suite's kcp (its /debug/pprof)
+// for 15 seconds, or less when the returned func is called
+// earlier, into path; profiles show where kcp's CPU per record goes.
+func profileKCP(ctx context.Context, t *testing.T, path string) func() {
+	if env.kcp.Process == nil {
+		return func() {}
+	}
+	// /debug/pprof needs system:masters: the shard admin (context
+	// shard-base of kcp's admin kubeconfig).
+	raw, err := clientcmd.LoadFromFile(env.kcp.Kubeconfig)
+	if err != nil {
+		return func() {}
+	}
+	cfg, err := clientcmd.NewNonInteractiveClientConfig(*raw, "shard-base", &clientcmd.ConfigOverrides{}, nil).ClientConfig()
+	if err != nil {
+		t.Logf("kcp profile: %v", err)
+		return func() {}
+	}
+	base, err := bootstrap.BaseURL(cfg.Host)
+	if err != nil {
+		return func() {}
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return func() {}
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := http.NewRequestWithContext(pctx, http.MethodGet, base+"/debug/pprof/profile?seconds=15", nil)
+		if err != nil {
+			return
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Logf("kcp profile: %s", resp.Status)
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err == nil {
+			err = os.WriteFile(path, b, 0o644)
+		}
+		if err != nil {
+			t.Logf("kcp profile: %v", err)
+		}
+	}()
+	return func() {
+		select {
+		case <-done:
+		case <-time.After(16 * time.Second):
+		}
+		cancel()
+		<-done
 	}
 }
 
@@ -306,8 +472,9 @@ func withoutTestResync(args []string) []string {
 	return out
 }
 
-// waitQuiet waits until the provider's record controller has no work
-// queued or running, so a measurement does not include the start-up sync.
+// waitQuiet waits until the provider's record and repo controllers have
+// no work queued or running, so a measurement does not include the
+// start-up sync (the repos' checks and prunes included).
 func waitQuiet(ctx context.Context, t *testing.T) {
 	t.Helper()
 	quiet := 0
@@ -318,8 +485,10 @@ func waitQuiet(ctx context.Context, t *testing.T) {
 		}
 		busy := false
 		for _, l := range strings.Split(m, "\n") {
-			if (strings.HasPrefix(l, `workqueue_depth{controller="atprotorecord"`) || strings.HasPrefix(l, `controller_runtime_active_workers{controller="atprotorecord"`)) && !strings.HasSuffix(l, " 0") {
-				busy = true
+			for _, c := range []string{"atprotorecord", "atprotorepo"} {
+				if (strings.HasPrefix(l, `workqueue_depth{controller="`+c+`"`) || strings.HasPrefix(l, `controller_runtime_active_workers{controller="`+c+`"`)) && !strings.HasSuffix(l, " 0") {
+					busy = true
+				}
 			}
 		}
 		if busy || !strings.Contains(m, `controller="atprotorecord"`) {
@@ -333,29 +502,37 @@ func waitQuiet(ctx context.Context, t *testing.T) {
 	}
 }
 
-// providerWrites is the number of writes (every method but GET) the
-// provider has made to kcp (client-go's rest_client_requests_total), 0
-// when it does not run.
-func providerWrites(t *testing.T) int {
+// providerRequests is the number of requests the provider has made to
+// kcp by method (client-go's rest_client_requests_total) and of its
+// reconciles by "reconcile <controller>", none when it does not run.
+func providerRequests(t *testing.T) map[string]float64 {
+	out := map[string]float64{}
 	if env.provider.Exited() {
-		return 0
+		return out
 	}
 	m, err := env.provider.Metrics()
 	if err != nil {
 		t.Logf("reading provider metrics: %v", err)
-		return 0
+		return out
 	}
-	n := 0.0
 	for _, l := range strings.Split(m, "\n") {
-		if !strings.HasPrefix(l, "rest_client_requests_total{") || strings.Contains(l, `method="GET"`) {
+		key, label := "", ""
+		switch {
+		case strings.HasPrefix(l, "rest_client_requests_total{"):
+			label = `method="`
+		case strings.HasPrefix(l, "controller_runtime_reconcile_total{"):
+			label, key = `controller="`, "reconcile "
+		default:
 			continue
 		}
-		if i := strings.LastIndexByte(l, ' '); i > 0 {
+		_, rest, ok := strings.Cut(l, label)
+		name, _, _ := strings.Cut(rest, `"`)
+		if i := strings.LastIndexByte(l, ' '); ok && i > 0 {
 			v, _ := strconv.ParseFloat(l[i+1:], 64)
-			n += v
+			out[key+name] += v
 		}
 	}
-	return int(n)
+	return out
 }
 
 // createRetrying creates obj, retrying for a minute while kcp answers with
