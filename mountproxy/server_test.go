@@ -446,8 +446,8 @@ func TestRegistryRefusesUnsafeTenants(t *testing.T) {
 
 func TestHeaderNameErrorsSuggestAFittingName(t *testing.T) {
 	for what, want := range map[string]string{
-		"--requestheader-username-headers":    "-User",
-		"--requestheader-group-headers":       "-Group",
+		"--requestheader-username-headers":     "-User",
+		"--requestheader-group-headers":        "-Group",
 		"--requestheader-extra-headers-prefix": "-Extra-",
 	} {
 		for _, name := range []string{"", "X-Knotless-not-random-enough"} {
