@@ -513,7 +513,7 @@ func TestAtprotoRecordsDeletedWhileProviderDown(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
 	c, _ := appWorkspace(ctx, t, env.prefix+"-inv")
-	acct, err := env.pds.CreateAccount(ctx, env.prefix+"inv.test")
+	acct, err := env.pds.CreateAccount(ctx, env.prefix+"inventory.test")
 	if err != nil {
 		t.Fatal(err)
 	}
