@@ -11,7 +11,7 @@ var GroupVersion = schema.GroupVersion{Group: "compute.knotless.dev", Version: "
 
 // AddToScheme registers this package's kinds with a scheme.
 func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &TenantCluster{}, &TenantClusterList{}, &ComputeVM{}, &ComputeVMList{})
+	s.AddKnownTypes(GroupVersion, &TenantCluster{}, &TenantClusterList{}, &ComputeVM{}, &ComputeVMList{}, &StateSync{}, &StateSyncList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -117,6 +117,48 @@ type MarketRequesterSpec struct {
 	// record.
 	// +optional
 	TenantAdmins computev1alpha1.TenantAdmins `json:"tenantAdmins,omitempty"`
+	// StateSync says what becomes of a tenant's objects when its contract
+	// is released.
+	// +optional
+	StateSync StateSyncPolicy `json:"stateSync,omitempty"`
+	// RestoreFrom names a snapshot of this requester (the name of the
+	// contract whose tenant was exported; its chunks are the Secrets
+	// labelled market.knotless.dev/snapshot=<name>): every new contract's
+	// tenant gets the snapshot's objects before the contract is Active.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
+	// +optional
+	RestoreFrom string `json:"restoreFrom,omitempty"`
+}
+
+// StateSyncMode says whether a released tenant is exported.
+// +kubebuilder:validation:Enum=None;Export
+type StateSyncMode string
+
+// State sync modes.
+const (
+	StateSyncNone   StateSyncMode = "None"
+	StateSyncExport StateSyncMode = "Export"
+)
+
+// StateSyncPolicy says what is exported of a tenant when the requester
+// releases it.
+type StateSyncPolicy struct {
+	// Mode: Export exports the tenant's namespaces and Resources before
+	// its VM is terminated on a release by the requester (lower replicas
+	// or suspend; not when the MarketRequester is deleted, nor when the
+	// tenant did not answer). The snapshot is kept in this workspace as
+	// Secrets owned by the MarketRequester.
+	// +kubebuilder:default=None
+	// +optional
+	Mode StateSyncMode `json:"mode,omitempty"`
+	// Resources are the kinds exported besides namespaces (Secrets only
+	// when listed). Objects that a controller owns (ownerReferences),
+	// service account tokens and the kube-root-ca.crt ConfigMaps are
+	// never exported.
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Resources []computev1alpha1.GroupResource `json:"resources,omitempty"`
 }
 
 // RequestState is where one replica's request stands.
