@@ -1,6 +1,7 @@
 // Command knotless-agent is what a bidder runs next to its machines. With
 // a kubeconfig for its bidder workspace only (never the provider's), it
-// runs that workspace's ComputeVMs through a driver (the process driver:
+// runs that workspace's ComputeVMs, and the StateSyncs that export and
+// import their tenants' objects, through a driver (the process driver:
 // each VM a tenant apiserver process on this machine) and nothing else.
 package main
 
@@ -25,6 +26,7 @@ import (
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
 	"github.com/knotless-dev/knotless/cmd/knotless-agent/options"
 	"github.com/knotless-dev/knotless/controllers/computevm"
+	"github.com/knotless-dev/knotless/controllers/statesync"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/process"
@@ -78,6 +80,9 @@ func run(ctx context.Context, o *options.Options) error {
 	}
 	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the computevm controller: %w", err)
+	}
+	if err := (&statesync.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(statesync.Name)}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the statesync controller: %w", err)
 	}
 	if o.HealthProbeBindAddress != "0" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -78,7 +78,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // CredentialSecret is the name of a VM's credential Secret.
 func CredentialSecret(vm string) string { return vm + "-credential" }
 
-func vmOf(vm *computev1alpha1.ComputeVM) driver.VM {
+// DriverVM is what a driver is told of vm.
+func DriverVM(vm *computev1alpha1.ComputeVM) driver.VM {
 	return driver.VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB,
 		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups}
 }
@@ -118,7 +119,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		// Never started again: the provider replaces or releases it.
 		return reconcile.Result{}, nil
 	}
-	s, err := d.Provision(ctx, vmOf(vm))
+	s, err := d.Provision(ctx, DriverVM(vm))
 	switch {
 	case errors.Is(err, driver.ErrLost) || s.State == driver.Lost:
 		set(st, vm, computev1alpha1.VMLost, computev1alpha1.ReasonProcessGone, s.Reason)
@@ -131,7 +132,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		set(st, vm, computev1alpha1.VMProvisioning, computev1alpha1.ReasonStarting, "the VM is starting")
 		return reconcile.Result{RequeueAfter: pollStarting}, nil
 	}
-	token, err := d.Credential(ctx, vmOf(vm))
+	token, err := d.Credential(ctx, DriverVM(vm))
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -200,7 +201,7 @@ func (r *Reconciler) terminate(ctx context.Context, vm *computev1alpha1.ComputeV
 				return reconcile.Result{}, err
 			}
 		}
-		if err := d.Terminate(ctx, vmOf(vm)); err != nil {
+		if err := d.Terminate(ctx, DriverVM(vm)); err != nil {
 			return reconcile.Result{}, fmt.Errorf("terminating the VM: %w", err)
 		}
 		// The status write moved the object on.

@@ -2,15 +2,7 @@ package computevm
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,55 +13,8 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/driver/drivertest"
 )
-
-// fakeDriver runs VMs in memory.
-type fakeDriver struct {
-	states     map[string]driver.State
-	provisions int
-	terminated []string
-	ca         []byte
-}
-
-func (f *fakeDriver) Provision(_ context.Context, vm driver.VM) (driver.Status, error) {
-	switch f.states[vm.ID] {
-	case "", driver.Absent:
-		f.provisions++
-		f.states[vm.ID] = driver.Starting
-	case driver.Lost:
-		return driver.Status{State: driver.Lost, Reason: "gone"}, driver.ErrLost
-	}
-	return f.status(vm), nil
-}
-
-func (f *fakeDriver) status(vm driver.VM) driver.Status {
-	st := driver.Status{State: f.states[vm.ID]}
-	if st.State == driver.Running {
-		st.Endpoint, st.CA = "https://127.0.0.1:7443/clusters/root", f.ca
-	}
-	return st
-}
-
-func (f *fakeDriver) Status(_ context.Context, vm driver.VM) (driver.Status, error) {
-	return f.status(vm), nil
-}
-func (f *fakeDriver) Credential(context.Context, driver.VM) (string, error) { return "tok", nil }
-func (f *fakeDriver) Terminate(_ context.Context, vm driver.VM) error {
-	f.terminated = append(f.terminated, vm.ID)
-	delete(f.states, vm.ID)
-	return nil
-}
-
-func testCA(t *testing.T) []byte {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tenant"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
 
 // TestVMLifecycle: a VM is provisioned once, Running with endpoint, CA,
 // fingerprint and a credential Secret it owns; a VM whose process is gone
@@ -78,7 +23,7 @@ func TestVMLifecycle(t *testing.T) {
 	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "default", UID: "vm-uid", Generation: 1},
 		Spec: computev1alpha1.ComputeVMSpec{ContractName: "c", Driver: "process", CPUMillis: 1000, MemoryMiB: 1024}}
 	ws := clustertest.New(vm)
-	d := &fakeDriver{states: map[string]driver.State{}, ca: testCA(t)}
+	d := drivertest.New(t)
 	r := &Reconciler{Client: ws.Client, Drivers: map[string]driver.Driver{"process": d}, Events: ws.GetEventRecorder(Name)}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "vm"}}
 	get := func() *computev1alpha1.ComputeVM {
@@ -101,10 +46,10 @@ func TestVMLifecycle(t *testing.T) {
 		t.Fatalf("after the first reconcile: %+v, %+v", res, get().Status)
 	}
 	reconcileIt()
-	if d.provisions != 1 {
-		t.Errorf("provisioned %d times", d.provisions)
+	if d.Provisions != 1 {
+		t.Errorf("provisioned %d times", d.Provisions)
 	}
-	d.states["vm-uid"] = driver.Running
+	d.Set("vm-uid", driver.Running)
 	reconcileIt()
 	got := get()
 	if got.Status.Phase != computev1alpha1.VMRunning || got.Status.Endpoint == "" || got.Status.CAFingerprint == "" || got.Status.CredentialSecret != "vm-credential" {
@@ -114,22 +59,22 @@ func TestVMLifecycle(t *testing.T) {
 	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "vm-credential"}, sec); err != nil || string(sec.Data["token"]) != "tok" || !metav1.IsControlledBy(sec, got) {
 		t.Fatalf("credential Secret %+v, %v", sec, err)
 	}
-	d.states["vm-uid"] = driver.Lost
+	d.Set("vm-uid", driver.Lost)
 	reconcileIt()
 	if got := get(); got.Status.Phase != computev1alpha1.VMLost || got.Status.Reason != computev1alpha1.ReasonProcessGone || got.Status.Endpoint != "" {
 		t.Fatalf("lost: %+v", got.Status)
 	}
-	d.states["vm-uid"] = driver.Absent // even if the driver would start it
+	d.Set("vm-uid", driver.Absent) // even if the driver would start it
 	reconcileIt()
-	if d.provisions != 1 || get().Status.Phase != computev1alpha1.VMLost {
-		t.Errorf("a lost VM was provisioned again (%d)", d.provisions)
+	if d.Provisions != 1 || get().Status.Phase != computev1alpha1.VMLost {
+		t.Errorf("a lost VM was provisioned again (%d)", d.Provisions)
 	}
 	if err := ws.Client.Delete(context.Background(), get()); err != nil {
 		t.Fatal(err)
 	}
 	reconcileIt()
-	if len(d.terminated) != 1 {
-		t.Errorf("terminated %v", d.terminated)
+	if len(d.Terminated) != 1 {
+		t.Errorf("terminated %v", d.Terminated)
 	}
 	if err := ws.Client.Get(context.Background(), req.NamespacedName, &computev1alpha1.ComputeVM{}); err == nil {
 		t.Error("the ComputeVM is still there")

@@ -1,6 +1,7 @@
 // Package driver is what knotless-agent runs VMs through: a driver
 // provisions a VM with a tenant apiserver, reports on it, hands out the
-// credential the mount uses on it, and terminates it. Drivers are
+// credential the mount uses on it, exports and imports its tenant's
+// objects, and terminates it. Drivers are
 // pluggable (a cloud's VMs, k3s on bare metal); knotless ships the process
 // driver (package process), whose VMs are tenant apiserver processes on
 // the agent's machine.
@@ -9,6 +10,8 @@ package driver
 import (
 	"context"
 	"errors"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // VM is what a driver is told of the VM it runs.
@@ -68,4 +71,11 @@ type Driver interface {
 	Credential(ctx context.Context, vm VM) (string, error)
 	// Terminate stops the VM and removes what the driver kept of it.
 	Terminate(ctx context.Context, vm VM) error
+	// Export reads the running VM's tenant objects (namespaces and
+	// resources) into a snapshot (package statesync) and returns it with
+	// the number of objects.
+	Export(ctx context.Context, vm VM, resources []schema.GroupResource) ([]byte, int, error)
+	// Import applies a snapshot to the running VM's tenant and returns
+	// how many objects it applied.
+	Import(ctx context.Context, vm VM, snapshot []byte) (int, error)
 }

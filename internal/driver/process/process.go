@@ -29,11 +29,13 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/statesync"
 )
 
 // MountUser is the tenant user the mount's credential authenticates as.
@@ -334,6 +336,40 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 		}
 	}
 	return os.RemoveAll(dir)
+}
+
+// running is the admin config of a VM whose process runs.
+func (d *Driver) running(vm driver.VM) (*rest.Config, error) {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return nil, err
+	}
+	st, err := load(dir)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil || !Alive(st.PID) {
+		return nil, errors.New("process driver: the VM does not run")
+	}
+	return d.admin(dir)
+}
+
+// Export implements driver.Driver, as the tenant's admin.
+func (d *Driver) Export(ctx context.Context, vm driver.VM, resources []schema.GroupResource) ([]byte, int, error) {
+	cfg, err := d.running(vm)
+	if err != nil {
+		return nil, 0, err
+	}
+	return statesync.Export(ctx, cfg, resources)
+}
+
+// Import implements driver.Driver, as the tenant's admin.
+func (d *Driver) Import(ctx context.Context, vm driver.VM, snapshot []byte) (int, error) {
+	cfg, err := d.running(vm)
+	if err != nil {
+		return 0, err
+	}
+	return statesync.Import(ctx, cfg, snapshot)
 }
 
 // PIDs returns the process IDs of the VMs under root (for a test's
