@@ -35,6 +35,8 @@ const (
 	// with its bid once the requester has removed its accept, or after
 	// this long at the latest.
 	settleAfter = 10 * time.Minute
+	// exportWait is how long a released VM is kept for its export.
+	exportWait = 2 * time.Minute
 	// publishers bounds the records written at once (the writes of one
 	// repo go together in applyWrites batches).
 	publishers = 32
@@ -72,6 +74,8 @@ type trader struct {
 	bids         map[string]*marketv1alpha1.Bid
 	contracts    map[string]*marketv1alpha1.ComputeContract
 	vms          map[string]*computev1alpha1.ComputeVM
+	// exports are the StateSync exports of the VMs, by VM name.
+	exports map[string]*computev1alpha1.StateSync
 	// admins are the tenant admins the requester of a contract names.
 	admins  func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins
 	ignored map[string]bool
@@ -301,7 +305,38 @@ func (t *trader) load() error {
 			t.vms[vm.Name] = vm
 		}
 	}
+	t.exports = map[string]*computev1alpha1.StateSync{}
+	if len(t.vms) == 0 {
+		return nil
+	}
+	var syncs computev1alpha1.StateSyncList
+	if err := t.c.List(t.ctx, &syncs, client.InNamespace(t.b.Namespace)); err != nil {
+		return err
+	}
+	for i := range syncs.Items {
+		ss := &syncs.Items[i]
+		if vm := t.vms[ss.Spec.VMName]; vm != nil && metav1.IsControlledBy(ss, vm) && ss.Spec.Direction == computev1alpha1.Export && ss.Name == computev1alpha1.ExportName(vm.Name) {
+			t.exports[vm.Name] = ss
+		}
+	}
 	return nil
+}
+
+// exporting says whether a released VM is kept for its export: the
+// requester's side made one before it released, and it has neither
+// failed nor been copied to the requester (which deletes it then), for
+// exportWait after the release at most.
+func (t *trader) exporting(vm *computev1alpha1.ComputeVM, release *market.Rec) bool {
+	ss := t.exports[vm.Name]
+	switch {
+	case ss == nil, release == nil, vm.Status.Phase != computev1alpha1.VMRunning,
+		ss.Status.Phase == computev1alpha1.SyncFailed, !ss.DeletionTimestamp.IsZero():
+		return false
+	case t.now.After(market.ParseTime(release.Release.CreatedAt).Add(exportWait)):
+		t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "ExportAbandoned", "Release", "the export of %s did not end within %s of the release: the VM stops", vm.Name, exportWait)
+		return false
+	}
+	return true
 }
 
 // ensureVM makes the ComputeVM of the contract name (owned by it) when it
@@ -435,6 +470,12 @@ func (t *trader) lease(ol *ownLease) {
 		reason := "accept-withdrawn"
 		if release != nil {
 			reason = release.Release.Reason
+		}
+		if vm != nil && t.exporting(vm, release) {
+			// The tenant's objects are exported before the VM stops.
+			t.do(action{kcp: func() error { return t.contract(ol, acc, cc, marketv1alpha1.ContractReleasing, reason) }})
+			t.due(t.now.Add(2 * time.Second))
+			return
 		}
 		if vm != nil {
 			t.do(action{kcp: func() error {

@@ -21,11 +21,12 @@ import (
 // cannot be owned by a namespaced one, so the contract's end deletes it).
 func tenantCredential(cc string) string { return cc + "-tenant" }
 
-// bidderVM finds the running VM of the requester's contract in the
-// bidder's workspace, through the index of bidders by DID: the bidder's
-// contract must rest on the same accept and name this requester, and the
-// VM must be its own. It returns the VM and the mount's token, or nil.
-func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (*computev1alpha1.ComputeVM, string, error) {
+// bidderVM finds the VM of the requester's contract in the bidder's
+// workspace, through the index of bidders by DID: the bidder's contract
+// must rest on the same accept and name this requester, and the VM must
+// be its own. It returns the bidder workspace's client and the VM, or
+// nil.
+func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM) {
 	for _, req := range s.r.Market.Followers(market.RoleBidder, cc.Spec.BidderDID) {
 		cl, err := s.r.GetCluster(s.ctx, req.ClusterName)
 		if err != nil {
@@ -45,19 +46,26 @@ func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (*computev1alpha1
 		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: bcc.Name}, vm); err != nil || !metav1.IsControlledBy(vm, bcc) {
 			continue
 		}
-		if vm.Status.Phase != computev1alpha1.VMRunning || vm.Status.CredentialSecret == "" {
-			return nil, "", nil
-		}
-		sec := &corev1.Secret{}
-		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: vm.Status.CredentialSecret}, sec); err != nil {
-			return nil, "", client.IgnoreNotFound(err)
-		}
-		if !metav1.IsControlledBy(sec, vm) || len(sec.Data["token"]) == 0 {
-			return nil, "", nil
-		}
-		return vm, string(sec.Data["token"]), nil
+		return c, vm
 	}
-	return nil, "", nil
+	return nil, nil
+}
+
+// runningVM is the bidder's VM of the contract once it runs, with the
+// bidder workspace's client and the mount's token.
+func (s *session) runningVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM, string, error) {
+	c, vm := s.bidderVM(cc)
+	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning || vm.Status.CredentialSecret == "" {
+		return nil, nil, "", nil
+	}
+	sec := &corev1.Secret{}
+	if err := c.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: vm.Status.CredentialSecret}, sec); err != nil {
+		return nil, nil, "", client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(sec, vm) || len(sec.Data["token"]) == 0 {
+		return nil, nil, "", nil
+	}
+	return c, vm, string(sec.Data["token"]), nil
 }
 
 // deliver mounts the tenant of a contract whose lease says the VM runs:
@@ -78,7 +86,7 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return false, "", err
 	}
-	vm, token, err := s.bidderVM(cc)
+	bc, vm, token, err := s.runningVM(cc)
 	switch {
 	case err != nil:
 		return false, "", err
@@ -88,6 +96,12 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	fp, err := market.CAFingerprint([]byte(vm.Status.CABundle))
 	if err != nil || fp != lease.Lease.CAFingerprint {
 		return false, "the VM's CA does not match the fingerprint in the bidder's lease record: not mounted", nil
+	}
+	// A snapshot to restore goes into the tenant before it is mounted.
+	if from := s.mr.Spec.RestoreFrom; from != "" {
+		if done, why, err := s.restore(bc, vm, from); !done || err != nil {
+			return false, why, err
+		}
 	}
 	ns := cc.Namespace
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tenantCredential(cc.Name), Namespace: ns}}

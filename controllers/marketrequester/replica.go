@@ -667,6 +667,13 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		case lease == nil:
 			st.Phase = marketv1alpha1.ContractReleasing
 		case release == nil:
+			// An export is asked for before the release, so that the
+			// bidder's side finds it when it sees the release.
+			if lease.Lease.State == market.LeaseRunning && s.exportWanted(relReason) {
+				if err := s.startExport(cc); err != nil {
+					return false, err
+				}
+			}
 			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
 			rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
 			if err != nil {
@@ -677,6 +684,9 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
 			s.due(s.now.Add(s.confirm()))
 		default:
+			if err := s.collectExport(cc); err != nil {
+				return false, err
+			}
 			// The bidder has as long to end the lease as it had to confirm
 			// it; after that the contract is failed and the requester's
 			// records go.

@@ -1,0 +1,219 @@
+package marketrequester
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/statesync"
+)
+
+// A snapshot in the requester's workspace is named after the contract
+// whose tenant was exported: its chunks are Secrets <contract>-snapshot-<i>
+// owned by the MarketRequester (so it outlives the contract), labelled
+// LabelSnapshot=<contract>; besides the chunk (key snapshot) each holds
+// its index, the number of chunks, the SHA-256 of the whole and the
+// number of objects.
+const (
+	LabelSnapshot = "market.knotless.dev/snapshot"
+
+	keyIndex   = "index"
+	keyChunks  = "chunks"
+	keySHA256  = "sha256"
+	keyObjects = "objects"
+)
+
+func snapshotOwner(snapshot string) string { return snapshot + "-snapshot" }
+
+// exportWanted says whether a release by reason exports the tenant first.
+func (s *session) exportWanted(reason string) bool {
+	return s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport && !s.deleting && reason != market.ReleaseProviderUnresponsive
+}
+
+// startExport makes the StateSync that exports the contract's tenant in
+// the bidder's workspace (owned by the VM), before the release is
+// published: the bidder's side keeps a VM with an export until the
+// snapshot is copied here.
+func (s *session) startExport(cc *marketv1alpha1.ComputeContract) error {
+	if chunks, _, _ := s.snapshot(cc.Name); chunks != nil {
+		return nil
+	}
+	bc, vm := s.bidderVM(cc)
+	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning {
+		return nil
+	}
+	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ExportName(vm.Name), Namespace: vm.Namespace}}
+	if err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	ss.Spec = computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: s.mr.Spec.StateSync.Resources}
+	return ssa.Child(s.ctx, bc, ss, vm, FieldManager)
+}
+
+// collectExport copies the snapshot of a released contract's export from
+// the bidder's workspace into the requester's, then deletes the export
+// (with its chunks) so that the VM may go. A failed export is deleted too
+// (with an Event), and so is one the requester no longer wants (it is
+// being deleted).
+func (s *session) collectExport(cc *marketv1alpha1.ComputeContract) error {
+	bc, vm := s.bidderVM(cc)
+	if vm == nil {
+		return nil
+	}
+	ss := &computev1alpha1.StateSync{}
+	if err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ExportName(vm.Name)}, ss); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(ss, vm) || !ss.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	done := func() error {
+		uid := ss.UID
+		return client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
+	}
+	if s.deleting {
+		return done()
+	}
+	switch ss.Status.Phase {
+	case computev1alpha1.SyncFailed:
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the tenant of %s was not exported (%s); it is released without a snapshot", cc.Name, cmp.Or(ss.Status.Reason, "failed"))
+		return done()
+	case computev1alpha1.SyncCompleted:
+	default:
+		s.due(s.now.Add(2 * time.Second))
+		return nil
+	}
+	var data []byte
+	chunks := make([][]byte, ss.Status.Chunks)
+	for i := range chunks {
+		sec := &corev1.Secret{}
+		if err := bc.Get(s.ctx, client.ObjectKey{Namespace: ss.Namespace, Name: computev1alpha1.SnapshotChunkName(ss.Name, i)}, sec); err != nil || !metav1.IsControlledBy(sec, ss) {
+			s.due(s.now.Add(2 * time.Second))
+			return client.IgnoreNotFound(err)
+		}
+		chunks[i] = sec.Data[computev1alpha1.SnapshotKey]
+		data = append(data, chunks[i]...)
+	}
+	if len(chunks) == 0 || len(chunks) > computev1alpha1.SnapshotMaxChunks || statesync.Sum(data) != ss.Status.SHA256 {
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the snapshot of %s does not match its SHA-256; it is released without a snapshot", cc.Name)
+		return done()
+	}
+	for i, ch := range chunks {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(snapshotOwner(cc.Name), i), Namespace: s.mr.Namespace}}
+		if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
+			sec.Type = corev1.SecretTypeOpaque
+			sec.Labels = map[string]string{LabelSnapshot: cc.Name}
+			sec.Data = map[string][]byte{
+				computev1alpha1.SnapshotKey: ch,
+				keyIndex:                    []byte(strconv.Itoa(i)),
+				keyChunks:                   []byte(strconv.Itoa(len(chunks))),
+				keySHA256:                   []byte(ss.Status.SHA256),
+				keyObjects:                  []byte(strconv.Itoa(int(ss.Status.Objects))),
+			}
+			return controllerutil.SetControllerReference(s.mr, sec, s.c.Scheme())
+		}); err != nil {
+			return fmt.Errorf("the snapshot's chunk %d: %w", i, err)
+		}
+	}
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Exported", "Release", "the tenant of %s was exported: %d objects, %d bytes, kept as snapshot %s (spec.restoreFrom: %s)",
+		cc.Name, ss.Status.Objects, len(data), cc.Name, cc.Name)
+	return done()
+}
+
+// snapshot returns the chunks of a whole snapshot of this requester, its
+// SHA-256 and its number of objects; nil when there is none or it is not
+// whole.
+func (s *session) snapshot(name string) ([][]byte, string, int) {
+	var secs corev1.SecretList
+	if err := s.c.List(s.ctx, &secs, client.InNamespace(s.mr.Namespace), client.MatchingLabels{LabelSnapshot: name}); err != nil {
+		return nil, "", 0
+	}
+	var chunks [][]byte
+	sum, n := "", -1
+	slices.SortFunc(secs.Items, func(a, b corev1.Secret) int {
+		return cmp.Compare(atoi(a.Data[keyIndex]), atoi(b.Data[keyIndex]))
+	})
+	for i := range secs.Items {
+		sec := &secs.Items[i]
+		if !metav1.IsControlledBy(sec, s.mr) || atoi(sec.Data[keyIndex]) != len(chunks) {
+			return nil, "", 0
+		}
+		if n < 0 {
+			sum, n = string(sec.Data[keySHA256]), atoi(sec.Data[keyChunks])
+		}
+		chunks = append(chunks, sec.Data[computev1alpha1.SnapshotKey])
+	}
+	var data []byte
+	for _, ch := range chunks {
+		data = append(data, ch...)
+	}
+	if n <= 0 || n > computev1alpha1.SnapshotMaxChunks || len(chunks) != n || statesync.Sum(data) != sum {
+		return nil, "", 0
+	}
+	return chunks, sum, atoi(secs.Items[0].Data[keyObjects])
+}
+
+func atoi(b []byte) int {
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// restore imports the snapshot from into the contract's new tenant
+// before it is mounted: a StateSync in the bidder's workspace (owned by
+// the VM) with the snapshot's chunks beside it (owned by the StateSync).
+// It reports whether the import is done, and what it waits for.
+func (s *session) restore(bc client.Client, vm *computev1alpha1.ComputeVM, from string) (bool, string, error) {
+	ss := &computev1alpha1.StateSync{}
+	err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ImportName(vm.Name)}, ss)
+	switch {
+	case err == nil && !metav1.IsControlledBy(ss, vm):
+		return false, "the bidder's workspace holds a StateSync the VM does not own: not mounted", nil
+	case err == nil && ss.Status.Phase == computev1alpha1.SyncCompleted:
+		return true, "", nil
+	case err == nil && ss.Status.Phase == computev1alpha1.SyncFailed:
+		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, ss.Status.Reason), nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, "", err
+	}
+	chunks, sum, _ := s.snapshot(from)
+	if chunks == nil {
+		return false, fmt.Sprintf("snapshot %s (spec.restoreFrom) is not whole in this workspace: not mounted", from), nil
+	}
+	s.due(s.now.Add(2 * time.Second))
+	if apierrors.IsNotFound(err) {
+		ss = &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ImportName(vm.Name), Namespace: vm.Namespace},
+			Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Import, Chunks: int32(len(chunks)), SHA256: sum}}
+		if err := ssa.Child(s.ctx, bc, ss, vm, FieldManager); err != nil {
+			return false, "", err
+		}
+		if err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); err != nil {
+			return false, "", err
+		}
+	}
+	for i, ch := range chunks {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
+		if _, err := controllerutil.CreateOrUpdate(s.ctx, bc, sec, func() error {
+			sec.Type = corev1.SecretTypeOpaque
+			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
+			return controllerutil.SetControllerReference(ss, sec, bc.Scheme())
+		}); err != nil {
+			return false, "", fmt.Errorf("the snapshot's chunk %d in the bidder's workspace: %w", i, err)
+		}
+	}
+	return false, fmt.Sprintf("restoring snapshot %s into the tenant (%s)", from, cmp.Or(string(ss.Status.Phase), string(computev1alpha1.SyncPending))), nil
+}
