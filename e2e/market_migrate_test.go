@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/controllers/marketrequester"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver/process"
+	"github.com/knotless-dev/knotless/internal/market"
+)
+
+// TestMarketTenantMigrates: a tenant moves from one bidder to another.
+// alice's MarketRequester (stateSync Export of ConfigMaps) gets a tenant
+// from acme, the cheaper bidder; alice makes a namespace, a ConfigMap and
+// a Secret in it through the mount. acme then has no capacity left, and
+// alice releases (replicas 0): the agent exports the tenant before its
+// VM stops, and the snapshot lands in alice's workspace, owned by the
+// MarketRequester. With spec.restoreFrom and replicas 1 the new contract
+// goes to beta, whose tenant gets the namespace and the ConfigMap (not
+// the Secret, which was not listed) before the contract is Active; acme's
+// tenant process is gone. Deleting the MarketRequester takes the
+// snapshot, the VM and its StateSyncs with it. Figures: release ->
+// snapshot kept; MarketRequester wanted again -> the restored objects
+// read through the new mount, split into market, provisioning with the
+// import, and mount.
+func TestMarketTenantMigrates(t *testing.T) {
+	defer failWithLogs(t)
+	if env.frontProxy == nil {
+		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
+	}
+	ctx := t.Context()
+	d := newDealAs(ctx, t, "mig", "bob", []string{"buyer"}, []string{"acme", "beta"}, nil)
+	t.Cleanup(func() { d.dumpOnFailure(t) })
+	bobCfg, err := env.kcp.UserConfig("bob")
+	if err != nil {
+		t.Skip("no token user bob on this kcp")
+	}
+	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 20, 1))
+	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 1))
+
+	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
+	spec.TenantAdmins.Users = []string{"alice"}
+	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	d.requester(ctx, t, "vms", spec)
+	rc := contractOf(ctx, t, d.app, "vms", "the first contract Active", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	if rc.Spec.BidderDID != d.accounts["acme"].DID {
+		t.Fatalf("the first contract went to %s, want acme", rc.Spec.BidderDID)
+	}
+	tenant := func(cc *marketv1alpha1.ComputeContract) kubernetes.Interface {
+		t.Helper()
+		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(cc.Name).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	csA := tenant(rc)
+	if err := framework.Eventually(ctx, 2*time.Minute, "alice makes a namespace, a ConfigMap and a Secret in tenant A", func(ctx context.Context) (bool, string, error) {
+		_, err := csA.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		_, err = csA.CoreV1().ConfigMaps("shop").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings", Labels: map[string]string{"app": "shop"}},
+			Data: map[string]string{"currency": "EUR"}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		_, err = csA.CoreV1().Secrets("shop").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "unlisted"}, StringData: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pidsA := process.PIDs(a.root)
+	if len(pidsA) != 1 {
+		t.Fatalf("VM processes %v, want acme's one", pidsA)
+	}
+
+	// acme is full; alice releases with an export.
+	mergePatch(ctx, t, d.bid, getMB(ctx, t, d.bid, "acme"), map[string]any{"offers": []marketv1alpha1.Offer{offerOf("small", 1000, 1024, 20, 0)}})
+	start := time.Now()
+	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
+	contractOf(ctx, t, d.app, "vms", "the first contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReplicasLowered
+	})
+	released := time.Since(start)
+	mr := getMR(ctx, t, d.app, "vms")
+	var snap corev1.SecretList
+	if err := d.app.List(ctx, &snap, client.InNamespace("default"), client.MatchingLabels{marketrequester.LabelSnapshot: rc.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Items) == 0 {
+		t.Fatal("no snapshot in alice's workspace after the release")
+	}
+	size := 0
+	for i := range snap.Items {
+		ownedBy(t, &snap.Items[i], "MarketRequester", mr.UID)
+		size += len(snap.Items[i].Data[computev1alpha1.SnapshotKey])
+	}
+	t.Logf("FIGURE release with export -> contract Completed, snapshot kept: %s (%d chunk(s), %d bytes)", released.Round(time.Millisecond), len(snap.Items), size)
+	for _, pid := range pidsA {
+		if process.Alive(pid) {
+			t.Errorf("tenant A's process %d still runs", pid)
+		}
+	}
+
+	// Wanted again, restored from the snapshot: beta's tenant.
+	start = time.Now()
+	mergePatch(ctx, t, d.app, mr, map[string]any{"replicas": 1, "restoreFrom": rc.Name})
+	contractOf(ctx, t, d.app, "vms", "the second contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name != rc.Name && cc.Status.Records.Lease != nil
+	})
+	market_ := time.Since(start)
+	bc := contractOf(ctx, t, d.bid, "beta", "beta's contract Active (the VM runs)", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	provisioned := time.Since(start)
+	rc2 := contractOf(ctx, t, d.app, "vms", "the second contract Active (restored and mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name != rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	mounted := time.Since(start)
+	if rc2.Spec.BidderDID != d.accounts["beta"].DID {
+		t.Fatalf("the second contract went to %s, want beta", rc2.Spec.BidderDID)
+	}
+	imp := &computev1alpha1.StateSync{}
+	if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: computev1alpha1.ImportName(bc.Name)}, imp); err != nil {
+		t.Fatal(err)
+	}
+	vm := &computev1alpha1.ComputeVM{}
+	if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bc.Name}, vm); err != nil {
+		t.Fatal(err)
+	}
+	ownedBy(t, imp, "ComputeVM", vm.UID)
+	if imp.Status.Phase != computev1alpha1.SyncCompleted || imp.Status.Objects < 2 {
+		t.Errorf("the import: %+v", imp.Status)
+	}
+	csB := tenant(rc2)
+	var cm *corev1.ConfigMap
+	if err := framework.Eventually(ctx, 2*time.Minute, "the ConfigMap in tenant B as alice", func(ctx context.Context) (bool, string, error) {
+		cm, err = csB.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	total := time.Since(start)
+	t.Logf("FIGURE MarketRequester wanted again with restoreFrom -> restored objects read through the new mount: %s (market %s, provisioning and import %s, mount %s, first read %s)",
+		total.Round(time.Millisecond), market_.Round(time.Millisecond), (provisioned - market_).Round(time.Millisecond),
+		(mounted - provisioned).Round(time.Millisecond), (total - mounted).Round(time.Millisecond))
+	if cm.Data["currency"] != "EUR" || cm.Labels["app"] != "shop" {
+		t.Errorf("restored ConfigMap %v %v", cm.Labels, cm.Data)
+	}
+	if _, err := csB.CoreV1().Secrets("shop").Get(ctx, "unlisted", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Secret that was not listed: %v, want NotFound in tenant B", err)
+	}
+	if n := len(process.PIDs(a.root)); n != 1 {
+		t.Errorf("%d VM directories, want beta's one", n)
+	}
+
+	// Deleting the MarketRequester takes the snapshot, the VM and its
+	// StateSyncs with it.
+	if err := d.app.Delete(ctx, getMR(ctx, t, d.app, "vms")); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 3*time.Minute, "everything of the migration gone", func(ctx context.Context) (bool, string, error) {
+		var left []string
+		var secs corev1.SecretList
+		if err := d.app.List(ctx, &secs, client.InNamespace("default"), client.HasLabels{marketrequester.LabelSnapshot}); err == nil && len(secs.Items) > 0 {
+			left = append(left, fmt.Sprintf("%d snapshot chunks", len(secs.Items)))
+		}
+		var syncs computev1alpha1.StateSyncList
+		if err := d.bid.List(ctx, &syncs, client.InNamespace("default")); err == nil && len(syncs.Items) > 0 {
+			left = append(left, fmt.Sprintf("%d StateSyncs", len(syncs.Items)))
+		}
+		var vms computev1alpha1.ComputeVMList
+		if err := d.bid.List(ctx, &vms, client.InNamespace("default")); err == nil && len(vms.Items) > 0 {
+			left = append(left, fmt.Sprintf("%d ComputeVMs", len(vms.Items)))
+		}
+		if n := len(process.PIDs(a.root)); n > 0 {
+			left = append(left, fmt.Sprintf("%d VM directories", n))
+		}
+		return len(left) == 0, strings.Join(left, ", "), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
