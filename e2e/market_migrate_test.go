@@ -23,11 +23,14 @@ import (
 
 // TestMarketTenantMigrates: a tenant moves from one bidder to another.
 // alice's MarketRequester (stateSync Export of ConfigMaps) gets a tenant
-// from acme, the cheaper bidder; alice makes a namespace, a ConfigMap and
-// a Secret in it through the mount. acme then has no capacity left, and
-// alice releases (replicas 0): the agent exports the tenant before its
-// VM stops, and the snapshot lands in alice's workspace, owned by the
-// MarketRequester. With spec.restoreFrom and replicas 1 the new contract
+// from acme, the cheaper bidder, through a kill -9 of the agent while
+// the VM provisions and of the provider before it is delivered (one VM
+// process, delivered once after the restart); alice makes a namespace, a
+// ConfigMap and a Secret in it through the mount. acme then has no
+// capacity left, and alice releases (replicas 0) while acme's agent is
+// down: the VM is kept, and the restarted agent exports the tenant
+// before its VM stops; the snapshot lands in alice's workspace, owned by
+// the MarketRequester. With spec.restoreFrom and replicas 1 the new contract
 // goes to beta, whose tenant gets the namespace and the ConfigMap (not
 // the Secret, which was not listed) before the contract is Active; acme's
 // tenant process is gone. Deleting the MarketRequester takes the
@@ -55,9 +58,45 @@ func TestMarketTenantMigrates(t *testing.T) {
 	spec.TenantAdmins.Users = []string{"alice"}
 	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
 	d.requester(ctx, t, "vms", spec)
-	rc := contractOf(ctx, t, d.app, "vms", "the first contract Active", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Status.Phase == marketv1alpha1.ContractActive
+	rc := contractOf(ctx, t, d.app, "vms", "the first contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Records.Lease != nil
 	})
+
+	// Faults while the first tenant is made: the agent is killed (-9)
+	// while the VM provisions and the provider is killed (-9) before the
+	// VM runs. The restarted agent adopts the starting VM (one process);
+	// nothing is delivered while the provider is down, and once it is
+	// back the tenant is delivered once.
+	bcA := contractOf(ctx, t, d.bid, "acme", "acme's contract", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Spec.Accept == rc.Spec.Accept })
+	waitVM(ctx, t, d.bid, bcA.Name, "acme's VM made", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+		return vm.Status.Phase == computev1alpha1.VMProvisioning && len(process.PIDs(a.root)) == 1
+	})
+	a.proc.Kill9()
+	env.provider.Kill9()
+	a.start(t)
+	waitVM(ctx, t, d.bid, bcA.Name, "acme's VM Running with the provider down", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+		return vm.Status.Phase == computev1alpha1.VMRunning
+	})
+	if pids := process.PIDs(a.root); len(pids) != 1 {
+		t.Errorf("VM processes after the agent restart %v, want one", pids)
+	}
+	if err := d.app.Get(ctx, client.ObjectKey{Name: rc.Name}, &computev1alpha1.TenantCluster{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the tenant was mounted while the provider was down: %v", err)
+	}
+	restarted := time.Now()
+	if err := env.provider.Restart(ctx, env.group); err != nil {
+		t.Fatal(err)
+	}
+	rc = contractOf(ctx, t, d.app, "vms", "the first contract Active after the provider restarted", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	var tcs computev1alpha1.TenantClusterList
+	if err := d.app.List(ctx, &tcs); err != nil {
+		t.Fatal(err)
+	}
+	if len(tcs.Items) != 1 || tcs.Items[0].Name != rc.Name || tcs.Items[0].CreationTimestamp.Time.Before(restarted.Add(-time.Second)) {
+		t.Errorf("TenantClusters %v, want %s made once, after the restart", tcs.Items, rc.Name)
+	}
 	if rc.Spec.BidderDID != d.accounts["acme"].DID {
 		t.Fatalf("the first contract went to %s, want acme", rc.Spec.BidderDID)
 	}
@@ -93,10 +132,25 @@ func TestMarketTenantMigrates(t *testing.T) {
 		t.Fatalf("VM processes %v, want acme's one", pidsA)
 	}
 
-	// acme is full; alice releases with an export.
+	// acme is full; alice releases with an export while acme's agent is
+	// down (killed -9): the VM is kept for the export, which runs once
+	// the agent is back.
 	mergePatch(ctx, t, d.bid, getMB(ctx, t, d.bid, "acme"), map[string]any{"offers": []marketv1alpha1.Offer{offerOf("small", 1000, 1024, 20, 0)}})
-	start := time.Now()
+	a.proc.Kill9()
 	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
+	exp := &computev1alpha1.StateSync{}
+	if err := framework.Eventually(ctx, time.Minute, "the export asked for in acme's workspace", func(ctx context.Context) (bool, string, error) {
+		err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: computev1alpha1.ExportName(bcA.Name)}, exp)
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // the bidder's side has seen the release meanwhile
+	if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bcA.Name}, &computev1alpha1.ComputeVM{}); err != nil {
+		t.Fatalf("acme's VM while its export waits for the agent: %v", err)
+	}
+	start := time.Now()
+	a.start(t)
 	contractOf(ctx, t, d.app, "vms", "the first contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReplicasLowered
 	})
@@ -114,7 +168,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 		ownedBy(t, &snap.Items[i], "MarketRequester", mr.UID)
 		size += len(snap.Items[i].Data[computev1alpha1.SnapshotKey])
 	}
-	t.Logf("FIGURE release with export -> contract Completed, snapshot kept: %s (%d chunk(s), %d bytes)", released.Round(time.Millisecond), len(snap.Items), size)
+	t.Logf("FIGURE release with export: agent back -> exported, VM stopped, contract Completed: %s (%d chunk(s), %d bytes)", released.Round(time.Millisecond), len(snap.Items), size)
 	for _, pid := range pidsA {
 		if process.Alive(pid) {
 			t.Errorf("tenant A's process %d still runs", pid)
