@@ -38,9 +38,6 @@ import (
 const (
 	// Name is the controller's name.
 	Name = "statesync"
-	// LabelStateSync is on every chunk Secret: the StateSync it belongs
-	// to.
-	LabelStateSync = "compute.knotless.dev/statesync"
 
 	// poll is how often a StateSync that waits is looked at again.
 	poll = 2 * time.Second
@@ -137,11 +134,7 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	grs := make([]schema.GroupResource, len(ss.Spec.Resources))
-	for i, gr := range ss.Spec.Resources {
-		grs[i] = schema.GroupResource{Group: gr.Group, Resource: gr.Resource}
-	}
-	data, n, err := d.Export(ctx, computevm.DriverVM(vm), grs)
+	data, n, err := d.Export(ctx, computevm.DriverVM(vm), resources(ss))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonExportFailed, err.Error())
@@ -159,7 +152,7 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
 		if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, sec, func() error {
 			sec.Type = corev1.SecretTypeOpaque
-			sec.Labels = map[string]string{LabelStateSync: ss.Name}
+			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name}
 			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
 			return controllerutil.SetControllerReference(ss, sec, r.Client.Scheme())
 		}); err != nil {
@@ -192,7 +185,7 @@ func (r *Reconciler) imp(ctx context.Context, ss *computev1alpha1.StateSync, vm 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	n, err := d.Import(ctx, computevm.DriverVM(vm), data)
+	n, err := d.Import(ctx, computevm.DriverVM(vm), data, resources(ss))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonImportFailed, err.Error())
@@ -200,9 +193,23 @@ func (r *Reconciler) imp(ctx context.Context, ss *computev1alpha1.StateSync, vm 
 	case err != nil:
 		return reconcile.Result{}, fmt.Errorf("importing: %w", err)
 	}
+	// The chunks are not needed any more.
+	if err := r.Client.DeleteAllOf(ctx, &corev1.Secret{}, client.InNamespace(ss.Namespace), client.MatchingLabels{computev1alpha1.LabelStateSync: ss.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("deleting the snapshot's chunks: %w", err)
+	}
 	st.Objects, st.Bytes = int32(n), int64(len(data))
 	set(st, ss, computev1alpha1.SyncCompleted, string(computev1alpha1.SyncCompleted), fmt.Sprintf("imported %d objects", n))
 	return reconcile.Result{}, nil
+}
+
+// resources are the kinds a StateSync exports, or may import, besides
+// namespaces.
+func resources(ss *computev1alpha1.StateSync) []schema.GroupResource {
+	grs := make([]schema.GroupResource, len(ss.Spec.Resources))
+	for i, gr := range ss.Spec.Resources {
+		grs[i] = schema.GroupResource{Group: gr.Group, Resource: gr.Resource}
+	}
+	return grs
 }
 
 func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, phase computev1alpha1.StateSyncPhase, reason, msg string) {

@@ -93,7 +93,7 @@ func TestExportThenImport(t *testing.T) {
 		if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: computev1alpha1.SnapshotChunkName("a-export", i)}, src); err != nil || !metav1.IsControlledBy(src, got) {
 			t.Fatalf("chunk %d: %v", i, err)
 		}
-		dst := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName("b-import", i), Namespace: "default",
+		dst := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName("b-import", i), Namespace: "default", Labels: map[string]string{computev1alpha1.LabelStateSync: "b-import"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "StateSync", Name: imp.Name, UID: imp.UID, Controller: ptr.To(true)}}},
 			Data: src.Data}
 		if err := ws.Client.Create(ctx, dst); err != nil {
@@ -110,6 +110,10 @@ func TestExportThenImport(t *testing.T) {
 	run("b-import")
 	if st := get("b-import").Status; st.Phase != computev1alpha1.SyncCompleted || st.Objects != 7 || !bytes.Equal(d.Tenants["b-uid"], snap) {
 		t.Fatalf("import: %+v (tenant has %d bytes)", st, len(d.Tenants["b-uid"]))
+	}
+	var left corev1.SecretList
+	if err := ws.Client.List(ctx, &left, client.MatchingLabels{computev1alpha1.LabelStateSync: "b-import"}); err != nil || len(left.Items) != 0 {
+		t.Errorf("the import's chunks after it completed: %d, %v", len(left.Items), err)
 	}
 
 	// Chunks that do not add up to the SHA-256 fail the import, which

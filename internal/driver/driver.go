@@ -75,7 +75,8 @@ type Driver interface {
 	// resources) into a snapshot (package statesync) and returns it with
 	// the number of objects.
 	Export(ctx context.Context, vm VM, resources []schema.GroupResource) ([]byte, int, error)
-	// Import applies a snapshot to the running VM's tenant and returns
-	// how many objects it applied.
-	Import(ctx context.Context, vm VM, snapshot []byte) (int, error)
+	// Import applies a snapshot to the running VM's tenant, only
+	// namespaces and the kinds in allowed, and returns how many objects
+	// it applied.
+	Import(ctx context.Context, vm VM, snapshot []byte, allowed []schema.GroupResource) (int, error)
 }

@@ -22,10 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -140,6 +142,7 @@ func Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResou
 		}
 	}
 	snap := snapshot{Version: Version, Objects: []map[string]interface{}{}}
+	size := 0
 	for _, gr := range grs {
 		gvr, err := cl.mapper.ResourceFor(gr.WithVersion(""))
 		if err != nil {
@@ -152,9 +155,18 @@ func Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResou
 				return nil, 0, fmt.Errorf("listing %s: %w", gr.String(), err)
 			}
 			for i := range list.Items {
-				if !skip(gr, &list.Items[i]) {
-					snap.Objects = append(snap.Objects, clean(&list.Items[i]))
+				if skip(gr, &list.Items[i]) {
+					continue
 				}
+				o := clean(&list.Items[i])
+				raw, err := json.Marshal(o)
+				if err != nil {
+					return nil, 0, err
+				}
+				if size += len(raw); size > MaxBytes {
+					return nil, 0, fmt.Errorf("%w: more than %d bytes", ErrInvalid, MaxBytes)
+				}
+				snap.Objects = append(snap.Objects, o)
 			}
 			if len(snap.Objects) > MaxObjects {
 				return nil, 0, fmt.Errorf("%w: more than %d objects", ErrInvalid, MaxObjects)
@@ -203,47 +215,73 @@ func decode(data []byte) (*snapshot, error) {
 
 // Import applies a snapshot's objects to the tenant (server-side apply as
 // FieldManager, in the snapshot's order) and returns how many it applied.
-// Applying again is harmless.
-func Import(ctx context.Context, cfg *rest.Config, data []byte) (int, error) {
+// Only namespaces and the kinds in allowed are applied (a snapshot is
+// written by whoever ran the tenant it came from): every object is
+// checked first, and a snapshot with any other kind, a cluster-scoped
+// kind other than Namespace, or an object the export leaves out changes
+// nothing. Each object is applied with only what an export keeps of it.
+// Applying again is harmless; an object the tenant refuses (4xx) is
+// ErrInvalid.
+func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema.GroupResource) (int, error) {
 	snap, err := decode(data)
 	if err != nil {
 		return 0, err
 	}
-	// Every object is checked before any is applied: a snapshot that is
-	// not whole changes nothing.
-	objs := make([]*unstructured.Unstructured, len(snap.Objects))
 	for i, m := range snap.Objects {
 		o := &unstructured.Unstructured{Object: m}
 		if o.GetAPIVersion() == "" || o.GetKind() == "" || o.GetName() == "" {
 			return 0, fmt.Errorf("%w: object %d has no apiVersion, kind or name", ErrInvalid, i)
 		}
-		delete(o.Object, "status")
-		objs[i] = o
 	}
 	cl, err := connect(cfg)
 	if err != nil {
 		return 0, err
 	}
-	for i, o := range objs {
+	type apply struct {
+		ri  dynamic.ResourceInterface
+		obj *unstructured.Unstructured
+	}
+	var applies []apply
+	for _, m := range snap.Objects {
+		o := &unstructured.Unstructured{Object: m}
 		gvk := o.GroupVersionKind()
-		m, err := cl.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		mp, err := cl.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
-			return i, fmt.Errorf("%w: the tenant serves no %s", ErrInvalid, gvk.String())
+			return 0, fmt.Errorf("%w: the tenant serves no %s", ErrInvalid, gvk.String())
 		}
-		var ri dynamic.ResourceInterface = cl.dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			if o.GetNamespace() == "" {
-				return i, fmt.Errorf("%w: %s %s has no namespace", ErrInvalid, gvk.Kind, o.GetName())
-			}
-			ri = cl.dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		gr := mp.Resource.GroupResource()
+		namespaced := mp.Scope.Name() == meta.RESTScopeNameNamespace
+		switch {
+		case gr == schema.GroupResource{Resource: "namespaces"}:
+		case !slices.Contains(allowed, gr):
+			return 0, fmt.Errorf("%w: %s is not a kind the requester exports", ErrInvalid, gr.String())
+		case !namespaced:
+			return 0, fmt.Errorf("%w: %s is cluster-scoped", ErrInvalid, gr.String())
+		case o.GetNamespace() == "":
+			return 0, fmt.Errorf("%w: %s %s has no namespace", ErrInvalid, gvk.Kind, o.GetName())
+		}
+		if skip(gr, o) {
+			return 0, fmt.Errorf("%w: %s %s is never exported", ErrInvalid, gvk.Kind, name(o))
+		}
+		c := &unstructured.Unstructured{Object: clean(o)}
+		var ri dynamic.ResourceInterface = cl.dyn.Resource(mp.Resource)
+		if namespaced {
+			ri = cl.dyn.Resource(mp.Resource).Namespace(c.GetNamespace())
 		} else {
-			o.SetNamespace("")
+			c.SetNamespace("")
 		}
-		if _, err := ri.Apply(ctx, o.GetName(), o, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
-			return i, fmt.Errorf("applying %s %s: %w", gvk.Kind, name(o), err)
+		applies = append(applies, apply{ri, c})
+	}
+	for i, a := range applies {
+		if _, err := a.ri.Apply(ctx, a.obj.GetName(), a.obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+			var st apierrors.APIStatus
+			if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 && st.Status().Code != http.StatusTooManyRequests {
+				err = fmt.Errorf("%w: %w", ErrInvalid, err)
+			}
+			return i, fmt.Errorf("applying %s %s: %w", a.obj.GetKind(), name(a.obj), err)
 		}
 	}
-	return len(objs), nil
+	return len(applies), nil
 }
 
 func name(o *unstructured.Unstructured) string {

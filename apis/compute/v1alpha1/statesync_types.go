@@ -59,6 +59,8 @@ const (
 // SnapshotChunkBytes, each the data key SnapshotKey of a Secret named
 // <owner>-<index>.
 const (
+	// LabelStateSync is on every chunk Secret of a StateSync: its name.
+	LabelStateSync     = "compute.knotless.dev/statesync"
 	SnapshotKey        = "snapshot"
 	SnapshotChunkBytes = 512 << 10
 	// SnapshotMaxChunks caps a snapshot at 32 MiB.
@@ -90,8 +92,8 @@ type StateSyncSpec struct {
 	VMName string `json:"vmName"`
 	// Direction: Export or Import.
 	Direction StateSyncDirection `json:"direction"`
-	// Resources (Export) are the kinds exported besides namespaces.
-	// Secrets are exported only when listed.
+	// Resources are the kinds exported (Export), or the only kinds an
+	// Import may apply, besides namespaces. Secrets only when listed.
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Resources []GroupResource `json:"resources,omitempty"`
@@ -117,6 +119,7 @@ type StateSyncStatus struct {
 	// +optional
 	Phase StateSyncPhase `json:"phase,omitempty"`
 	// Reason says why the sync Failed.
+	// +kubebuilder:validation:MaxLength=64
 	// +optional
 	Reason string `json:"reason,omitempty"`
 	// Objects is how many objects were exported or imported.
@@ -127,9 +130,12 @@ type StateSyncStatus struct {
 	Bytes int64 `json:"bytes,omitempty"`
 	// Chunks (Export) is how many chunk Secrets (<name>-0 …, owned by the
 	// StateSync) hold the snapshot.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
 	// +optional
 	Chunks int32 `json:"chunks,omitempty"`
 	// SHA256 (Export) is the lowercase hex SHA-256 of the whole snapshot.
+	// +kubebuilder:validation:Pattern=`^([0-9a-f]{64})?$`
 	// +optional
 	SHA256 string `json:"sha256,omitempty"`
 	// Conditions: Synced.
@@ -160,7 +166,6 @@ type StateSync struct {
 
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a StateSync's spec never changes"
 	// +kubebuilder:validation:XValidation:rule="self.direction == 'Import' || (!has(self.chunks) && !has(self.sha256))",message="chunks and sha256 are for an Import"
-	// +kubebuilder:validation:XValidation:rule="self.direction == 'Export' || !has(self.resources)",message="resources are for an Export"
 	Spec   StateSyncSpec   `json:"spec"`
 	Status StateSyncStatus `json:"status,omitempty"`
 }

@@ -105,7 +105,7 @@ func (f *Fake) Export(_ context.Context, vm driver.VM, resources []schema.GroupR
 }
 
 // Import implements driver.Driver.
-func (f *Fake) Import(_ context.Context, vm driver.VM, snapshot []byte) (int, error) {
+func (f *Fake) Import(_ context.Context, vm driver.VM, snapshot []byte, _ []schema.GroupResource) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.States[vm.ID] != driver.Running {

@@ -364,12 +364,12 @@ func (d *Driver) Export(ctx context.Context, vm driver.VM, resources []schema.Gr
 }
 
 // Import implements driver.Driver, as the tenant's admin.
-func (d *Driver) Import(ctx context.Context, vm driver.VM, snapshot []byte) (int, error) {
+func (d *Driver) Import(ctx context.Context, vm driver.VM, snapshot []byte, allowed []schema.GroupResource) (int, error) {
 	cfg, err := d.running(vm)
 	if err != nil {
 		return 0, err
 	}
-	return statesync.Import(ctx, cfg, snapshot)
+	return statesync.Import(ctx, cfg, snapshot, allowed)
 }
 
 // PIDs returns the process IDs of the VMs under root (for a test's
