@@ -35,8 +35,6 @@ const (
 	// with its bid once the requester has removed its accept, or after
 	// this long at the latest.
 	settleAfter = 10 * time.Minute
-	// exportWait is how long a released VM is kept for its export.
-	exportWait = 2 * time.Minute
 	// publishers bounds the records written at once (the writes of one
 	// repo go together in applyWrites batches).
 	publishers = 32
@@ -325,15 +323,16 @@ func (t *trader) load() error {
 // exporting says whether a released VM is kept for its export: the
 // requester's side made one before it released, and it has neither
 // failed nor been copied to the requester (which deletes it then), for
-// exportWait after the release at most.
+// market.ExportWait after kcp made it at most (never a time the
+// requester writes).
 func (t *trader) exporting(vm *computev1alpha1.ComputeVM, release *market.Rec) bool {
 	ss := t.exports[vm.Name]
 	switch {
-	case ss == nil, release == nil, vm.Status.Phase != computev1alpha1.VMRunning,
+	case ss == nil, release == nil, vm.Status.Phase != computev1alpha1.VMRunning, !vm.DeletionTimestamp.IsZero(),
 		ss.Status.Phase == computev1alpha1.SyncFailed, !ss.DeletionTimestamp.IsZero():
 		return false
-	case t.now.After(market.ParseTime(release.Release.CreatedAt).Add(exportWait)):
-		t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "ExportAbandoned", "Release", "the export of %s did not end within %s of the release: the VM stops", vm.Name, exportWait)
+	case t.now.After(ss.CreationTimestamp.Add(market.ExportWait)):
+		t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "ExportAbandoned", "Release", "the export of %s did not end within %s: the VM stops", vm.Name, market.ExportWait)
 		return false
 	}
 	return true

@@ -99,7 +99,7 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
 	if from := s.mr.Spec.RestoreFrom; from != "" {
-		if done, why, err := s.restore(bc, vm, from); !done || err != nil {
+		if done, why, err := s.restore(cc, bc, vm, from); !done || err != nil {
 			return false, why, err
 		}
 	}

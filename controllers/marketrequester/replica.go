@@ -670,8 +670,14 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			// An export is asked for before the release, so that the
 			// bidder's side finds it when it sees the release.
 			if lease.Lease.State == market.LeaseRunning && s.exportWanted(relReason) {
-				if err := s.startExport(cc); err != nil {
+				ready, err := s.startExport(cc)
+				if err != nil {
 					return false, err
+				}
+				if !ready {
+					st.Phase = marketv1alpha1.ContractReleasing
+					s.due(s.now.Add(2 * time.Second))
+					break
 				}
 			}
 			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
@@ -684,13 +690,17 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
 			s.due(s.now.Add(s.confirm()))
 		default:
-			if err := s.collectExport(cc); err != nil {
-				return false, err
-			}
 			// The bidder has as long to end the lease as it had to confirm
-			// it; after that the contract is failed and the requester's
-			// records go.
-			by := market.ParseTime(release.release.CreatedAt).Add(s.confirm())
+			// it (and as long as an export may take); after that the
+			// contract is failed and the requester's records go.
+			wait := s.confirm()
+			if s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting {
+				if err := s.collectExport(cc); err != nil {
+					return false, err
+				}
+				wait = max(wait, market.ExportWait+30*time.Second)
+			}
+			by := market.ParseTime(release.release.CreatedAt).Add(wait)
 			if s.now.Before(by) {
 				st.Phase, st.Reason = marketv1alpha1.ContractReleasing, release.release.Reason
 				s.due(by)

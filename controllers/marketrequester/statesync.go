@@ -2,6 +2,8 @@ package marketrequester
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -45,21 +47,32 @@ func (s *session) exportWanted(reason string) bool {
 // startExport makes the StateSync that exports the contract's tenant in
 // the bidder's workspace (owned by the VM), before the release is
 // published: the bidder's side keeps a VM with an export until the
-// snapshot is copied here.
-func (s *session) startExport(cc *marketv1alpha1.ComputeContract) error {
-	if chunks, _, _ := s.snapshot(cc.Name); chunks != nil {
-		return nil
+// snapshot is copied here. An export older than market.ExportWait is
+// from an earlier release that did not go out: it is deleted and made
+// again, so a snapshot is never older than its release. It reports
+// whether the release may be published.
+func (s *session) startExport(cc *marketv1alpha1.ComputeContract) (bool, error) {
+	if chunks, _ := s.snapshot(cc.Name); chunks != nil {
+		return true, nil
 	}
 	bc, vm := s.bidderVM(cc)
 	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning {
-		return nil
+		return true, nil
 	}
 	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ExportName(vm.Name), Namespace: vm.Namespace}}
-	if err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); err == nil || !apierrors.IsNotFound(err) {
-		return err
+	switch err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); {
+	case err == nil && !ss.DeletionTimestamp.IsZero():
+		return false, nil
+	case err == nil && s.now.After(ss.CreationTimestamp.Add(market.ExportWait)):
+		uid := ss.UID
+		return false, client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
+	case err == nil:
+		return true, nil
+	case !apierrors.IsNotFound(err):
+		return false, err
 	}
 	ss.Spec = computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: s.mr.Spec.StateSync.Resources}
-	return ssa.Child(s.ctx, bc, ss, vm, FieldManager)
+	return true, ssa.Child(s.ctx, bc, ss, vm, FieldManager)
 }
 
 // collectExport copies the snapshot of a released contract's export from
@@ -86,29 +99,48 @@ func (s *session) collectExport(cc *marketv1alpha1.ComputeContract) error {
 	if s.deleting {
 		return done()
 	}
+	failed := func(why string) error {
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the tenant of %s was not exported (%s); it is released without a snapshot", cc.Name, why)
+		return done()
+	}
 	switch ss.Status.Phase {
 	case computev1alpha1.SyncFailed:
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the tenant of %s was not exported (%s); it is released without a snapshot", cc.Name, cmp.Or(ss.Status.Reason, "failed"))
-		return done()
+		// Only reasons the agent gives are repeated (the bidder writes
+		// this status).
+		return failed(knownReason(ss.Status.Reason))
 	case computev1alpha1.SyncCompleted:
 	default:
 		s.due(s.now.Add(2 * time.Second))
 		return nil
 	}
+	n := int(ss.Status.Chunks)
+	if n < 1 || n > computev1alpha1.SnapshotMaxChunks {
+		return failed(computev1alpha1.ReasonSnapshotInvalid)
+	}
 	var data []byte
-	chunks := make([][]byte, ss.Status.Chunks)
+	chunks := make([][]byte, n)
 	for i := range chunks {
 		sec := &corev1.Secret{}
-		if err := bc.Get(s.ctx, client.ObjectKey{Namespace: ss.Namespace, Name: computev1alpha1.SnapshotChunkName(ss.Name, i)}, sec); err != nil || !metav1.IsControlledBy(sec, ss) {
+		err := bc.Get(s.ctx, client.ObjectKey{Namespace: ss.Namespace, Name: computev1alpha1.SnapshotChunkName(ss.Name, i)}, sec)
+		switch {
+		case err != nil && !apierrors.IsNotFound(err):
+			return err
+		case err != nil || !metav1.IsControlledBy(sec, ss):
 			s.due(s.now.Add(2 * time.Second))
-			return client.IgnoreNotFound(err)
+			return nil
+		case len(sec.Data[computev1alpha1.SnapshotKey]) > computev1alpha1.SnapshotChunkBytes:
+			return failed(computev1alpha1.ReasonSnapshotInvalid)
 		}
 		chunks[i] = sec.Data[computev1alpha1.SnapshotKey]
 		data = append(data, chunks[i]...)
 	}
-	if len(chunks) == 0 || len(chunks) > computev1alpha1.SnapshotMaxChunks || statesync.Sum(data) != ss.Status.SHA256 {
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the snapshot of %s does not match its SHA-256; it is released without a snapshot", cc.Name)
-		return done()
+	if statesync.Sum(data) != ss.Status.SHA256 {
+		// The chunks may be read before the status that made them.
+		if s.now.Before(ss.CreationTimestamp.Add(market.ExportWait)) {
+			s.due(s.now.Add(2 * time.Second))
+			return nil
+		}
+		return failed(computev1alpha1.ReasonSnapshotInvalid)
 	}
 	for i, ch := range chunks {
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(snapshotOwner(cc.Name), i), Namespace: s.mr.Namespace}}
@@ -132,37 +164,46 @@ func (s *session) collectExport(cc *marketv1alpha1.ComputeContract) error {
 	return done()
 }
 
-// snapshot returns the chunks of a whole snapshot of this requester, its
-// SHA-256 and its number of objects; nil when there is none or it is not
-// whole.
-func (s *session) snapshot(name string) ([][]byte, string, int) {
+// snapshot returns the chunks of a whole snapshot of this requester and
+// its SHA-256; nil when there is none or it is not whole.
+func (s *session) snapshot(name string) ([][]byte, string) {
 	var secs corev1.SecretList
-	if err := s.c.List(s.ctx, &secs, client.InNamespace(s.mr.Namespace), client.MatchingLabels{LabelSnapshot: name}); err != nil {
-		return nil, "", 0
+	if err := s.c.List(s.ctx, &secs, client.InNamespace(s.mr.Namespace), client.MatchingLabels{LabelSnapshot: name}); err != nil ||
+		len(secs.Items) == 0 || len(secs.Items) > computev1alpha1.SnapshotMaxChunks {
+		return nil, ""
 	}
-	var chunks [][]byte
-	sum, n := "", -1
 	slices.SortFunc(secs.Items, func(a, b corev1.Secret) int {
 		return cmp.Compare(atoi(a.Data[keyIndex]), atoi(b.Data[keyIndex]))
 	})
+	sum, n := string(secs.Items[0].Data[keySHA256]), atoi(secs.Items[0].Data[keyChunks])
+	if n != len(secs.Items) {
+		return nil, ""
+	}
+	chunks := make([][]byte, 0, n)
+	h := sha256.New()
 	for i := range secs.Items {
 		sec := &secs.Items[i]
-		if !metav1.IsControlledBy(sec, s.mr) || atoi(sec.Data[keyIndex]) != len(chunks) {
-			return nil, "", 0
+		ch := sec.Data[computev1alpha1.SnapshotKey]
+		if !metav1.IsControlledBy(sec, s.mr) || atoi(sec.Data[keyIndex]) != i || len(ch) > computev1alpha1.SnapshotChunkBytes {
+			return nil, ""
 		}
-		if n < 0 {
-			sum, n = string(sec.Data[keySHA256]), atoi(sec.Data[keyChunks])
-		}
-		chunks = append(chunks, sec.Data[computev1alpha1.SnapshotKey])
+		h.Write(ch)
+		chunks = append(chunks, ch)
 	}
-	var data []byte
-	for _, ch := range chunks {
-		data = append(data, ch...)
+	if hex.EncodeToString(h.Sum(nil)) != sum {
+		return nil, ""
 	}
-	if n <= 0 || n > computev1alpha1.SnapshotMaxChunks || len(chunks) != n || statesync.Sum(data) != sum {
-		return nil, "", 0
+	return chunks, sum
+}
+
+// knownReason is reason if it is one the agent gives, else "failed".
+func knownReason(reason string) string {
+	switch reason {
+	case computev1alpha1.ReasonVMNotRunning, computev1alpha1.ReasonChunksMissing, computev1alpha1.ReasonSnapshotInvalid,
+		computev1alpha1.ReasonSnapshotTooBig, computev1alpha1.ReasonExportFailed, computev1alpha1.ReasonImportFailed:
+		return reason
 	}
-	return chunks, sum, atoi(secs.Items[0].Data[keyObjects])
+	return "failed"
 }
 
 func atoi(b []byte) int {
@@ -173,11 +214,17 @@ func atoi(b []byte) int {
 	return n
 }
 
-// restore imports the snapshot from into the contract's new tenant
-// before it is mounted: a StateSync in the bidder's workspace (owned by
-// the VM) with the snapshot's chunks beside it (owned by the StateSync).
-// It reports whether the import is done, and what it waits for.
-func (s *session) restore(bc client.Client, vm *computev1alpha1.ComputeVM, from string) (bool, string, error) {
+// restore imports the snapshot from into the new tenant of cc before it
+// is mounted: a StateSync in the bidder's workspace (owned by the VM)
+// with the snapshot's chunks beside it (owned by the StateSync), that
+// may apply only namespaces and the kinds of spec.stateSync.resources. A
+// contract that was Active once is never restored (its tenant has live
+// objects). It reports whether the import is done, and what it waits
+// for.
+func (s *session) restore(cc *marketv1alpha1.ComputeContract, bc client.Client, vm *computev1alpha1.ComputeVM, from string) (bool, string, error) {
+	if cc.Status.Phase == marketv1alpha1.ContractActive {
+		return true, "", nil
+	}
 	ss := &computev1alpha1.StateSync{}
 	err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ImportName(vm.Name)}, ss)
 	switch {
@@ -186,18 +233,27 @@ func (s *session) restore(bc client.Client, vm *computev1alpha1.ComputeVM, from 
 	case err == nil && ss.Status.Phase == computev1alpha1.SyncCompleted:
 		return true, "", nil
 	case err == nil && ss.Status.Phase == computev1alpha1.SyncFailed:
-		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, ss.Status.Reason), nil
+		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, knownReason(ss.Status.Reason)), nil
+	case err == nil && !ss.DeletionTimestamp.IsZero():
+		s.due(s.now.Add(2 * time.Second))
+		return false, "restoring snapshot " + from + " into the tenant", nil
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, "", err
 	}
-	chunks, sum, _ := s.snapshot(from)
+	chunks, sum := s.snapshot(from)
 	if chunks == nil {
 		return false, fmt.Sprintf("snapshot %s (spec.restoreFrom) is not whole in this workspace: not mounted", from), nil
 	}
 	s.due(s.now.Add(2 * time.Second))
+	if err == nil && ss.Spec.SHA256 != sum && ss.Status.Phase != computev1alpha1.SyncRunning {
+		// Another snapshot than the one asked for now: made again.
+		uid := ss.UID
+		return false, "restoring snapshot " + from + " into the tenant", client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
+	}
 	if apierrors.IsNotFound(err) {
 		ss = &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ImportName(vm.Name), Namespace: vm.Namespace},
-			Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Import, Chunks: int32(len(chunks)), SHA256: sum}}
+			Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Import, Chunks: int32(len(chunks)), SHA256: sum,
+				Resources: s.mr.Spec.StateSync.Resources}}
 		if err := ssa.Child(s.ctx, bc, ss, vm, FieldManager); err != nil {
 			return false, "", err
 		}
@@ -209,6 +265,7 @@ func (s *session) restore(bc client.Client, vm *computev1alpha1.ComputeVM, from 
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
 		if _, err := controllerutil.CreateOrUpdate(s.ctx, bc, sec, func() error {
 			sec.Type = corev1.SecretTypeOpaque
+			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name}
 			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
 			return controllerutil.SetControllerReference(ss, sec, bc.Scheme())
 		}); err != nil {

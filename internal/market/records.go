@@ -150,6 +150,11 @@ const (
 	prefixReclaim = "c"
 )
 
+// ExportWait is how long a released VM is kept for the export of its
+// tenant (from when the export was made); the requester waits that long,
+// and a little more, for the lease to end.
+const ExportWait = 2 * time.Minute
+
 func derivedKey(prefix, owner, parentURI string) string { return prefix + owner + Hash(parentURI, 24) }
 
 // BidKey is the record key of owner's bid on the request at requestURI.
