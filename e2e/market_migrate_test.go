@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,7 +34,9 @@ import (
 // the MarketRequester. With spec.restoreFrom and replicas 1 the new contract
 // goes to beta, whose tenant gets the namespace and the ConfigMap (not
 // the Secret, which was not listed) before the contract is Active; acme's
-// tenant process is gone. Deleting the MarketRequester takes the
+// tenant process is gone, and alice cannot read the bidder's workspace
+// (its VMs, credentials and StateSyncs). A kill -9 of beta's tenant ends
+// its contract as vm-lost and a new one is restored and mounted. Deleting the MarketRequester takes the
 // snapshot, the VM and its StateSyncs with it. Figures: release ->
 // snapshot kept; MarketRequester wanted again -> the restored objects
 // read through the new mount, split into market, provisioning with the
@@ -228,6 +231,46 @@ func TestMarketTenantMigrates(t *testing.T) {
 	}
 	if n := len(process.PIDs(a.root)); n != 1 {
 		t.Errorf("%d VM directories, want beta's one", n)
+	}
+	// alice sees her tenant through her mount only: not the bidder's
+	// workspace, its VMs, their credentials or its StateSyncs.
+	aliceCfg, err := env.kcp.UserConfig("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aliceBid, err := framework.ClientFor(aliceCfg, root.Join(d.bidWS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []client.ObjectList{&computev1alpha1.ComputeVMList{}, &corev1.SecretList{}, &computev1alpha1.StateSyncList{}} {
+		if err := aliceBid.List(ctx, l, client.InNamespace("default")); !apierrors.IsForbidden(err) {
+			t.Errorf("alice listing %T in the bidder's workspace: %v, want Forbidden", l, err)
+		}
+	}
+
+	// kill -9 of beta's tenant: the VM is Lost, the lease ends (vm-lost),
+	// the requester's contract says so and a new contract is made, again
+	// restored from the snapshot.
+	pidsB := process.PIDs(a.root)
+	if len(pidsB) != 1 {
+		t.Fatalf("VM processes %v, want beta's one", pidsB)
+	}
+	if err := syscall.Kill(pidsB[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	contractOf(ctx, t, d.app, "vms", "the contract of the killed tenant ended as vm-lost", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == rc2.Name && cc.Status.Phase == marketv1alpha1.ContractFailed && cc.Status.Reason == "vm-lost"
+	})
+	rc3 := contractOf(ctx, t, d.app, "vms", "a new contract Active after the VM was lost", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name != rc.Name && cc.Name != rc2.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	t.Logf("FIGURE tenant killed -> a new tenant restored and mounted: %s", time.Since(start).Round(time.Millisecond))
+	if err := framework.Eventually(ctx, time.Minute, "the restored ConfigMap in the third tenant", func(ctx context.Context) (bool, string, error) {
+		_, err := tenant(rc3).CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	// Deleting the MarketRequester takes the snapshot, the VM and its

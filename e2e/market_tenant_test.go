@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -30,7 +31,9 @@ import (
 // MarketRequester and, with no other step, gets a workspace that is the
 // tenant the winning bidder runs: `kubectl get namespaces` through kcp as
 // alice. The lease record carries the tenant CA's fingerprint, never a
-// credential; bob's credential cannot read alice's workspace. Deleting
+// credential, and no record, status, Event or log of the provider, the
+// agent or the mount proxy carries the mount's credential; bob's
+// credential cannot read alice's workspace. Deleting
 // the MarketRequester leaves no VM, process, TenantCluster, workspace,
 // Secret or record behind. Figures: MarketRequester created -> namespaces
 // listed through the mount, split into market, provisioning and mount.
@@ -127,6 +130,28 @@ func TestMarketTenantMounted(t *testing.T) {
 			if raw := fmt.Sprintf("%+v", o); strings.Contains(raw, st) {
 				t.Errorf("%T %s carries the credential", o, o.GetName())
 			}
+		}
+	}
+	// Nor does any Event of either workspace, or the log of the provider,
+	// the agent or the mount proxy.
+	for name, c := range map[string]client.Client{"alice's": d.app, "bob's": d.bid} {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs.Items {
+			if strings.Contains(ev.Message, token) {
+				t.Errorf("an Event in %s workspace carries the credential: %s", name, ev.Reason)
+			}
+		}
+	}
+	logs := []*framework.Process{env.provider.Process, a.proc}
+	if env.mountProxy != nil {
+		logs = append(logs, env.mountProxy.Process)
+	}
+	for _, p := range logs {
+		if raw, err := os.ReadFile(p.LogPath); err != nil || strings.Contains(string(raw), token) {
+			t.Errorf("the log of %s carries the credential (or cannot be read: %v)", p.Name, err)
 		}
 	}
 	// bob's credential (the agent's) cannot read alice's workspace.
