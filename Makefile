@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records clean
+.PHONY: images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records bench-tenant clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -99,6 +99,10 @@ bench-mountproxy-unit:
 ## bench-market: request -> contract on both sides for R requesters x B bidders (bid window S seconds)
 bench-market: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MARKET_BENCH=$${R:-50},$${B:-5},$${S:-5} go test -count=1 -timeout 60m -v -run TestMarketThroughput ./e2e/
+
+## bench-tenant: MarketRequester -> kubectl through the mounted tenant, p50 over N walks, plain and migrating
+bench-tenant: tools stack-deps
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_TENANT_BENCH=$${N:-5} go test -count=1 -timeout 60m -v -run TestTenantWalkTimes ./e2e/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps

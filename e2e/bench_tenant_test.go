@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/controllers/marketrequester"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver/process"
+)
+
+// TestTenantWalkTimes prints the p50 (and the spread) over N walks of a
+// MarketRequester created -> `kubectl get namespaces` through the mounted
+// tenant, split into market, provisioning and mount; then the same for a
+// migration (a snapshot taken from the first walk's tenant, restored into
+// each new one), with the import in the provisioning part; and the
+// agent's RSS and CPU per VM. Run with KNOTLESS_E2E_TENANT_BENCH=N (make
+// bench-tenant); it asserts only that every walk ends mounted.
+func TestTenantWalkTimes(t *testing.T) {
+	spec := os.Getenv("KNOTLESS_E2E_TENANT_BENCH")
+	if spec == "" {
+		t.Skip("set KNOTLESS_E2E_TENANT_BENCH=N (make bench-tenant) to run")
+	}
+	if env.frontProxy == nil {
+		t.Skip("no mount topology")
+	}
+	n, _ := strconv.Atoi(spec)
+	n = max(n, 1)
+	defer failWithLogs(t)
+	ctx := t.Context()
+	d := newDealAs(ctx, t, "bt", "bob", []string{"buyer"}, []string{"acme"}, nil)
+	bobCfg, err := env.kcp.UserConfig("bob")
+	if err != nil {
+		t.Skip("no token user bob")
+	}
+	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 30, 1))
+	spec0 := requesterSpec("buyer", 1000, 1024, 50, 5)
+	spec0.TenantAdmins.Users = []string{"alice"}
+	spec0.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+
+	type walk struct{ market, provisioning, total time.Duration }
+	// one walk: replicas 1 (with restoreFrom), until the namespaces (or
+	// the restored ConfigMap) are read through the mount.
+	one := func(restore string) (walk, *marketv1alpha1.ComputeContract) {
+		t.Helper()
+		start := time.Now()
+		mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 1, "restoreFrom": restore})
+		contractOf(ctx, t, d.app, "vms", "agreed", func(cc *marketv1alpha1.ComputeContract) bool {
+			return cc.Status.Records.Lease != nil && cc.Status.Phase != marketv1alpha1.ContractCompleted
+		})
+		var w walk
+		w.market = time.Since(start)
+		contractOf(ctx, t, d.bid, "acme", "the VM runs", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Status.Phase == marketv1alpha1.ContractActive })
+		w.provisioning = time.Since(start) - w.market
+		rc := contractOf(ctx, t, d.app, "vms", "mounted", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Status.Phase == marketv1alpha1.ContractActive })
+		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := kubernetes.NewForConfigOrDie(cfg)
+		if err := framework.Eventually(ctx, 2*time.Minute, "read through the mount", func(ctx context.Context) (bool, string, error) {
+			if restore != "" {
+				_, err := cs.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+				return err == nil, fmt.Sprint(err), nil
+			}
+			_, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+			return err == nil, fmt.Sprint(err), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		w.total = time.Since(start)
+		return w, rc
+	}
+	release := func() {
+		t.Helper()
+		mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
+		if err := framework.Eventually(ctx, 3*time.Minute, "released, no VM left", func(ctx context.Context) (bool, string, error) {
+			var vms computev1alpha1.ComputeVMList
+			if err := d.bid.List(ctx, &vms, client.InNamespace("default")); err != nil {
+				return false, err.Error(), nil
+			}
+			return len(vms.Items) == 0 && len(process.PIDs(a.root)) == 0, fmt.Sprintf("%d VMs", len(vms.Items)), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report := func(what string, ws []walk) {
+		p50 := func(f func(walk) time.Duration) time.Duration {
+			ds := make([]time.Duration, len(ws))
+			for i, w := range ws {
+				ds[i] = f(w)
+			}
+			slices.Sort(ds)
+			return ds[len(ds)/2].Round(time.Millisecond)
+		}
+		var all []string
+		for _, w := range ws {
+			all = append(all, w.total.Round(100*time.Millisecond).String())
+		}
+		t.Logf("FIGURE %s, p50 over %d: %s (market %s, provisioning %s, mount %s); each: %s", what, len(ws),
+			p50(func(w walk) time.Duration { return w.total }), p50(func(w walk) time.Duration { return w.market }),
+			p50(func(w walk) time.Duration { return w.provisioning }), p50(func(w walk) time.Duration { return w.total - w.market - w.provisioning }),
+			strings.Join(all, " "))
+	}
+
+	spec0.Replicas = 0
+	d.requester(ctx, t, "vms", spec0)
+	var plain []walk
+	var first *marketv1alpha1.ComputeContract
+	for i := range n {
+		w, rc := one("")
+		plain = append(plain, w)
+		if i == 0 {
+			first = rc
+			cfg, _ := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
+			cs := kubernetes.NewForConfigOrDie(cfg)
+			if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cs.CoreV1().ConfigMaps("shop").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rss, err := a.proc.RSS(); err == nil {
+			cpu, _ := a.proc.CPU()
+			t.Logf("walk %d: %s; agent RSS %d MiB, CPU %s so far", i, w.total.Round(time.Millisecond), rss>>20, cpu.Round(time.Millisecond))
+		}
+		release()
+	}
+	report("MarketRequester wanted -> kubectl get namespaces through the mount", plain)
+	var snap corev1.SecretList
+	if err := d.app.List(ctx, &snap, client.InNamespace("default"), client.MatchingLabels{marketrequester.LabelSnapshot: first.Name}); err != nil || len(snap.Items) == 0 {
+		t.Fatalf("no snapshot of the first walk's tenant: %v", err)
+	}
+	var moved []walk
+	for range n {
+		w, _ := one(first.Name)
+		moved = append(moved, w)
+		release()
+	}
+	report("migration: wanted with restoreFrom -> the restored ConfigMap read through the mount", moved)
+	cpu, _ := a.proc.CPU()
+	t.Logf("FIGURE agent CPU per VM: %s (%d VMs)", (cpu / time.Duration(2*n)).Round(time.Millisecond), 2*n)
+}
