@@ -34,19 +34,11 @@ func TestTenantWalkTimes(t *testing.T) {
 	if spec == "" {
 		t.Skip("set KNOTLESS_E2E_TENANT_BENCH=N (make bench-tenant) to run")
 	}
-	if env.frontProxy == nil {
-		t.Skip("no mount topology")
-	}
 	n, _ := strconv.Atoi(spec)
 	n = max(n, 1)
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d := newDealAs(ctx, t, "bt", "bob", []string{"buyer"}, []string{"acme"}, nil)
-	bobCfg, err := env.kcp.UserConfig("bob")
-	if err != nil {
-		t.Skip("no token user bob")
-	}
-	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d, a, _ := tenantDeal(ctx, t, "bt", "acme")
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 30, 1))
 	spec0 := requesterSpec("buyer", 1000, 1024, 50, 5)
 	spec0.TenantAdmins.Users = []string{"alice"}

@@ -43,17 +43,8 @@ import (
 // import, and mount.
 func TestMarketTenantMigrates(t *testing.T) {
 	defer failWithLogs(t)
-	if env.frontProxy == nil {
-		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
-	}
 	ctx := t.Context()
-	d := newDealAs(ctx, t, "mig", "bob", []string{"buyer"}, []string{"acme", "beta"}, nil)
-	t.Cleanup(func() { d.dumpOnFailure(t) })
-	bobCfg, err := env.kcp.UserConfig("bob")
-	if err != nil {
-		t.Skip("no token user bob on this kcp")
-	}
-	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d, a, _ := tenantDeal(ctx, t, "mig", "acme", "beta")
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 20, 1))
 	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 1))
 
@@ -211,6 +202,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	csB := tenant(rc2)
 	var cm *corev1.ConfigMap
 	if err := framework.Eventually(ctx, 2*time.Minute, "the ConfigMap in tenant B as alice", func(ctx context.Context) (bool, string, error) {
+		var err error
 		cm, err = csB.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error(), nil

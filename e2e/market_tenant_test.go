@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -24,6 +25,24 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 )
+
+// tenantDeal is a deal (requester buyer, the given bidders) whose
+// bidder workspace, bob's, runs knotless-agent with a kubeconfig for that
+// workspace only. It returns the deal, the agent and bob's config; it
+// skips without the mount topology or the token user bob.
+func tenantDeal(ctx context.Context, t *testing.T, tag string, bidders ...string) (*deal, *agent, *rest.Config) {
+	t.Helper()
+	if env.frontProxy == nil {
+		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
+	}
+	bobCfg, err := env.kcp.UserConfig("bob")
+	if err != nil {
+		t.Skip("no token user bob on this kcp")
+	}
+	d := newDealAs(ctx, t, tag, "bob", []string{"buyer"}, bidders, nil)
+	t.Cleanup(func() { d.dumpOnFailure(t) })
+	return d, startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS))), bobCfg
+}
 
 // TestMarketTenantMounted: the whole walk as unprivileged users. bob runs
 // a bidder workspace and knotless-agent with a kubeconfig for it only;
@@ -39,17 +58,8 @@ import (
 // listed through the mount, split into market, provisioning and mount.
 func TestMarketTenantMounted(t *testing.T) {
 	defer failWithLogs(t)
-	if env.frontProxy == nil {
-		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
-	}
 	ctx := t.Context()
-	d := newDealAs(ctx, t, "t", "bob", []string{"buyer"}, []string{"acme"}, nil)
-	t.Cleanup(func() { d.dumpOnFailure(t) })
-	bobCfg, err := env.kcp.UserConfig("bob")
-	if err != nil {
-		t.Skip("no token user bob on this kcp")
-	}
-	a := startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)))
+	d, a, bobCfg := tenantDeal(ctx, t, "t", "acme")
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 30, 1))
 
 	start := time.Now()
