@@ -28,6 +28,12 @@ const (
 	DeclineInvalid    = "invalid"
 	// DeclineDriverFailed also ends a lease whose VM could not be run.
 	DeclineDriverFailed = "driver-failed"
+	// LeaseReclaimed ends a lease the bidder reclaimed, once the notice
+	// ran out.
+	LeaseReclaimed = "reclaimed"
+	// ReclaimedEarly is the requester's reason for a reclaimed lease the
+	// bidder ended before the notice it owed.
+	ReclaimedEarly = "reclaimed-early"
 
 	// Requester-side reasons (release.reason).
 	ReleaseReplicasLowered  = "replicas-lowered"
@@ -37,6 +43,9 @@ const (
 	// ReleaseProviderUnresponsive: the tenant did not answer for the
 	// requester's grace.
 	ReleaseProviderUnresponsive = "provider-unresponsive"
+	// ReleaseReclaimed: the bidder reclaimed the VM and the requester's
+	// next one runs.
+	ReleaseReclaimed = "reclaimed"
 )
 
 // StrongRef is com.atproto.repo.strongRef: a record's at-URI and the CID
@@ -171,8 +180,12 @@ func LeaseKey(owner, acceptURI string) string { return derivedKey(prefixLease, o
 // leaseURI.
 func ReleaseKey(owner, leaseURI string) string { return derivedKey(prefixRelease, owner, leaseURI) }
 
-// Owns reports whether rkey is a derived key (bid, accept, lease, release)
-// written by owner.
+// ReclaimKey is the record key of owner's reclaim of its lease at
+// leaseURI.
+func ReclaimKey(owner, leaseURI string) string { return derivedKey(prefixReclaim, owner, leaseURI) }
+
+// Owns reports whether rkey is a derived key (bid, accept, lease, release,
+// reclaim) written by owner.
 func Owns(owner, rkey string) bool {
 	return len(rkey) == 1+len(owner)+24 && rkey[1:1+len(owner)] == owner
 }

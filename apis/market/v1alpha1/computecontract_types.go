@@ -74,6 +74,28 @@ type ContractRecords struct {
 	// Release is the requester's release record, once published.
 	// +optional
 	Release *RecordRef `json:"release,omitempty"`
+	// Reclaim is the bidder's reclaim record, once published.
+	// +optional
+	Reclaim *RecordRef `json:"reclaim,omitempty"`
+}
+
+// ContractReclaim is the bidder's notice that it takes the VM back, as
+// this side judged it.
+type ContractReclaim struct {
+	// Reason is the reclaim record's reason.
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+	// TerminateAfter is when the bidder stops the VM (the record's
+	// terminateAfter).
+	TerminateAfter metav1.Time `json:"terminateAfter"`
+	// Seen is when this side first knew of the reclaim, by its own clock
+	// (the bidder's side: when it published it). The notice owed is
+	// counted from it.
+	Seen metav1.Time `json:"seen"`
+	// ShortNotice is set when terminateAfter gives less notice, counted
+	// from Seen, than spec.noticeSeconds.
+	// +optional
+	ShortNotice bool `json:"shortNotice,omitempty"`
 }
 
 // ComputeContractStatus is written only by the controller that owns the
@@ -93,6 +115,10 @@ type ComputeContractStatus struct {
 	// chain: the evidence both sides hold.
 	// +optional
 	Records ContractRecords `json:"records,omitempty"`
+	// Reclaim is set once the bidder gave notice that it takes the VM
+	// back.
+	// +optional
+	Reclaim *ContractReclaim `json:"reclaim,omitempty"`
 	// Conditions: Ready.
 	// +optional
 	// +listType=map
@@ -112,6 +138,7 @@ type ComputeContractStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
 // +kubebuilder:printcolumn:name="Price",type=integer,JSONPath=`.spec.pricePerHour.amount`
+// +kubebuilder:printcolumn:name="Reclaimed-By",type=string,JSONPath=`.status.reclaim.terminateAfter`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ComputeContract struct {
 	metav1.TypeMeta   `json:",inline"`

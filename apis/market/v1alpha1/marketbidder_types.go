@@ -53,6 +53,31 @@ type Driver string
 // bidder's agent.
 const DriverProcess Driver = "process"
 
+// ReclaimReason is why a bidder takes a leased VM back (the reclaim
+// record's reason).
+// +kubebuilder:validation:Enum=maintenance;capacity;bidder-leaving
+type ReclaimReason string
+
+// Reclaim reasons.
+const (
+	ReclaimMaintenance   ReclaimReason = "maintenance"
+	ReclaimCapacity      ReclaimReason = "capacity"
+	ReclaimBidderLeaving ReclaimReason = "bidder-leaving"
+)
+
+// Reclaim names a contract the bidder takes back after notice.
+type Reclaim struct {
+	// Contract is the name of one of the bidder's ComputeContracts in
+	// this namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Contract string `json:"contract"`
+	// Reason is published in the reclaim record.
+	// +kubebuilder:default=maintenance
+	// +optional
+	Reason ReclaimReason `json:"reason,omitempty"`
+}
+
 // MarketBidderSpec is written only by the user.
 type MarketBidderSpec struct {
 	// IdentityRef is the MarketIdentity (same namespace) the bidder
@@ -91,6 +116,18 @@ type MarketBidderSpec struct {
 	// +kubebuilder:default=10
 	// +optional
 	MaxOpenBidsPerRequester int32 `json:"maxOpenBidsPerRequester,omitempty"`
+	// Reclaims are live contracts the bidder takes back. For each, it
+	// publishes a reclaim record whose terminateAfter is the notice the
+	// request asked for (the contract's spec.noticeSeconds) away, keeps
+	// the VM running until then, then stops it and ends the lease
+	// (reason reclaimed). A published reclaim stands: removing its entry
+	// does not call it off. Entries naming contracts that are not live are
+	// ignored.
+	// +kubebuilder:validation:MaxItems=1000
+	// +listType=map
+	// +listMapKey=contract
+	// +optional
+	Reclaims []Reclaim `json:"reclaims,omitempty"`
 }
 
 // MarketBidderStatus is written only by the marketbidder controller.
