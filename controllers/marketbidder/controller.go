@@ -320,7 +320,7 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 	if err != nil {
 		return nil, err
 	}
-	if t.inv, err = r.Inventories.Open(ctx, key(req), id.Status.DID, t.owner, pub, lexicon.Bid, lexicon.Lease); err != nil {
+	if t.inv, err = r.Inventories.Open(ctx, key(req), id.Status.DID, t.owner, pub, lexicon.Bid, lexicon.Lease, lexicon.Reclaim); err != nil {
 		return nil, err
 	}
 	return t, nil

@@ -21,6 +21,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -324,11 +325,13 @@ func (t *trader) load() error {
 // requester's side made one before it released, and it has neither
 // failed nor been copied to the requester (which deletes it then), for
 // market.ExportWait after kcp made it at most (never a time the
-// requester writes).
+// requester writes). A VM that ran and does not answer for a while (its
+// phase is Provisioning again) is kept too: only a VM that is Lost or
+// Failed cannot be exported.
 func (t *trader) exporting(vm *computev1alpha1.ComputeVM, release *market.Rec) bool {
 	ss := t.exports[vm.Name]
 	switch {
-	case ss == nil, release == nil, vm.Status.Phase != computev1alpha1.VMRunning, !vm.DeletionTimestamp.IsZero(),
+	case ss == nil, release == nil, vm.Status.Phase == computev1alpha1.VMLost, vm.Status.Phase == computev1alpha1.VMFailed, !vm.DeletionTimestamp.IsZero(),
 		ss.Status.Phase == computev1alpha1.SyncFailed, !ss.DeletionTimestamp.IsZero():
 		return false
 	case t.now.After(ss.CreationTimestamp.Add(market.ExportWait)):
@@ -419,13 +422,21 @@ func (t *trader) lease(ol *ownLease) {
 		release := t.releaseOf(ol, requester)
 		name := market.ChildName(t.b.Name, l.Accept.URI)
 		vm := t.vms[name]
-		if release == nil && !withdrawn {
+		reclaim, _ := t.reclaimOf(ol)
+		noticeOver := reclaim != nil && !t.now.Before(market.ParseTime(reclaim.TerminateAfter))
+		if release == nil && !withdrawn && !noticeOver {
 			if offer >= 0 {
 				t.used[offer]++
 			} else {
 				t.unknown++
 			}
 			t.due(t.now.Add(30 * time.Second))
+			if reclaim != nil {
+				t.due(market.ParseTime(reclaim.TerminateAfter))
+			} else if why := t.reclaimWanted(cc); why != "" {
+				t.reclaim(ol, acc, cc, why)
+				return
+			}
 			switch {
 			case vm != nil && (vm.Status.Phase == computev1alpha1.VMLost || vm.Status.Phase == computev1alpha1.VMFailed):
 				// The VM is gone: the lease ends, the requester goes back to
@@ -464,11 +475,15 @@ func (t *trader) lease(ol *ownLease) {
 			}})
 			return
 		}
-		// Released, or the requester withdrew its accept: the VM stops
-		// first, then the lease ends.
+		// Released, the requester withdrew its accept, or the notice of
+		// the bidder's reclaim ran out: the VM stops first, then the lease
+		// ends.
 		reason := "accept-withdrawn"
-		if release != nil {
+		switch {
+		case release != nil:
 			reason = release.Release.Reason
+		case !withdrawn:
+			reason = market.LeaseReclaimed
 		}
 		if vm != nil && t.exporting(vm, release) {
 			// The tenant's objects are exported before the VM stops.
@@ -485,6 +500,9 @@ func (t *trader) lease(ol *ownLease) {
 		}
 		done := *l
 		done.State, done.UpdatedAt = market.LeaseCompleted, market.Time(t.now)
+		if reason == market.LeaseReclaimed {
+			done.Reason = reason
+		}
 		t.do(action{
 			pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); return err },
 			kcp: func() error {
@@ -512,10 +530,65 @@ func (t *trader) lease(ol *ownLease) {
 			return
 		}
 		t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey) }})
+		if rkey := market.ReclaimKey(t.owner, ol.uri); t.inv.Get(lexicon.Reclaim, rkey) != nil {
+			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Reclaim, rkey) }})
+		}
 		if ol.bid != nil {
 			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Bid, ol.bid.rkey) }})
 		}
 	}
+}
+
+// reclaimOf returns the bidder's own reclaim of a lease and its record,
+// if it made one.
+func (t *trader) reclaimOf(ol *ownLease) (*market.Reclaim, *pds.Record) {
+	rec := t.inv.Get(lexicon.Reclaim, market.ReclaimKey(t.owner, ol.uri))
+	if rec == nil {
+		return nil, nil
+	}
+	var rc market.Reclaim
+	if market.Decode(lexicon.Reclaim, rec.Value, &rc) != nil || market.ParseTime(rc.TerminateAfter).IsZero() {
+		return nil, nil // not one knotless wrote: made again
+	}
+	return &rc, rec
+}
+
+// reclaimWanted is the reason spec.reclaims gives for taking the live
+// contract cc back ("" when it does not name it).
+func (t *trader) reclaimWanted(cc *marketv1alpha1.ComputeContract) marketv1alpha1.ReclaimReason {
+	if cc == nil || !live(cc) {
+		return ""
+	}
+	for _, r := range t.b.Spec.Reclaims {
+		if r.Contract == cc.Name {
+			return cmp.Or(r.Reason, marketv1alpha1.ReclaimMaintenance)
+		}
+	}
+	return ""
+}
+
+// reclaim publishes the notice that the bidder takes a leased VM back:
+// the VM keeps running until terminateAfter, the notice the request asked
+// for (the contract's) from now.
+func (t *trader) reclaim(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.ComputeContract, why marketv1alpha1.ReclaimReason) {
+	by := t.now.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
+	cid := ol.cid
+	if cur := t.inv.Get(lexicon.Lease, ol.rkey); cur != nil {
+		cid = cur.CID
+	}
+	rc := &market.Reclaim{Type: lexicon.Reclaim, Lease: market.StrongRef{URI: ol.uri, CID: cid}, Reason: string(why),
+		TerminateAfter: market.Time(by), CreatedAt: market.Time(t.now)}
+	t.do(action{
+		pds: func() error {
+			_, err := t.inv.Put(t.ctx, lexicon.Reclaim, market.ReclaimKey(t.owner, ol.uri), rc)
+			return err
+		},
+		kcp: func() error {
+			t.events.Eventf(cc, nil, corev1.EventTypeNormal, "Reclaiming", "Reclaim", "reclaim published (%s): the VM stops after %s", why, rc.TerminateAfter)
+			return t.contract(ol, acc, cc, cc.Status.Phase, cc.Status.Reason)
+		},
+	})
+	t.due(by)
 }
 
 // releaseOf returns the requester's release of the lease, if any; a
@@ -582,10 +655,17 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 	if rel := t.releaseOf(ol, cc.Spec.RequesterDID); rel != nil {
 		st.Records.Release = &marketv1alpha1.RecordRef{URI: rel.URI, CID: rel.CID}
 	}
-	status, msg := metav1.ConditionFalse, "leased; the VM is not running yet"
+	reclaimed := ""
+	if rc, rec := t.reclaimOf(ol); rc != nil {
+		st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
+		st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rc.Reason, TerminateAfter: metav1.NewTime(market.ParseTime(rc.TerminateAfter)),
+			Seen: metav1.NewTime(market.ParseTime(rc.CreatedAt))}
+		reclaimed = fmt.Sprintf("; reclaimed (%s): it stops after %s", rc.Reason, rc.TerminateAfter)
+	}
+	status, msg := metav1.ConditionFalse, "leased; the VM is not running yet"+reclaimed
 	switch phase {
 	case marketv1alpha1.ContractActive:
-		status, msg = metav1.ConditionTrue, "the VM runs"
+		status, msg = metav1.ConditionTrue, "the VM runs"+reclaimed
 	case marketv1alpha1.ContractCompleted:
 		msg = "the lease is over: " + reason
 	case marketv1alpha1.ContractFailed:
@@ -932,7 +1012,7 @@ func (t *trader) prune() {
 // the market), so nothing of it stays published. It reports whether that
 // is done.
 func (t *trader) withdrawAll() bool {
-	for _, col := range []string{lexicon.Lease, lexicon.Bid} {
+	for _, col := range []string{lexicon.Reclaim, lexicon.Lease, lexicon.Bid} {
 		for _, rec := range t.inv.List(col) {
 			_, _, rkey := market.SplitURI(rec.URI)
 			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, col, rkey) }})

@@ -79,6 +79,9 @@ const (
 	// ReasonTenantUnresponsive: an Active contract whose mounted tenant
 	// does not answer (its Ready condition's reason).
 	ReasonTenantUnresponsive = "TenantUnresponsive"
+	// ReasonReclaimed: an Active contract whose bidder gave notice that it
+	// takes the VM back (its Ready condition's reason).
+	ReasonReclaimed = "Reclaimed"
 	// avoidFor is how long a bidder that declined or did not answer an
 	// accept is not taken again.
 	avoidFor = 10 * time.Minute

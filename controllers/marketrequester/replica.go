@@ -28,31 +28,62 @@ import (
 func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.RequestStatus, bool, error) {
 	rs := marketv1alpha1.RequestStatus{Index: rr.index, Attempt: rr.attempt, State: marketv1alpha1.RequestOpen}
 	accepts := s.acceptsOf(rr)
-	if cc := s.contractOf(rr.index); cc != nil {
-		finished, err := s.contracted(rr, cc, accepts, wanted, &rs)
-		if err != nil || !finished {
-			return rs, true, err
+	var reclaimed *marketv1alpha1.ComputeContract
+	if ccs := s.contractsOf(rr.index); len(ccs) > 0 {
+		// A contract whose bidder reclaimed it runs until a newer one of
+		// the replica is Active; then it is released.
+		for i, cc := range ccs[:len(ccs)-1] {
+			keep, reason := wanted && !anyActive(ccs[i+1:]), s.release
+			if wanted {
+				reason = market.ReleaseReclaimed
+			}
+			if _, err := s.contracted(rr, cc, accepts, keep, reason, &marketv1alpha1.RequestStatus{}); err != nil {
+				return rs, true, err
+			}
 		}
-		// The deal is over: the replica goes back to the market (or
-		// away).
-		s.due(s.now)
-		return rs, wanted, nil
+		cc := ccs[len(ccs)-1]
+		finished, err := s.contracted(rr, cc, accepts, wanted, s.release, &rs)
+		switch {
+		case err != nil:
+			return rs, true, err
+		case finished:
+			// The deal is over: the replica goes back to the market (or
+			// away).
+			s.due(s.now)
+			return rs, wanted || len(ccs) > 1, nil
+		case !wanted || cc.Status.Reclaim == nil || cc.Status.Phase == marketv1alpha1.ContractReleasing:
+			return rs, true, nil
+		}
+		// Its bidder reclaims it: the next VM is bought while it runs.
+		reclaimed = cc
 	}
 	if !wanted {
 		// Nothing is leased: withdraw what is open.
 		err := s.withdraw(rr, accepts)
 		return rs, err != nil, err
 	}
-	// Requests of earlier attempts are withdrawn first.
+	rs, keep, err := s.buy(rr, accepts, rs)
+	if reclaimed != nil {
+		rs.Message = fmt.Sprintf("ComputeContract %s is reclaimed by its bidder, who stops it after %s; buying the next: %s",
+			reclaimed.Name, market.Time(reclaimed.Status.Reclaim.TerminateAfter.Time), rs.Message)
+	}
+	return rs, keep, err
+}
+
+// buy runs the market for a replica that needs a VM: a request, bids,
+// an accept, until a lease makes a contract.
+func (s *session) buy(rr *replicaRecords, accepts map[string][]*ownAccept, rs marketv1alpha1.RequestStatus) (marketv1alpha1.RequestStatus, bool, error) {
+	// Requests of earlier attempts are withdrawn first (not those a live
+	// contract rests on).
 	for stamp, rec := range rr.attempts {
-		if stamp != rr.stamp {
+		if stamp != rr.stamp && !s.restsOn(rec.uri) {
 			if err := s.withdrawRequest(rec, accepts[rec.uri]); err != nil {
 				return rs, true, err
 			}
 		}
 	}
 	cur := rr.current
-	if cur == nil {
+	if cur == nil || s.restsOn(cur.uri) {
 		return rs, true, s.ask(rr, &rs)
 	}
 	rs.Record = &marketv1alpha1.PublishedRecord{URI: cur.uri, CID: cur.cid}
@@ -262,6 +293,9 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 			case marketv1alpha1.BidDeclined, marketv1alpha1.BidVoid, marketv1alpha1.BidLost:
 				j.state, j.message = prev.Status.State, prev.Status.Message
 			}
+		}
+		if j.state == marketv1alpha1.BidOpen && s.reclaiming(rec.DID) {
+			j.state, j.message = marketv1alpha1.BidNotAllowed, "this bidder reclaims a VM of this requester"
 		}
 		if a := avoid[rec.DID]; a != nil && j.state == marketv1alpha1.BidOpen && a.Name != j.name {
 			j.state = a.Status.State
@@ -538,26 +572,62 @@ func (s *session) contract(rr *replicaRecords, cur *ownRecord, acc *ownAccept, l
 	}
 	s.contracts[name] = cc
 	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Contracted", "Lease", "replica %d: %s confirmed; ComputeContract %s", rr.index, bidderDID, name)
-	_, err := s.contracted(rr, cc, map[string][]*ownAccept{cur.uri: {acc}}, true, rs)
+	_, err := s.contracted(rr, cc, map[string][]*ownAccept{cur.uri: {acc}}, true, s.release, rs)
 	return err
 }
 
-// contractOf returns the replica's live contract, if any.
-func (s *session) contractOf(index int32) *marketv1alpha1.ComputeContract {
-	var found *marketv1alpha1.ComputeContract
+// contractsOf returns the replica's live contracts, oldest first: more
+// than one while the next VM of a reclaimed one is bought.
+func (s *session) contractsOf(index int32) []*marketv1alpha1.ComputeContract {
+	var out []*marketv1alpha1.ComputeContract
 	for _, cc := range s.contracts {
-		if cc.Spec.ReplicaIndex == index && live(cc) && (found == nil || cc.CreationTimestamp.After(found.CreationTimestamp.Time)) {
-			found = cc
+		if cc.Spec.ReplicaIndex == index && live(cc) {
+			out = append(out, cc)
 		}
 	}
-	return found
+	// By when the request each rests on was made (its key says, to the
+	// millisecond).
+	stamp := func(cc *marketv1alpha1.ComputeContract) int64 {
+		_, _, rkey := market.SplitURI(cc.Spec.Request.URI)
+		_, at, _ := market.ParseRequestKey(s.owner, rkey)
+		return at
+	}
+	slices.SortFunc(out, func(a, b *marketv1alpha1.ComputeContract) int {
+		return cmp.Or(cmp.Compare(stamp(a), stamp(b)), a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+func anyActive(ccs []*marketv1alpha1.ComputeContract) bool {
+	return slices.ContainsFunc(ccs, func(cc *marketv1alpha1.ComputeContract) bool { return cc.Status.Phase == marketv1alpha1.ContractActive })
+}
+
+// restsOn reports whether a live contract rests on the request at uri.
+func (s *session) restsOn(uri string) bool {
+	for _, cc := range s.contracts {
+		if live(cc) && cc.Spec.Request.URI == uri {
+			return true
+		}
+	}
+	return false
+}
+
+// reclaiming reports whether the bidder (by DID) reclaims a live contract of
+// this requester: its bids are not taken meanwhile.
+func (s *session) reclaiming(did string) bool {
+	for _, cc := range s.contracts {
+		if live(cc) && cc.Status.Reclaim != nil && cc.Spec.BidderDID == did {
+			return true
+		}
+	}
+	return false
 }
 
 // contracted follows a replica's contract: from the bidder's lease while
-// the replica is wanted, through a release when it no longer is. When the
-// deal is over (Completed or Failed) the requester's records of it are
-// deleted and it reports finished.
-func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, rs *marketv1alpha1.RequestStatus) (bool, error) {
+// the replica is wanted, through a release (with relReason) when it no
+// longer is. When the deal is over (Completed or Failed) the requester's
+// records of it are deleted and it reports finished.
+func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, relReason string, rs *marketv1alpha1.RequestStatus) (bool, error) {
 	if _, _, akey := market.SplitURI(cc.Spec.Accept.URI); s.inv.Get(lexicon.Accept, akey) == nil {
 		// The requester deleted the accept when the deal ended: a contract
 		// that looks live is a cache behind that write; it is not judged
@@ -587,6 +657,9 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	if release != nil {
 		st.Records.Release = &marketv1alpha1.RecordRef{URI: release.uri, CID: release.cid}
 	}
+	if leaseURI != "" {
+		s.noteReclaim(rr, cc, st, leaseURI)
+	}
 
 	// A lease counts as gone only once a listing of the bidder's repo
 	// ended after it was found missing.
@@ -598,7 +671,6 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	}
 	// A mounted tenant that stops answering is given back after the
 	// grace, and the replica goes back to the market.
-	relReason := s.release
 	unresponsive := ""
 	if wanted && release == nil && lease != nil && lease.Lease.State == market.LeaseRunning && cc.Status.Phase == marketv1alpha1.ContractActive {
 		tc := &computev1alpha1.TenantCluster{}
@@ -643,7 +715,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		case lease.Lease.State == market.LeaseDeclined:
 			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
 		case lease.Lease.State == market.LeaseCompleted:
-			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "ended-by-bidder")
+			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 		}
 		if st.Phase == "" {
 			st.Phase = marketv1alpha1.ContractProvisioning
@@ -657,9 +729,12 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 		switch {
 		case gone || (lease != nil && lease.Lease.State == market.LeaseCompleted):
-			if release != nil {
+			switch {
+			case release != nil:
 				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, release.release.Reason
-			} else {
+			case lease != nil:
+				st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
+			default:
 				st.Phase, st.Reason = marketv1alpha1.ContractFailed, "lease-withdrawn"
 			}
 		case lease != nil && lease.Lease.State == market.LeaseDeclined:
@@ -743,6 +818,76 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	return true, nil
 }
 
+// noticeSlack is how much earlier than the notice owed (counted from
+// when the requester's side first saw the reclaim) a bidder may stop a
+// reclaimed VM: the reclaim's way through the firehose, and clocks.
+const noticeSlack = time.Minute
+
+// noteReclaim reads the bidder's reclaim of the lease at leaseURI into
+// st: only one in the bidder's repo counts. When the requester's side
+// first sees it is kept (the notice owed is counted from then, by its own
+// clock, also after a restart); a reclaim whose terminateAfter gives less
+// than the contract's notice from then is ShortNotice.
+func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, leaseURI string) {
+	var rec *market.Rec
+	for _, r := range s.view.Children(leaseURI, lexicon.Reclaim) {
+		if r.DID != cc.Spec.BidderDID || r.Reclaim == nil {
+			s.ignored[r.URI+"|"+r.CID] = true
+			continue
+		}
+		rec = r
+	}
+	if rec == nil {
+		return
+	}
+	by := market.ParseTime(rec.Reclaim.TerminateAfter)
+	first := st.Reclaim == nil
+	seen := cmp.Or(rec.FirstSeen, s.now)
+	if !first {
+		seen = st.Reclaim.Seen.Time
+	}
+	notice := time.Duration(cc.Spec.NoticeSeconds) * time.Second
+	short := by.Before(seen.Add(notice - noticeSlack))
+	st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
+	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rec.Reclaim.Reason, TerminateAfter: metav1.NewTime(by), Seen: metav1.NewTime(seen), ShortNotice: short}
+	if len(st.Reclaim.Reason) > 64 {
+		st.Reclaim.Reason = st.Reclaim.Reason[:64]
+	}
+	if first {
+		kind, why := corev1.EventTypeNormal, "buying the next VM meanwhile"
+		if short {
+			kind, why = corev1.EventTypeWarning, fmt.Sprintf("less than the %s of notice the request asked for", notice)
+		}
+		s.events.Eventf(s.mr, nil, kind, "Reclaimed", "Reclaim", "replica %d: bidder %s reclaims %s (%s) and stops it after %s: %s",
+			rr.index, cc.Spec.BidderDID, cc.Name, knownReclaim(rec.Reclaim.Reason), market.Time(by), why)
+	}
+}
+
+// knownReclaim is a reclaim's reason when it is one of the lexicon's known
+// values (a bidder's free text is not repeated).
+func knownReclaim(reason string) string {
+	switch marketv1alpha1.ReclaimReason(reason) {
+	case marketv1alpha1.ReclaimMaintenance, marketv1alpha1.ReclaimCapacity, marketv1alpha1.ReclaimBidderLeaving:
+		return reason
+	}
+	return "other"
+}
+
+// endedByBidder judges a lease the bidder completed without a release: a
+// reclaim whose notice the requester's side was given ends the contract
+// Completed (reclaimed); ended earlier than the notice owed, or without a
+// reclaim, it failed.
+func (s *session) endedByBidder(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec) (marketv1alpha1.ContractPhase, string) {
+	if lease.Lease.Reason != market.LeaseReclaimed || st.Reclaim == nil {
+		return marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "ended-by-bidder")
+	}
+	owed := st.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
+	if cmp.Or(lease.FirstSeen, s.now).Before(owed.Add(-noticeSlack)) {
+		return marketv1alpha1.ContractFailed, market.ReclaimedEarly
+	}
+	return marketv1alpha1.ContractCompleted, market.LeaseReclaimed
+}
+
 type ownRelease struct {
 	uri, cid, rkey string
 	release        *market.Release
@@ -780,8 +925,12 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 		}
 	case marketv1alpha1.ContractActive:
 		msg = cmp.Or(mount, msg)
-		if unresponsive {
+		switch {
+		case unresponsive:
 			status, reason = metav1.ConditionFalse, ReasonTenantUnresponsive
+		case st.Reclaim != nil:
+			reason = ReasonReclaimed
+			msg = "the bidder reclaims the VM and stops it after " + market.Time(st.Reclaim.TerminateAfter.Time) + "; the next one is bought meanwhile"
 		}
 	case marketv1alpha1.ContractReleasing:
 		status, msg = metav1.ConditionFalse, "released ("+st.Reason+"); waiting for the bidder to end the lease"
