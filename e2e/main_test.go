@@ -264,6 +264,7 @@ func grantWorkspaceCreators(ctx context.Context, admin *rest.Config) error {
 		Subjects: []rbacv1.Subject{
 			{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "alice"},
 			{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "bob"},
+			{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "carol"},
 		},
 	}
 	for _, o := range []client.Object{role, binding} {

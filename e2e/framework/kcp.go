@@ -72,7 +72,7 @@ func startKCP(ctx context.Context, g *Group, bin, dir, name string, extraArgs []
 	var csv string
 	// Users the started kcp authenticates by token. They have no rights
 	// until a test grants them some.
-	for i, u := range []string{"alice", "bob"} {
+	for i, u := range []string{"alice", "bob", "carol"} {
 		tok := fmt.Sprintf("e2e-token-%s-%d", u, time.Now().UnixNano())
 		k.Tokens[u] = tok
 		csv += fmt.Sprintf("%s,%s,%d,\"e2e\"\n", tok, u, 1000+i)

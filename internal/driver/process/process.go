@@ -385,6 +385,16 @@ func PIDs(root string) []int {
 	return out
 }
 
+// PIDOf returns the process ID of the VM id under root (0 when it has
+// none), for a test.
+func PIDOf(root, id string) int {
+	st, err := load(filepath.Join(root, id))
+	if err != nil || st == nil {
+		return 0
+	}
+	return st.PID
+}
+
 func freePort(host string) (int, error) {
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
