@@ -28,9 +28,10 @@ import (
 // the VM provisions and of the provider before it is delivered (one VM
 // process, delivered once after the restart); alice makes a namespace, a
 // ConfigMap and a Secret in it through the mount. acme then has no
-// capacity left, and alice releases (replicas 0) while acme's agent is
-// down: the VM is kept, and the restarted agent exports the tenant
-// before its VM stops; the snapshot lands in alice's workspace, owned by
+// capacity left, and alice releases (replicas 0); acme's agent is killed
+// (-9) while it exports (the tenant, stopped, holds the export up): the
+// VM is kept, and the restarted agent exports the tenant again before its
+// VM stops, leaving no process behind; the snapshot lands in alice's workspace, owned by
 // the MarketRequester. With spec.restoreFrom and replicas 1 the new contract
 // goes to beta, whose tenant gets the namespace and the ConfigMap (not
 // the Secret, which was not listed) before the contract is Active; acme's
@@ -126,22 +127,32 @@ func TestMarketTenantMigrates(t *testing.T) {
 		t.Fatalf("VM processes %v, want acme's one", pidsA)
 	}
 
-	// acme is full; alice releases with an export while acme's agent is
-	// down (killed -9): the VM is kept for the export, which runs once
-	// the agent is back.
+	// acme is full; alice releases with an export, and acme's agent is
+	// killed (-9) during the export: the tenant is stopped (SIGSTOP) so
+	// that the export, once begun, waits on it. The VM is kept, and the
+	// restarted agent runs the export again once the tenant answers.
 	mergePatch(ctx, t, d.bid, getMB(ctx, t, d.bid, "acme"), map[string]any{"offers": []marketv1alpha1.Offer{offerOf("small", 1000, 1024, 20, 0)}})
-	a.proc.Kill9()
+	if err := syscall.Kill(pidsA[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
 	exp := &computev1alpha1.StateSync{}
-	if err := framework.Eventually(ctx, time.Minute, "the export asked for in acme's workspace", func(ctx context.Context) (bool, string, error) {
+	if err := framework.Eventually(ctx, time.Minute, "the export begun by acme's agent", func(ctx context.Context) (bool, string, error) {
 		err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: computev1alpha1.ExportName(bcA.Name)}, exp)
-		return err == nil, fmt.Sprint(err), nil
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return exp.Status.Phase == computev1alpha1.SyncRunning, string(exp.Status.Phase), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
+	a.proc.Kill9()
 	time.Sleep(5 * time.Second) // the bidder's side has seen the release meanwhile
 	if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bcA.Name}, &computev1alpha1.ComputeVM{}); err != nil {
 		t.Fatalf("acme's VM while its export waits for the agent: %v", err)
+	}
+	if err := syscall.Kill(pidsA[0], syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 	start := time.Now()
 	a.start(t)
@@ -167,6 +178,9 @@ func TestMarketTenantMigrates(t *testing.T) {
 		if process.Alive(pid) {
 			t.Errorf("tenant A's process %d still runs", pid)
 		}
+	}
+	if left := process.PIDs(a.root); len(left) != 0 {
+		t.Errorf("VMs left after the export and the release: %v", left)
 	}
 
 	// Wanted again, restored from the snapshot: beta's tenant.
