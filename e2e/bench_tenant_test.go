@@ -49,16 +49,26 @@ func TestTenantWalkTimes(t *testing.T) {
 	// the restored ConfigMap) are read through the mount.
 	one := func(restore string) (walk, *marketv1alpha1.ComputeContract) {
 		t.Helper()
+		// The walk's contract is the one that did not exist before it
+		// (an earlier walk's may still be finishing its release).
+		before := map[string]bool{}
+		for _, cc := range contractsOwnedBy(ctx, t, d.app, "vms") {
+			before[cc.Name] = true
+		}
 		start := time.Now()
 		mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 1, "restoreFrom": restore})
-		contractOf(ctx, t, d.app, "vms", "agreed", func(cc *marketv1alpha1.ComputeContract) bool {
-			return cc.Status.Records.Lease != nil && cc.Status.Phase != marketv1alpha1.ContractCompleted
+		agreed := contractOf(ctx, t, d.app, "vms", "agreed", func(cc *marketv1alpha1.ComputeContract) bool {
+			return !before[cc.Name] && cc.Status.Records.Lease != nil
 		})
 		var w walk
 		w.market = time.Since(start)
-		contractOf(ctx, t, d.bid, "acme", "the VM runs", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Status.Phase == marketv1alpha1.ContractActive })
+		contractOf(ctx, t, d.bid, "acme", "the VM runs", func(cc *marketv1alpha1.ComputeContract) bool {
+			return cc.Spec.Accept == agreed.Spec.Accept && cc.Status.Phase == marketv1alpha1.ContractActive
+		})
 		w.provisioning = time.Since(start) - w.market
-		rc := contractOf(ctx, t, d.app, "vms", "mounted", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Status.Phase == marketv1alpha1.ContractActive })
+		rc := contractOf(ctx, t, d.app, "vms", "mounted", func(cc *marketv1alpha1.ComputeContract) bool {
+			return cc.Name == agreed.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+		})
 		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
 		if err != nil {
 			t.Fatal(err)
@@ -80,12 +90,18 @@ func TestTenantWalkTimes(t *testing.T) {
 	release := func() {
 		t.Helper()
 		mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
-		if err := framework.Eventually(ctx, 3*time.Minute, "released, no VM left", func(ctx context.Context) (bool, string, error) {
+		if err := framework.Eventually(ctx, 3*time.Minute, "released: no VM left, every contract over", func(ctx context.Context) (bool, string, error) {
 			var vms computev1alpha1.ComputeVMList
 			if err := d.bid.List(ctx, &vms, client.InNamespace("default")); err != nil {
 				return false, err.Error(), nil
 			}
-			return len(vms.Items) == 0 && len(process.PIDs(a.root)) == 0, fmt.Sprintf("%d VMs", len(vms.Items)), nil
+			open := 0
+			for _, cc := range contractsOwnedBy(ctx, t, d.app, "vms") {
+				if cc.Status.Phase != marketv1alpha1.ContractCompleted && cc.Status.Phase != marketv1alpha1.ContractFailed {
+					open++
+				}
+			}
+			return len(vms.Items) == 0 && len(process.PIDs(a.root)) == 0 && open == 0, fmt.Sprintf("%d VMs, %d contracts not over", len(vms.Items), open), nil
 		}); err != nil {
 			t.Fatal(err)
 		}
