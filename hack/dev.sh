@@ -313,6 +313,18 @@ the tenant is mounted into shop as a workspace named like the contract:
   KUBECONFIG=$dev/mount/admin.kubeconfig kubectl get namespaces
   kubectl patch marketrequester buyer --type merge -p '{"spec":{"replicas":0}}'   # releases the VM: the mount goes, the VM stops
 
+Or acme takes the VM back (docs/market.md#taking-a-vm-back-reclaim): a
+reclaim record gives the request's notice (2 min) and shop's side buys
+the next VM meanwhile, never from acme while it reclaims (with no other
+bidder here, acme wins the next request once the notice has run out and
+the reclaimed VM stopped):
+
+  kubectl ws use :root:acme
+  acme_cc=\$(kubectl get computecontracts -o jsonpath='{.items[0].metadata.name}')
+  kubectl patch marketbidder acme --type merge -p "{\"spec\":{\"reclaims\":[{\"contract\":\"\$acme_cc\"}]}}"
+  kubectl get computecontracts -o wide     # Reclaimed-By: when the VM stops
+  curl -sS "\$pds/xrpc/com.atproto.repo.listRecords?repo=acmecloud.test&collection=dev.knotless.market.reclaim"; echo
+
 (The agent's VMs outlive it and Ctrl-C of make dev on purpose: release
 them, as above, before you stop; kill %1 stops the agent.)
 
