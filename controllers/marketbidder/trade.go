@@ -41,6 +41,13 @@ const (
 	publishers = 32
 	// kcpWriters bounds the kcp writes (Bids, contracts) made at once.
 	kcpWriters = 16
+	// defaultMaxNotice is the most notice a bidder promises by default
+	// (spec.maxNoticeSeconds), and maxNoticeCap the most it can promise.
+	defaultMaxNotice = 24 * 60 * 60
+	maxNoticeCap     = 30 * 24 * 60 * 60
+	// reasonAcceptWithdrawn ends a lease whose accept the requester
+	// withdrew.
+	reasonAcceptWithdrawn = "accept-withdrawn"
 )
 
 // trader is one reconcile of one MarketBidder's trading: its bids, the
@@ -408,7 +415,11 @@ func (t *trader) lease(ol *ownLease) {
 	// An accept counts as withdrawn only once a listing of the
 	// requester's repo ended after it was found missing.
 	acceptKey := "accept|" + l.Accept.URI
-	withdrawn := acc == nil && t.absent.Gone(t.view, requester, acceptKey, t.now)
+	cc := t.contracts[market.ChildName(t.b.Name, l.Accept.URI)]
+	// Once found withdrawn it stays so (the VM is stopped over several
+	// passes; an absence is proved once).
+	withdrawn := acc == nil && (t.absent.Gone(t.view, requester, acceptKey, t.now) ||
+		(cc != nil && cc.Status.Phase == marketv1alpha1.ContractReleasing && cc.Status.Reason == reasonAcceptWithdrawn))
 	if acc != nil {
 		t.absent.Present(acceptKey)
 	}
@@ -416,7 +427,6 @@ func (t *trader) lease(ol *ownLease) {
 	if ol.bid != nil {
 		offer = ol.bid.offer
 	}
-	cc := t.contracts[market.ChildName(t.b.Name, l.Accept.URI)]
 	switch l.State {
 	case market.LeaseConfirmed, market.LeaseRunning:
 		release := t.releaseOf(ol, requester)
@@ -478,7 +488,7 @@ func (t *trader) lease(ol *ownLease) {
 		// Released, the requester withdrew its accept, or the notice of
 		// the bidder's reclaim ran out: the VM stops first, then the lease
 		// ends.
-		reason := "accept-withdrawn"
+		reason := reasonAcceptWithdrawn
 		switch {
 		case release != nil:
 			reason = release.Release.Reason
@@ -529,10 +539,13 @@ func (t *trader) lease(ol *ownLease) {
 			t.due(t.now.Add(30 * time.Second))
 			return
 		}
-		t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey) }})
-		if rkey := market.ReclaimKey(t.owner, ol.uri); t.inv.Get(lexicon.Reclaim, rkey) != nil {
-			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Reclaim, rkey) }})
-		}
+		// A reclaim goes before its lease (never left without one).
+		t.do(action{pds: func() error {
+			if err := t.inv.Delete(t.ctx, lexicon.Reclaim, market.ReclaimKey(t.owner, ol.uri)); err != nil {
+				return err
+			}
+			return t.inv.Delete(t.ctx, lexicon.Lease, ol.rkey)
+		}})
 		if ol.bid != nil {
 			t.do(action{pds: func() error { return t.inv.Delete(t.ctx, lexicon.Bid, ol.bid.rkey) }})
 		}
@@ -567,11 +580,33 @@ func (t *trader) reclaimWanted(cc *marketv1alpha1.ComputeContract) marketv1alpha
 	return ""
 }
 
+// maxNotice is the most notice the bidder promises (spec.maxNoticeSeconds,
+// default a day).
+func (t *trader) maxNotice() int64 {
+	if t.b.Spec.MaxNoticeSeconds == nil {
+		return defaultMaxNotice
+	}
+	return int64(*t.b.Spec.MaxNoticeSeconds)
+}
+
+// notice is what the bidder owes before it takes the VM of cc back: what
+// the request asked for (the record, else what the contract kept of it),
+// and when neither is known the most it promises.
+func (t *trader) notice(cc *marketv1alpha1.ComputeContract) time.Duration {
+	secs := int64(cc.Spec.NoticeSeconds)
+	if req := t.view.Get(cc.Spec.Request.URI); req != nil && req.Request != nil && req.CID == cc.Spec.Request.CID {
+		secs = req.Request.NoticeSeconds
+	} else if secs == 0 {
+		secs = t.maxNotice()
+	}
+	return time.Duration(min(max(secs, 0), maxNoticeCap)) * time.Second
+}
+
 // reclaim publishes the notice that the bidder takes a leased VM back:
 // the VM keeps running until terminateAfter, the notice the request asked
-// for (the contract's) from now.
+// for from now.
 func (t *trader) reclaim(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.ComputeContract, why marketv1alpha1.ReclaimReason) {
-	by := t.now.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
+	by := t.now.Add(t.notice(cc))
 	cid := ol.cid
 	if cur := t.inv.Get(lexicon.Lease, ol.rkey); cur != nil {
 		cid = cur.CID
@@ -631,7 +666,7 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 		}
 		if req := t.view.Get(acc.Accept.Request.URI); req != nil && req.Request != nil {
 			cc.Spec.ReplicaIndex = int32(req.Request.ReplicaIndex)
-			cc.Spec.NoticeSeconds = int32(req.Request.NoticeSeconds)
+			cc.Spec.NoticeSeconds = int32(min(max(req.Request.NoticeSeconds, 0), maxNoticeCap))
 			if ol.bid.bid.Shape == nil {
 				cc.Spec.Shape = market.APIShape(req.Request.Shape)
 			}
@@ -863,7 +898,7 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 		}
 		r := req.Request
 		deadline := market.ParseTime(r.BidDeadline)
-		if r.Network != t.network || deadline.IsZero() || !t.now.Before(deadline) || deadline.After(t.now.Add(maxBidWindow)) {
+		if r.Network != t.network || deadline.IsZero() || !t.now.Before(deadline) || deadline.After(t.now.Add(maxBidWindow)) || r.NoticeSeconds > t.maxNotice() {
 			continue
 		}
 		if !market.Vouched(t.view, t.net.Spec.OperatorDID, t.id, req.DID, marketv1alpha1.RoleRequester) {

@@ -3,17 +3,24 @@ package marketrequester
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/pds"
 )
 
 // activeOn brings the requester's replica to an Active contract with the
@@ -256,5 +263,195 @@ func TestReclaimNoticeRunsOut(t *testing.T) {
 	lease.FirstSeen = cc.Status.Reclaim.Seen.Add(600 * time.Second)
 	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractCompleted || reason != market.LeaseReclaimed {
 		t.Errorf("ended after the notice: %s %s", phase, reason)
+	}
+}
+
+// plantReclaim puts a reclaim record into did's repo as its bidder would,
+// by hand.
+func (m *marketFixture) plantReclaim(did, leaseURI, terminateAfter string) {
+	m.t.Helper()
+	raw, _ := json.Marshal(market.Reclaim{Type: lexicon.Reclaim, Lease: market.StrongRef{URI: leaseURI, CID: "bafyreie5737gdxlw5i64vzichcalba3z2v5n6icifvx5xytvske7mr3hpm"},
+		Reason: "maintenance", TerminateAfter: terminateAfter, CreatedAt: market.Time(m.clock.t)})
+	if err := lexicon.ValidateRecord(lexicon.Reclaim, raw); err != nil {
+		m.t.Fatalf("the planted reclaim is not valid: %v", err)
+	}
+	m.repos[did].Put(lexicon.Reclaim, "chand", raw)
+}
+
+// TestReclaimHostileRecords: a reclaim whose terminateAfter no Kubernetes
+// time can hold (valid in the lexicon) is ignored and the requester goes
+// on; a reclaim published before the lease it names counts its notice
+// from when the requester saw it, so a lease ended a second after it began
+// is reclaimed-early, and that bidder is not taken again for a while.
+func TestReclaimHostileRecords(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.NoticeSeconds = 120 })
+	ca := drivertest.TestCA(t)
+	fit := m.bidders["fit"]
+
+	// Before the lease: the bid is known, the lease's key follows from it.
+	m.round()
+	bids := m.repos["did:plc:fit"].Records(lexicon.Bid)
+	if len(bids) != 1 {
+		t.Fatalf("bids %v", bids)
+	}
+	acceptURI := market.URI("did:plc:shop", lexicon.Accept, market.AcceptKey(market.Owner("shop-uid"), bids[0].URI))
+	leaseURI := market.URI("did:plc:fit", lexicon.Lease, market.LeaseKey(market.Owner("fit-uid"), acceptURI))
+	m.plantReclaim("did:plc:fit", leaseURI, market.Time(m.clock.t.Add(120*time.Second)))
+	m.reconcileRequester()
+	m.clock.advance(100 * time.Second) // within the confirm window
+	m.activeOn(fit, ca)
+	cc := contractWith(t, m.shop, "did:plc:fit")
+	if cc == nil || cc.Status.Reclaim == nil || !cc.Status.Reclaim.ShortNotice {
+		t.Fatalf("the early reclaim: %+v", cc)
+	}
+	// The bidder ends the lease a second later, as reclaimed.
+	m.clock.advance(time.Second)
+	lrec := m.repos["did:plc:fit"].Records(lexicon.Lease)[0]
+	var l market.Lease
+	if err := json.Unmarshal(lrec.Value, &l); err != nil {
+		t.Fatal(err)
+	}
+	l.State, l.Reason, l.UpdatedAt = market.LeaseCompleted, market.LeaseReclaimed, market.Time(m.clock.t)
+	raw, _ := json.Marshal(l)
+	_, _, rkey := market.SplitURI(lrec.URI)
+	m.repos["did:plc:fit"].Put(lexicon.Lease, rkey, raw)
+	m.reconcileRequester()
+	var ended *marketv1alpha1.ComputeContract
+	for _, c := range contracts(t, m.shop) {
+		if c.Name == cc.Name {
+			ended = &c
+		}
+	}
+	if ended == nil || ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != market.ReclaimedEarly {
+		t.Fatalf("a lease ended a second after it began, 120 s of notice owed: %+v", ended)
+	}
+	m.repos["did:plc:fit"].Delete(lexicon.Reclaim, "chand")
+	m.round()
+	m.round()
+	if s := m.nextBids(); s["did:plc:fit"] != marketv1alpha1.BidNotAllowed {
+		t.Errorf("the bidder that ended a reclaimed lease early is taken again: %v", s)
+	}
+
+	// A terminateAfter in the year 10000 (UTC) is ignored.
+	m2 := newMarket(t, bidderObj("fit", 30, 2))
+	m2.activeOn(m2.bidders["fit"], ca)
+	bc := contractWith(t, m2.bidders["fit"], "did:plc:fit")
+	m2.plantReclaim("did:plc:fit", bc.Status.Records.Lease.URI, "9999-12-31T23:59:59.999-23:59")
+	m2.round()
+	if cc := contractWith(t, m2.shop, "did:plc:fit"); cc.Status.Reclaim != nil || m2.requester().Status.IgnoredRecords == 0 {
+		t.Fatalf("the year-10000 reclaim: %+v, ignored %d", cc.Status.Reclaim, m2.requester().Status.IgnoredRecords)
+	}
+	m2.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m2.round()
+	}
+	if cc := contracts(t, m2.shop); len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted {
+		t.Errorf("released after the ignored reclaim: %+v", cc)
+	}
+}
+
+// TestReclaimReplicasLoweredWhileBuyingTheNext: replicas lowered while
+// the next VM of a reclaimed one waits for its lease: the accept is
+// withdrawn with the request at once, and the other bidder, whose lease
+// the accept's absence ends (once a listing proved it), makes its VM at
+// most once and stops it, never making it again.
+func TestReclaimReplicasLoweredWhileBuyingTheNext(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2), bidderObj("next", 40, 1))
+	ca := drivertest.TestCA(t)
+	fit, next := m.bidders["fit"], m.bidders["next"]
+	m.activeOn(fit, ca)
+	bc := contractWith(t, fit, "did:plc:fit")
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name}} })
+	m.reconcileBidder("fit")
+	m.reconcileRequester() // the next request
+	m.reconcileBidder("next")
+	m.reconcileRequester()
+	m.clock.advance(11 * time.Second)
+	m.reconcileRequester() // accepts next's bid
+	if n := m.records("did:plc:shop", lexicon.Accept); n != 2 {
+		t.Fatalf("%d accepts, want the reclaimed contract's and the next one's", n)
+	}
+	m.reconcileBidder("next") // confirms: a lease and a VM
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	m.reconcileRequester()
+	if n := m.records("did:plc:shop", lexicon.Accept); n != 1 {
+		t.Fatalf("%d accepts after replicas 0, want only the reclaimed contract's", n)
+	}
+	made := 0
+	for range 12 {
+		had := vmCount(t, next)
+		m.round()
+		if vmCount(t, next) > had {
+			made++
+		}
+		m.clock.advance(30 * time.Second)
+	}
+	if made > 1 || vmCount(t, next) != 0 || m.records("did:plc:next", lexicon.Lease) != 0 {
+		t.Errorf("next: %d VMs made again, %d VMs, %d leases", made, vmCount(t, next), m.records("did:plc:next", lexicon.Lease))
+	}
+}
+
+// TestBidderPromisesAtMostItsMaxNotice: a bidder does not bid on a
+// request that asks more notice than its spec.maxNoticeSeconds (a
+// requester cannot hold its VM for years).
+func TestBidderPromisesAtMostItsMaxNotice(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.NoticeSeconds = 2 * 86400 })
+	m.round()
+	if n := m.records("did:plc:fit", lexicon.Bid); n != 0 {
+		t.Fatalf("%d bids on a request asking 2 days of notice (default maximum 1 day)", n)
+	}
+	week := int32(7 * 86400)
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.MaxNoticeSeconds = &week })
+	m.round()
+	if n := m.records("did:plc:fit", lexicon.Bid); n != 1 {
+		t.Fatalf("%d bids once the bidder promises a week", n)
+	}
+}
+
+// failingDeletes fails deletes of one collection while *fail is set.
+type failingDeletes struct {
+	market.Publisher
+	collection string
+	fail       *bool
+}
+
+func (f failingDeletes) Publish(ctx context.Context, collection, rkey string, value any) (*pds.EnsureResult, error) {
+	if collection == f.collection && value == nil && *f.fail {
+		return nil, errors.New("PDS unavailable")
+	}
+	return f.Publisher.Publish(ctx, collection, rkey, value)
+}
+
+// TestReclaimRecordGoesBeforeItsLease: a reclaim record is deleted before
+// its lease, so a failed delete leaves both (and they go later), never a
+// reclaim without its lease.
+func TestReclaimRecordGoesBeforeItsLease(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	fail := false
+	m.bid.Connect = func(_ context.Context, _ client.Client, _ string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
+		return failingDeletes{Publisher: m.repos[repo.Status.DID], collection: lexicon.Reclaim, fail: &fail}, nil
+	}
+	m.activeOn(m.bidders["fit"], drivertest.TestCA(t))
+	bc := contractWith(t, m.bidders["fit"], "did:plc:fit")
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name}} })
+	m.round()
+	m.clock.advance(601 * time.Second)
+	fail = true
+	for range 6 {
+		m.reconcileRequester()
+		_, _ = m.bid.Reconcile(context.Background(), mcreconcile.Request{ClusterName: "fit", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "fit"}}})
+		if m.records("did:plc:fit", lexicon.Lease) == 0 && m.records("did:plc:fit", lexicon.Reclaim) != 0 {
+			t.Fatal("the reclaim record outlives its lease")
+		}
+	}
+	fail = false
+	m.clock.advance(11 * time.Minute)
+	for range 3 {
+		m.round()
+	}
+	if l, r := m.records("did:plc:fit", lexicon.Lease), m.records("did:plc:fit", lexicon.Reclaim); l != 0 || r != 0 {
+		t.Errorf("after the deletes work again: %d leases, %d reclaims", l, r)
 	}
 }

@@ -51,7 +51,10 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 			// away).
 			s.due(s.now)
 			return rs, wanted || len(ccs) > 1, nil
-		case !wanted || cc.Status.Reclaim == nil || cc.Status.Phase == marketv1alpha1.ContractReleasing:
+		case !wanted:
+			// A request for the next VM of a reclaimed one goes too.
+			return rs, true, s.withdrawOpen(rr, accepts)
+		case cc.Status.Reclaim == nil || cc.Status.Phase == marketv1alpha1.ContractReleasing:
 			return rs, true, nil
 		}
 		// Its bidder reclaims it: the next VM is bought while it runs.
@@ -222,6 +225,18 @@ func (s *session) withdraw(rr *replicaRecords, accepts map[string][]*ownAccept) 
 	return errors.Join(errs...)
 }
 
+// withdrawOpen deletes the replica's requests (and their accepts) that no
+// live contract rests on.
+func (s *session) withdrawOpen(rr *replicaRecords, accepts map[string][]*ownAccept) error {
+	var errs []error
+	for _, rec := range rr.attempts {
+		if !s.restsOn(rec.uri) {
+			errs = append(errs, s.withdrawRequest(rec, accepts[rec.uri]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // withdrawRequest deletes a request record and its accepts.
 func (s *session) withdrawRequest(rec *ownRecord, accepts []*ownAccept) error {
 	for _, acc := range accepts {
@@ -252,6 +267,14 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 	for _, b := range s.bids {
 		if (b.Status.State == marketv1alpha1.BidDeclined || b.Status.State == marketv1alpha1.BidVoid) && s.now.Before(b.CreationTimestamp.Add(avoidFor)) {
 			avoid[b.Spec.BidderDID] = b
+		}
+	}
+	// Nor is a bidder that stopped a reclaimed VM before the notice it
+	// owed, for as long after.
+	early := map[string]time.Time{}
+	for _, cc := range s.contracts {
+		if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); cc.Status.Reason == market.ReclaimedEarly && c != nil && s.now.Before(c.LastTransitionTime.Add(avoidFor)) {
+			early[cc.Spec.BidderDID] = c.LastTransitionTime.Add(avoidFor)
 		}
 	}
 	var out []*judged
@@ -294,8 +317,12 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 				j.state, j.message = prev.Status.State, prev.Status.Message
 			}
 		}
-		if j.state == marketv1alpha1.BidOpen && s.reclaiming(rec.DID) {
+		switch {
+		case j.state != marketv1alpha1.BidOpen:
+		case s.reclaiming(rec.DID):
 			j.state, j.message = marketv1alpha1.BidNotAllowed, "this bidder reclaims a VM of this requester"
+		case !early[rec.DID].IsZero():
+			j.state, j.message = marketv1alpha1.BidNotAllowed, "this bidder stopped a reclaimed VM before its notice ran out; not taken again before "+market.Time(early[rec.DID])
 		}
 		if a := avoid[rec.DID]; a != nil && j.state == marketv1alpha1.BidOpen && a.Name != j.name {
 			j.state = a.Status.State
@@ -831,7 +858,7 @@ const noticeSlack = time.Minute
 func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, leaseURI string) {
 	var rec *market.Rec
 	for _, r := range s.view.Children(leaseURI, lexicon.Reclaim) {
-		if r.DID != cc.Spec.BidderDID || r.Reclaim == nil {
+		if r.DID != cc.Spec.BidderDID || r.Reclaim == nil || market.ParseTime(r.Reclaim.TerminateAfter).IsZero() {
 			s.ignored[r.URI+"|"+r.CID] = true
 			continue
 		}
@@ -841,8 +868,10 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 		return
 	}
 	by := market.ParseTime(rec.Reclaim.TerminateAfter)
+	// Seen is this reconcile's time the first time (a reclaim may have
+	// been on the firehose before the lease it names), kept from then on.
 	first := st.Reclaim == nil
-	seen := cmp.Or(rec.FirstSeen, s.now)
+	seen := s.now
 	if !first {
 		seen = st.Reclaim.Seen.Time
 	}

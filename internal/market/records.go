@@ -122,10 +122,16 @@ func Decode(collection string, value json.RawMessage, out any) error {
 // Time formats t as a record datetime (UTC, milliseconds).
 func Time(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
-// ParseTime parses a record datetime; the zero time when it is not one.
+// ParseTime parses a record datetime, in UTC; the zero time when it is
+// not one, or when it falls outside the years 1–9999 in UTC (a datetime
+// such as 9999-12-31T23:59:59-23:59 is valid in a record, but no
+// Kubernetes time field can hold it).
 func ParseTime(s string) time.Time {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
+		return time.Time{}
+	}
+	if t = t.UTC(); t.Year() < 1 || t.Year() > 9999 {
 		return time.Time{}
 	}
 	return t

@@ -116,6 +116,13 @@ type MarketBidderSpec struct {
 	// +kubebuilder:default=10
 	// +optional
 	MaxOpenBidsPerRequester int32 `json:"maxOpenBidsPerRequester,omitempty"`
+	// MaxNoticeSeconds is the most notice the bidder promises before it
+	// takes a VM back: it does not bid on requests that ask for more.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2592000
+	// +kubebuilder:default=86400
+	// +optional
+	MaxNoticeSeconds *int32 `json:"maxNoticeSeconds,omitempty"`
 	// Reclaims are live contracts the bidder takes back. For each, it
 	// publishes a reclaim record whose terminateAfter is the notice the
 	// request asked for (the contract's spec.noticeSeconds) away, keeps

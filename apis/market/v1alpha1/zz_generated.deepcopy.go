@@ -409,6 +409,11 @@ func (in *MarketBidderSpec) DeepCopyInto(out *MarketBidderSpec) {
 		*out = make([]Offer, len(*in))
 		copy(*out, *in)
 	}
+	if in.MaxNoticeSeconds != nil {
+		in, out := &in.MaxNoticeSeconds, &out.MaxNoticeSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.Reclaims != nil {
 		in, out := &in.Reclaims, &out.Reclaims
 		*out = make([]Reclaim, len(*in))
