@@ -97,7 +97,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	if _, err := env.kcp.UserConfig("carol"); err != nil {
 		t.Skip("no user carol on this kcp")
 	}
-	carolApp, carolWS := d.requesterWorkspace(ctx, t, "rcl", "carol", "carolbuyer")
+	carolApp, carolWS := d.requesterWorkspace(ctx, t, "rcl", "carol", "carol")
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 20, 2))
 	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 2))
 
@@ -105,7 +105,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	spec.TenantAdmins.Users = []string{"alice"}
 	spec.NoticeSeconds = 90
 	d.requester(ctx, t, "vms", spec)
-	cspec := requesterSpec("carolbuyer", 1000, 1024, 50, 5)
+	cspec := requesterSpec("carol", 1000, 1024, 50, 5)
 	cspec.TenantAdmins.Users = []string{"carol"}
 	cspec.NoticeSeconds = 25
 	cspec.Policy.AllowedBidders = []string{d.accounts["acme"].DID}
@@ -257,7 +257,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 		if n := len(process.PIDs(a.root)); n > 0 {
 			left = append(left, fmt.Sprintf("%d VM directories", n))
 		}
-		for _, did := range []string{d.accounts["acme"].DID, d.accounts["beta"].DID, d.accounts["buyer"].DID, d.accounts["carolbuyer"].DID} {
+		for _, did := range []string{d.accounts["acme"].DID, d.accounts["beta"].DID, d.accounts["buyer"].DID, d.accounts["carol"].DID} {
 			for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Release, lexicon.Reclaim} {
 				if n := len(listCollection(ctx, t, env.pds, did, col)); n > 0 {
 					left = append(left, fmt.Sprintf("%d %s of %s", n, col, did))
