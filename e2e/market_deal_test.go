@@ -58,21 +58,30 @@ func newDealAs(ctx context.Context, t *testing.T, tag, bidderUser string, reques
 	d.bidWS = env.prefix + "-" + tag + "-sellers"
 	d.bid = userWorkspaceAs(ctx, t, d.bidWS, "market-bidder", bidderUser)
 	create(ctx, t, d.bid, network("net", []string{env.pds.URL}, d.op.DID))
-	var approve []any
+	var approve []marketv1alpha1.Association
 	for _, name := range requesters {
 		d.accounts[name] = participant(ctx, t, d.app, env.pds, env.prefix+tag+name+".test", name, "net")
-		approve = append(approve, map[string]any{"did": d.accounts[name].DID, "roles": []string{"requester"}})
+		approve = append(approve, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleRequester}})
 	}
 	for _, name := range bidders {
 		d.accounts[name] = participant(ctx, t, d.bid, env.pds, env.prefix+tag+name+".test", name, "net")
 		if !contains(unvouched, name) {
-			approve = append(approve, map[string]any{"did": d.accounts[name].DID, "roles": []string{"bidder"}})
+			approve = append(approve, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleBidder}})
 		}
 	}
+	d.vouch(ctx, t, approve...)
+	return d
+}
+
+// vouch adds associations to the deal's operator identity and waits for
+// all of its association records on the PDS.
+func (d *deal) vouch(ctx context.Context, t *testing.T, add ...marketv1alpha1.Association) {
+	t.Helper()
 	opID := &marketv1alpha1.MarketIdentity{}
 	if err := d.opWS.Get(ctx, client.ObjectKey{Namespace: "default", Name: "operator"}, opID); err != nil {
 		t.Fatal(err)
 	}
+	approve := append(opID.Spec.ApprovedAssociations, add...)
 	raw, _ := json.Marshal(map[string]any{"spec": map[string]any{"approvedAssociations": approve}})
 	if err := d.opWS.Patch(ctx, opID, client.RawPatch("application/merge-patch+json", raw), client.FieldOwner("e2e-user")); err != nil {
 		t.Fatal(err)
@@ -81,7 +90,6 @@ func newDealAs(ctx context.Context, t *testing.T, tag, bidderUser string, reques
 		n := len(listCollection(ctx, t, env.pds, d.op.DID, lexicon.Association))
 		return n == len(approve), fmt.Sprintf("%d of %d", n, len(approve))
 	})
-	return d
 }
 
 // dumpOnFailure logs the market objects of both workspaces when t failed.

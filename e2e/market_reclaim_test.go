@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -36,19 +35,7 @@ func (d *deal) requesterWorkspace(ctx context.Context, t *testing.T, tag, user, 
 	c := userWorkspaceAs(ctx, t, ws, "socialweb-application", user)
 	create(ctx, t, c, network("net", []string{env.pds.URL}, d.op.DID))
 	d.accounts[name] = participant(ctx, t, c, env.pds, env.prefix+tag+name+".test", name, "net")
-	opID := &marketv1alpha1.MarketIdentity{}
-	if err := d.opWS.Get(ctx, client.ObjectKey{Namespace: "default", Name: "operator"}, opID); err != nil {
-		t.Fatal(err)
-	}
-	approve := append(opID.Spec.ApprovedAssociations, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleRequester}})
-	raw, _ := json.Marshal(map[string]any{"spec": map[string]any{"approvedAssociations": approve}})
-	if err := d.opWS.Patch(ctx, opID, client.RawPatch("application/merge-patch+json", raw), client.FieldOwner("e2e-user")); err != nil {
-		t.Fatal(err)
-	}
-	waitPDS(ctx, t, "the operator's association records", func() (bool, string) {
-		n := len(listCollection(ctx, t, env.pds, d.op.DID, lexicon.Association))
-		return n == len(approve), fmt.Sprintf("%d of %d", n, len(approve))
-	})
+	d.vouch(ctx, t, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleRequester}})
 	return c, ws
 }
 

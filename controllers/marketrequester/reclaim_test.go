@@ -73,6 +73,16 @@ func (m *marketFixture) nextBids() map[string]marketv1alpha1.BidState {
 	return out
 }
 
+func contractNamed(t *testing.T, ws *clustertest.Cluster, name string) *marketv1alpha1.ComputeContract {
+	t.Helper()
+	for _, cc := range contracts(t, ws) {
+		if cc.Name == name {
+			return &cc
+		}
+	}
+	return nil
+}
+
 func vmCount(t *testing.T, ws *clustertest.Cluster) int {
 	t.Helper()
 	var vms computev1alpha1.ComputeVMList
@@ -162,13 +172,7 @@ func TestReclaimWithSuccessor(t *testing.T) {
 	for range 3 {
 		m.round()
 	}
-	var done *marketv1alpha1.ComputeContract
-	for _, cc := range contracts(t, m.shop) {
-		if cc.Name == old.Name {
-			done = &cc
-		}
-	}
-	if done == nil || done.Status.Phase != marketv1alpha1.ContractCompleted || done.Status.Reason != market.ReleaseReclaimed {
+	if done := contractNamed(t, m.shop, old.Name); done == nil || done.Status.Phase != marketv1alpha1.ContractCompleted || done.Status.Reason != market.ReleaseReclaimed {
 		t.Fatalf("the reclaimed contract: %+v", done)
 	}
 	if vmCount(t, fit) != 0 || vmCount(t, next) != 1 {
@@ -317,13 +321,7 @@ func TestReclaimHostileRecords(t *testing.T) {
 	_, _, rkey := market.SplitURI(lrec.URI)
 	m.repos["did:plc:fit"].Put(lexicon.Lease, rkey, raw)
 	m.reconcileRequester()
-	var ended *marketv1alpha1.ComputeContract
-	for _, c := range contracts(t, m.shop) {
-		if c.Name == cc.Name {
-			ended = &c
-		}
-	}
-	if ended == nil || ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != market.ReclaimedEarly {
+	if ended := contractNamed(t, m.shop, cc.Name); ended == nil || ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != market.ReclaimedEarly {
 		t.Fatalf("a lease ended a second after it began, 120 s of notice owed: %+v", ended)
 	}
 	m.repos["did:plc:fit"].Delete(lexicon.Reclaim, "chand")
