@@ -273,8 +273,13 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 	// owed, for as long after.
 	early := map[string]time.Time{}
 	for _, cc := range s.contracts {
-		if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); cc.Status.Reason == market.ReclaimedEarly && c != nil && s.now.Before(c.LastTransitionTime.Add(avoidFor)) {
-			early[cc.Spec.BidderDID] = c.LastTransitionTime.Add(avoidFor)
+		if cc.Status.Reason != market.ReclaimedEarly || cc.Status.Reclaim == nil {
+			continue
+		}
+		// Until avoidFor after the notice it owed would have run out.
+		until := cc.Status.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds)*time.Second + avoidFor)
+		if s.now.Before(until) && until.After(early[cc.Spec.BidderDID]) {
+			early[cc.Spec.BidderDID] = until
 		}
 	}
 	var out []*judged
@@ -685,7 +690,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		st.Records.Release = &marketv1alpha1.RecordRef{URI: release.uri, CID: release.cid}
 	}
 	if leaseURI != "" {
-		s.noteReclaim(rr, cc, st, leaseURI)
+		s.noteReclaim(rr, cc, st, leaseURI, lease)
 	}
 
 	// A lease counts as gone only once a listing of the bidder's repo
@@ -850,12 +855,13 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 // reclaimed VM: the reclaim's way through the firehose, and clocks.
 const noticeSlack = time.Minute
 
-// noteReclaim reads the bidder's reclaim of the lease at leaseURI into
-// st: only one in the bidder's repo counts. When the requester's side
+// noteReclaim reads the bidder's reclaim of the lease at leaseURI (read
+// as lease, nil when it is not in the view) into st: only one in the
+// bidder's repo counts. When the requester's side
 // first sees it is kept (the notice owed is counted from then, by its own
 // clock, also after a restart); a reclaim whose terminateAfter gives less
 // than the contract's notice from then is ShortNotice.
-func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, leaseURI string) {
+func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, leaseURI string, lease *market.Rec) {
 	var rec *market.Rec
 	for _, r := range s.view.Children(leaseURI, lexicon.Reclaim) {
 		if r.DID != cc.Spec.BidderDID || r.Reclaim == nil || market.ParseTime(r.Reclaim.TerminateAfter).IsZero() {
@@ -868,10 +874,20 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 		return
 	}
 	by := market.ParseTime(rec.Reclaim.TerminateAfter)
-	// Seen is this reconcile's time the first time (a reclaim may have
-	// been on the firehose before the lease it names), kept from then on.
+	// Seen is when the reclaim was first read, but never before the lease
+	// it names was (a reclaim may be on the firehose before its lease);
+	// kept from then on.
 	first := st.Reclaim == nil
 	seen := s.now
+	if lease != nil {
+		seen = rec.FirstSeen
+		if lease.FirstSeen.After(seen) {
+			seen = lease.FirstSeen
+		}
+	}
+	if seen.IsZero() {
+		seen = s.now
+	}
 	if !first {
 		seen = st.Reclaim.Seen.Time
 	}
