@@ -48,6 +48,20 @@ func repoWorkspace(ctx context.Context, t *testing.T, name, handle, pdsURL strin
 	return c, acct.DID
 }
 
+// dropRecordsAfter deletes c's AtprotoRecords when t ends (their PDS
+// records go through the repo's inventory): a test that leaves hundreds
+// of records would have the provider read each of them back at every
+// resync for the rest of the suite.
+func dropRecordsAfter(t *testing.T, c client.Client) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.DeleteAllOf(ctx, &atprotov1alpha1.AtprotoRecord{}, client.InNamespace("default")); err != nil {
+			t.Logf("deleting the test's AtprotoRecords: %v", err)
+		}
+	})
+}
+
 // listRecords returns rkey -> value of every record of the test
 // collection in a repo, read straight from the PDS.
 func listRecords(ctx context.Context, t *testing.T, did string) map[string]pdsRecord {
@@ -151,6 +165,7 @@ func TestAtprotoManyRecords(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
 	c, did := repoWorkspace(ctx, t, env.prefix+"-many", env.prefix+"many.test", "")
+	dropRecordsAfter(t, c)
 	start := time.Now()
 	for i := range 100 {
 		create(ctx, t, c, record(fmt.Sprintf("r%03d", i), "repo", fmt.Sprintf("r%03d", i), fmt.Sprintf(`{"text":"r%03d"}`, i)))
@@ -170,6 +185,7 @@ func TestAtprotoManyRecords(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			dropRecordsAfter(t, wc)
 			acct, err := env.pds.CreateAccount(gctx, fmt.Sprintf("%sfan%02d.test", env.prefix, i))
 			if err != nil {
 				return err
@@ -212,6 +228,7 @@ func TestAtprotoProviderKilledDuringWrites(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
 	c, did := repoWorkspace(ctx, t, env.prefix+"-kill", env.prefix+"kill.test", "")
+	dropRecordsAfter(t, c)
 	const n = 200
 	for i := range n {
 		create(ctx, t, c, record(fmt.Sprintf("k%03d", i), "repo", fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"text":"k%03d"}`, i)))

@@ -64,7 +64,7 @@ func namespaceNames(ctx context.Context, cs kubernetes.Interface) ([]string, err
 
 // TestMarketTenantReclaimed: a bidder takes VMs back after the notice
 // their requests asked for. bob's bidder acme runs the tenants of two
-// requesters in two workspaces, alice's (notice 90 s) and carol's (25 s,
+// requesters in two workspaces, alice's (notice 180 s) and carol's (25 s,
 // acme only). Neither sees the other's tenant: each workspace holds one
 // mount, alice cannot enter carol's mounted workspace, alice's mount
 // credential is refused by carol's tenant and carol's namespace is not in
@@ -90,7 +90,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 
 	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
 	spec.TenantAdmins.Users = []string{"alice"}
-	spec.NoticeSeconds = 90
+	spec.NoticeSeconds = 180
 	d.requester(ctx, t, "vms", spec)
 	cspec := requesterSpec("carol", 1000, 1024, 50, 5)
 	cspec.TenantAdmins.Users = []string{"carol"}
@@ -173,7 +173,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 				byC = by
 			}
 		}
-		want := []string{"maintenance 1m30s " + bcA.Status.Records.Lease.URI, "capacity 25s " + bcC.Status.Records.Lease.URI}
+		want := []string{"maintenance 3m0s " + bcA.Status.Records.Lease.URI, "capacity 25s " + bcC.Status.Records.Lease.URI}
 		slices.Sort(got)
 		slices.Sort(want)
 		return slices.Equal(got, want), strings.Join(got, "; ")
@@ -213,13 +213,12 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	if next.Spec.BidderDID != d.accounts["beta"].DID {
 		t.Errorf("alice's next contract is with %s, want beta", next.Spec.BidderDID)
 	}
+	// Given back by alice's side (a release record), not ended by acme
+	// when the notice ran out.
 	contractOf(ctx, t, d.app, "vms", "alice's reclaimed contract given back", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == ra.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReclaimed
+		return cc.Name == ra.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReclaimed && cc.Status.Records.Release != nil
 	})
-	t.Logf("FIGURE reclaim -> alice's next tenant mounted: %s (notice 90 s)", mounted.Round(time.Millisecond))
-	if mounted > 90*time.Second {
-		t.Logf("the next tenant took longer than the notice (%s)", mounted)
-	}
+	t.Logf("FIGURE reclaim -> alice's next tenant mounted: %s (notice 180 s)", mounted.Round(time.Millisecond))
 	if err := framework.Eventually(ctx, time.Minute, "acme's VM of alice gone", func(ctx context.Context) (bool, string, error) {
 		return !process.Alive(pidA), "", nil
 	}); err != nil {
