@@ -887,6 +887,14 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 		offer int
 	}
 	var todo []pending
+	// A requester this bidder takes a VM back from looks elsewhere for
+	// the next one (it refuses this bidder's bids): no bid is made.
+	reclaiming := map[string]bool{}
+	for _, cc := range t.contracts {
+		if t.reclaimWanted(cc) != "" || (live(cc) && cc.Status.Reclaim != nil) {
+			reclaiming[cc.Spec.RequesterDID] = true
+		}
+	}
 	for _, req := range t.view.Requests() {
 		rkey := market.BidKey(t.owner, req.URI)
 		if bids[market.URI(t.st.DID, lexicon.Bid, rkey)] != nil || req.Request == nil || req.DID == t.st.DID {
@@ -901,7 +909,7 @@ func (t *trader) bidOnRequests(bids map[string]*ownBid) {
 		if r.Network != t.network || deadline.IsZero() || !t.now.Before(deadline) || deadline.After(t.now.Add(maxBidWindow)) || r.NoticeSeconds > t.maxNotice() {
 			continue
 		}
-		if !market.Vouched(t.view, t.net.Spec.OperatorDID, t.id, req.DID, marketv1alpha1.RoleRequester) {
+		if reclaiming[req.DID] || !market.Vouched(t.view, t.net.Spec.OperatorDID, t.id, req.DID, marketv1alpha1.RoleRequester) {
 			continue
 		}
 		// One requester cannot hold all of the bidder's capacity with

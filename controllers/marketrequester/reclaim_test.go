@@ -145,12 +145,12 @@ func TestReclaimWithSuccessor(t *testing.T) {
 	if n := m.records("did:plc:shop", lexicon.Request); n != 2 {
 		t.Fatalf("%d request records, want the reclaimed contract's and the next one's", n)
 	}
-	// The next VM: fit's bid is not taken, next's is.
+	// The next VM: fit does not bid on it, next does and wins.
 	m.round()
 	m.clock.advance(11 * time.Second)
 	m.round()
 	m.round()
-	if s := m.nextBids(); s["did:plc:fit"] != marketv1alpha1.BidNotAllowed || s["did:plc:next"] != marketv1alpha1.BidLeased {
+	if s := m.nextBids(); s["did:plc:fit"] != "" || s["did:plc:next"] != marketv1alpha1.BidLeased {
 		t.Fatalf("requester's bids for the next VM: %v", s)
 	}
 	succ := contractWith(t, m.shop, "did:plc:next")
@@ -220,7 +220,13 @@ func TestReclaimNoticeRunsOut(t *testing.T) {
 		b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name, Reason: marketv1alpha1.ReclaimCapacity}}
 	})
 	m.round() // the reclaim, then the next request
-	m.round() // fit bids on it
+	m.round()
+	if n := m.records("did:plc:fit", lexicon.Bid); n != 1 {
+		t.Fatalf("fit has %d bid records, want only the leased one's", n)
+	}
+	// A bid of fit's on the next request all the same is not taken.
+	m.plantBid("did:plc:fit", m.requester().Status.Requests[0].Record)
+	m.round()
 	m.clock.advance(11 * time.Second)
 	m.round()
 	if s := m.nextBids(); s["did:plc:fit"] != marketv1alpha1.BidNotAllowed {
@@ -452,4 +458,21 @@ func TestReclaimRecordGoesBeforeItsLease(t *testing.T) {
 	if l, r := m.records("did:plc:fit", lexicon.Lease), m.records("did:plc:fit", lexicon.Reclaim); l != 0 || r != 0 {
 		t.Errorf("after the deletes work again: %d leases, %d reclaims", l, r)
 	}
+}
+
+// plantBid puts a bid on the request req into did's repo by hand, a copy
+// of the bidder's first bid.
+func (m *marketFixture) plantBid(did string, req *marketv1alpha1.PublishedRecord) {
+	m.t.Helper()
+	var b market.Bid
+	if err := json.Unmarshal(m.repos[did].Records(lexicon.Bid)[0].Value, &b); err != nil {
+		m.t.Fatal(err)
+	}
+	b.Request = market.StrongRef{URI: req.URI, CID: req.CID}
+	b.ValidUntil, b.CreatedAt = market.Time(m.clock.t.Add(time.Hour)), market.Time(m.clock.t)
+	raw, _ := json.Marshal(b)
+	if err := lexicon.ValidateRecord(lexicon.Bid, raw); err != nil {
+		m.t.Fatalf("the planted bid is not valid: %v", err)
+	}
+	m.repos[did].Put(lexicon.Bid, "bhand", raw)
 }
