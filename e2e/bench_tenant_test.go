@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -69,11 +68,7 @@ func TestTenantWalkTimes(t *testing.T) {
 		rc := contractOf(ctx, t, d.app, "vms", "mounted", func(cc *marketv1alpha1.ComputeContract) bool {
 			return cc.Name == agreed.Name && cc.Status.Phase == marketv1alpha1.ContractActive
 		})
-		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := kubernetes.NewForConfigOrDie(cfg)
+		cs := mountClient(t, "alice", d.appWS, rc.Name)
 		if err := framework.Eventually(ctx, 2*time.Minute, "read through the mount", func(ctx context.Context) (bool, string, error) {
 			if restore != "" {
 				_, err := cs.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
@@ -134,8 +129,7 @@ func TestTenantWalkTimes(t *testing.T) {
 		plain = append(plain, w)
 		if i == 0 {
 			first = rc
-			cfg, _ := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
-			cs := kubernetes.NewForConfigOrDie(cfg)
+			cs := mountClient(t, "alice", d.appWS, rc.Name)
 			if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}

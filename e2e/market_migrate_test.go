@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -95,15 +94,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	if rc.Spec.BidderDID != d.accounts["acme"].DID {
 		t.Fatalf("the first contract went to %s, want acme", rc.Spec.BidderDID)
 	}
-	tenant := func(cc *marketv1alpha1.ComputeContract) kubernetes.Interface {
-		t.Helper()
-		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(cc.Name).String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return kubernetes.NewForConfigOrDie(cfg)
-	}
-	csA := tenant(rc)
+	csA := mountClient(t, "alice", d.appWS, rc.Name)
 	if err := framework.Eventually(ctx, 2*time.Minute, "alice makes a namespace, a ConfigMap and a Secret in tenant A", func(ctx context.Context) (bool, string, error) {
 		_, err := csA.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -213,7 +204,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	if imp.Status.Phase != computev1alpha1.SyncCompleted || imp.Status.Objects < 2 {
 		t.Errorf("the import: %+v", imp.Status)
 	}
-	csB := tenant(rc2)
+	csB := mountClient(t, "alice", d.appWS, rc2.Name)
 	var cm *corev1.ConfigMap
 	if err := framework.Eventually(ctx, 2*time.Minute, "the ConfigMap in tenant B as alice", func(ctx context.Context) (bool, string, error) {
 		var err error
@@ -273,7 +264,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	})
 	t.Logf("FIGURE tenant killed -> a new tenant restored and mounted: %s", time.Since(start).Round(time.Millisecond))
 	if err := framework.Eventually(ctx, time.Minute, "the restored ConfigMap in the third tenant", func(ctx context.Context) (bool, string, error) {
-		_, err := tenant(rc3).CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+		_, err := mountClient(t, "alice", d.appWS, rc3.Name).CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err), nil
 	}); err != nil {
 		t.Fatal(err)

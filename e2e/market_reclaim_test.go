@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -37,29 +36,6 @@ func (d *deal) requesterWorkspace(ctx context.Context, t *testing.T, tag, user, 
 	d.accounts[name] = participant(ctx, t, c, env.pds, env.prefix+tag+name+".test", name, "net")
 	d.vouch(ctx, t, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleRequester}})
 	return c, ws
-}
-
-// mountClient is user's client for the tenant mounted as workspace
-// contract in ws, through kcp-front-proxy.
-func mountClient(t *testing.T, user, ws, contract string) kubernetes.Interface {
-	t.Helper()
-	cfg, err := env.frontProxy.UserConfig(user, root.Join(ws).Join(contract).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kubernetes.NewForConfigOrDie(cfg)
-}
-
-func namespaceNames(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
-	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, ns := range nss.Items {
-		names = append(names, ns.Name)
-	}
-	return names, nil
 }
 
 // TestMarketTenantReclaimed: a bidder takes VMs back after the notice

@@ -81,20 +81,12 @@ func TestMarketTenantMounted(t *testing.T) {
 	mounted := time.Since(start)
 
 	// alice, through kcp-front-proxy, in the mounted workspace.
-	cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := kubernetes.NewForConfigOrDie(cfg)
+	cs := mountClient(t, "alice", d.appWS, rc.Name)
 	var names []string
 	if err := framework.Eventually(ctx, 2*time.Minute, "namespaces through the mount as alice", func(ctx context.Context) (bool, string, error) {
-		nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-		if err != nil {
+		var err error
+		if names, err = namespaceNames(ctx, cs); err != nil {
 			return false, err.Error(), nil
-		}
-		names = names[:0]
-		for _, ns := range nss.Items {
-			names = append(names, ns.Name)
 		}
 		return slices.Contains(names, "default"), strings.Join(names, ","), nil
 	}); err != nil {
@@ -256,4 +248,27 @@ func TestMarketTenantMounted(t *testing.T) {
 	contractOf(ctx, t, d.bid, "acme", "the bidder's contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Name == bc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseRequesterDeleted
 	})
+}
+
+// mountClient is user's client for the tenant mounted as workspace
+// contract in ws, through kcp-front-proxy.
+func mountClient(t *testing.T, user, ws, contract string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := env.frontProxy.UserConfig(user, root.Join(ws).Join(contract).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+func namespaceNames(ctx context.Context, cs kubernetes.Interface) ([]string, error) {
+	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, ns := range nss.Items {
+		names = append(names, ns.Name)
+	}
+	return names, nil
 }
