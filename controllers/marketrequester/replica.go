@@ -879,17 +879,17 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 	// kept from then on.
 	first := st.Reclaim == nil
 	seen := s.now
-	if lease != nil {
+	switch {
+	case !first:
+		seen = st.Reclaim.Seen.Time
+	case lease != nil:
 		seen = rec.FirstSeen
 		if lease.FirstSeen.After(seen) {
 			seen = lease.FirstSeen
 		}
-	}
-	if seen.IsZero() {
-		seen = s.now
-	}
-	if !first {
-		seen = st.Reclaim.Seen.Time
+		if seen.IsZero() {
+			seen = s.now
+		}
 	}
 	notice := time.Duration(cc.Spec.NoticeSeconds) * time.Second
 	short := by.Before(seen.Add(notice - noticeSlack))
