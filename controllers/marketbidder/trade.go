@@ -664,7 +664,9 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 		if ol.bid.bid.Shape != nil {
 			cc.Spec.Shape = market.APIShape(*ol.bid.bid.Shape)
 		}
-		if req := t.view.Get(acc.Accept.Request.URI); req != nil && req.Request != nil {
+		// Only the version of the request the bid and the accept name (a
+		// request edited since asks what the bidder never agreed to).
+		if req := t.view.Get(acc.Accept.Request.URI); req != nil && req.Request != nil && req.CID == acc.Accept.Request.CID {
 			cc.Spec.ReplicaIndex = int32(req.Request.ReplicaIndex)
 			cc.Spec.NoticeSeconds = int32(min(max(req.Request.NoticeSeconds, 0), maxNoticeCap))
 			if ol.bid.bid.Shape == nil {
@@ -693,8 +695,11 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 	reclaimed := ""
 	if rc, rec := t.reclaimOf(ol); rc != nil {
 		st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-		st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rc.Reason, TerminateAfter: metav1.NewTime(market.ParseTime(rc.TerminateAfter)),
-			Seen: metav1.NewTime(market.ParseTime(rc.CreatedAt))}
+		// To the second, as status holds it (else every pass rewrites it).
+		st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rc.Reason, TerminateAfter: *market.MetaTime(market.ParseTime(rc.TerminateAfter))}
+		if at := market.MetaTime(market.ParseTime(rc.CreatedAt)); at != nil {
+			st.Reclaim.Seen = *at
+		}
 		reclaimed = fmt.Sprintf("; reclaimed (%s): it stops after %s", rc.Reason, rc.TerminateAfter)
 	}
 	status, msg := metav1.ConditionFalse, "leased; the VM is not running yet"+reclaimed

@@ -476,3 +476,154 @@ func (m *marketFixture) plantBid(did string, req *marketv1alpha1.PublishedRecord
 	}
 	m.repos[did].Put(lexicon.Bid, "bhand", raw)
 }
+
+// endLease rewrites did's only lease to state (with reason), or deletes
+// it when state is "".
+func (m *marketFixture) endLease(did, state, reason string) {
+	m.t.Helper()
+	lrec := m.repos[did].Records(lexicon.Lease)[0]
+	_, _, rkey := market.SplitURI(lrec.URI)
+	if state == "" {
+		m.repos[did].Delete(lexicon.Lease, rkey)
+		return
+	}
+	var l market.Lease
+	if err := json.Unmarshal(lrec.Value, &l); err != nil {
+		m.t.Fatal(err)
+	}
+	l.State, l.Reason, l.UpdatedAt = state, reason, market.Time(m.clock.t)
+	raw, _ := json.Marshal(l)
+	m.repos[did].Put(lexicon.Lease, rkey, raw)
+}
+
+// TestReclaimEndedEarlyWhateverTheReason: a bidder that gave notice (600 s)
+// and ends the lease a second later is judged reclaimed-early and not
+// taken again, whatever it says: completed as reclaimed, as vm-lost or
+// with no reason, declined, or the lease deleted. After the notice, a
+// lease completed as vm-lost is just that.
+func TestReclaimEndedEarlyWhateverTheReason(t *testing.T) {
+	for _, tc := range []struct {
+		name, state, reason string
+		after               time.Duration
+		want                string
+	}{
+		{"reclaimed", market.LeaseCompleted, market.LeaseReclaimed, time.Second, market.ReclaimedEarly},
+		{"vm-lost", market.LeaseCompleted, "vm-lost", time.Second, market.ReclaimedEarly},
+		{"no reason", market.LeaseCompleted, "", time.Second, market.ReclaimedEarly},
+		{"declined", market.LeaseDeclined, "invalid", time.Second, market.ReclaimedEarly},
+		{"lease deleted", "", "", time.Second, market.ReclaimedEarly},
+		{"vm-lost after the notice", market.LeaseCompleted, "vm-lost", 601 * time.Second, "vm-lost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMarket(t, bidderObj("fit", 30, 2))
+			m.activeOn(m.bidders["fit"], drivertest.TestCA(t))
+			bc := contractWith(t, m.bidders["fit"], "did:plc:fit")
+			m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name}} })
+			m.reconcileBidder("fit")
+			m.reconcileRequester()
+			cc := contractWith(t, m.shop, "did:plc:fit")
+			if cc == nil || cc.Status.Reclaim == nil {
+				t.Fatalf("no reclaim noted: %+v", cc)
+			}
+			m.clock.advance(tc.after)
+			m.endLease("did:plc:fit", tc.state, tc.reason)
+			m.reconcileRequester()
+			m.clock.advance(time.Minute) // a listing proves a deleted lease gone
+			m.reconcileRequester()
+			ended := contractNamed(t, m.shop, cc.Name)
+			if ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != tc.want {
+				t.Fatalf("ended %s/%s, want Failed/%s", ended.Status.Phase, ended.Status.Reason, tc.want)
+			}
+			if tc.want != market.ReclaimedEarly {
+				return
+			}
+			// fit's own controller does not run again: a bid of its, by
+			// hand, on the requester's next request.
+			m.reconcileRequester()
+			m.reconcileRequester()
+			m.plantBid("did:plc:fit", m.requester().Status.Requests[0].Record)
+			m.reconcileRequester()
+			m.clock.advance(11 * time.Second)
+			m.reconcileRequester()
+			if s := m.nextBids()["did:plc:fit"]; s != marketv1alpha1.BidNotAllowed {
+				t.Errorf("the bidder that broke its notice is taken again: %q", s)
+			}
+		})
+	}
+}
+
+// TestReclaimStatusWrittenOnce: a reclaim's times carry milliseconds and
+// status holds seconds; a reclaimed contract's status is not written again
+// on reconciles that change nothing, on either side.
+func TestReclaimStatusWrittenOnce(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	fit := m.bidders["fit"]
+	m.activeOn(fit, drivertest.TestCA(t))
+	rv := func(ws *clustertest.Cluster, name string) string {
+		t.Helper()
+		cc := contractNamed(t, ws, name)
+		if cc == nil {
+			t.Fatalf("no contract %s", name)
+		}
+		return cc.ResourceVersion
+	}
+	cc, bc := contractWith(t, m.shop, "did:plc:fit"), contractWith(t, fit, "did:plc:fit")
+	m.clock.advance(1234 * time.Millisecond)
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name}} })
+	m.reconcileBidder("fit")
+	m.reconcileRequester()
+	m.reconcileRequester()
+	if contractNamed(t, m.shop, cc.Name).Status.Reclaim == nil {
+		t.Fatal("no reclaim noted")
+	}
+	before, beforeB := rv(m.shop, cc.Name), rv(fit, bc.Name)
+	for range 3 {
+		m.reconcileRequester()
+		m.reconcileBidder("fit")
+	}
+	if after, afterB := rv(m.shop, cc.Name), rv(fit, bc.Name); after != before || afterB != beforeB {
+		t.Errorf("status written again: requester's %s -> %s, bidder's %s -> %s", before, after, beforeB, afterB)
+	}
+}
+
+// TestBidderNoticeFromTheRequestItBidOn: a requester that edits its
+// request after accepting (same key, 30 days of notice) does not make the
+// bidder owe more than the version it bid on asked.
+func TestBidderNoticeFromTheRequestItBidOn(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.reconcileRequester() // accepts fit's bid
+	reqs := m.repos["did:plc:shop"].Records(lexicon.Request)
+	if len(reqs) != 1 || m.records("did:plc:shop", lexicon.Accept) != 1 {
+		t.Fatalf("%d requests, %d accepts", len(reqs), m.records("did:plc:shop", lexicon.Accept))
+	}
+	var r map[string]any
+	if err := json.Unmarshal(reqs[0].Value, &r); err != nil {
+		t.Fatal(err)
+	}
+	asked := r["noticeSeconds"]
+	r["noticeSeconds"] = 30 * 86400
+	raw, _ := json.Marshal(r)
+	_, _, rkey := market.SplitURI(reqs[0].URI)
+	m.repos["did:plc:shop"].Put(lexicon.Request, rkey, raw)
+	m.reconcileBidder("fit")
+	bc := contractWith(t, m.bidders["fit"], "did:plc:fit")
+	if bc == nil {
+		t.Fatal("fit did not confirm")
+	}
+	m.updateBidder("fit", func(b *marketv1alpha1.MarketBidder) { b.Spec.Reclaims = []marketv1alpha1.Reclaim{{Contract: bc.Name}} })
+	published := m.clock.t
+	m.reconcileBidder("fit")
+	recs := m.repos["did:plc:fit"].Records(lexicon.Reclaim)
+	if len(recs) != 1 {
+		t.Fatalf("%d reclaims", len(recs))
+	}
+	var rc market.Reclaim
+	if err := json.Unmarshal(recs[0].Value, &rc); err != nil {
+		t.Fatal(err)
+	}
+	if owed := market.ParseTime(rc.TerminateAfter).Sub(published); owed > 86400*time.Second {
+		t.Errorf("the edited request (%v s asked when fit bid) makes fit owe %s of notice", asked, owed)
+	}
+}

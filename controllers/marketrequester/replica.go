@@ -727,7 +727,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	case wanted && release == nil:
 		switch {
 		case gone:
-			st.Phase, st.Reason = marketv1alpha1.ContractFailed, "lease-withdrawn"
+			st.Phase, st.Reason = s.endedByBidder(cc, st, nil)
 		case lease == nil:
 			// not read yet: keep the phase
 		case lease.Lease.State == market.LeaseConfirmed:
@@ -744,9 +744,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			} else {
 				s.due(s.now.Add(2 * time.Second))
 			}
-		case lease.Lease.State == market.LeaseDeclined:
-			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
-		case lease.Lease.State == market.LeaseCompleted:
+		case lease.Lease.State == market.LeaseDeclined, lease.Lease.State == market.LeaseCompleted:
 			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 		}
 		if st.Phase == "" {
@@ -761,16 +759,13 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 		switch {
 		case gone || (lease != nil && lease.Lease.State == market.LeaseCompleted):
-			switch {
-			case release != nil:
+			if release != nil {
 				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, release.release.Reason
-			case lease != nil:
+			} else {
 				st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
-			default:
-				st.Phase, st.Reason = marketv1alpha1.ContractFailed, "lease-withdrawn"
 			}
 		case lease != nil && lease.Lease.State == market.LeaseDeclined:
-			st.Phase, st.Reason = marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "declined")
+			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 		case lease == nil:
 			st.Phase = marketv1alpha1.ContractReleasing
 		case release == nil:
@@ -894,7 +889,8 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 	notice := time.Duration(cc.Spec.NoticeSeconds) * time.Second
 	short := by.Before(seen.Add(notice - noticeSlack))
 	st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rec.Reclaim.Reason, TerminateAfter: metav1.NewTime(by), Seen: metav1.NewTime(seen), ShortNotice: short}
+	// Kept to the second, as status holds it (else every pass rewrites it).
+	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rec.Reclaim.Reason, TerminateAfter: *market.MetaTime(by), Seen: *market.MetaTime(seen), ShortNotice: short}
 	if len(st.Reclaim.Reason) > 64 {
 		st.Reclaim.Reason = st.Reclaim.Reason[:64]
 	}
@@ -918,19 +914,30 @@ func knownReclaim(reason string) string {
 	return "other"
 }
 
-// endedByBidder judges a lease the bidder completed without a release: a
-// reclaim whose notice the requester's side was given ends the contract
-// Completed (reclaimed); ended earlier than the notice owed, or without a
-// reclaim, it failed.
+// endedByBidder judges a lease the bidder ended without a release:
+// completed or declined (the bidder's reason), or gone (lease nil). Under
+// a reclaim the requester's side was given, an end before the notice owed
+// is Failed (reclaimed-early) whatever reason the bidder gives, a VM lost
+// meanwhile included; a lease completed as reclaimed after it is
+// Completed (reclaimed). Otherwise the contract failed.
 func (s *session) endedByBidder(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec) (marketv1alpha1.ContractPhase, string) {
-	if lease.Lease.Reason != market.LeaseReclaimed || st.Reclaim == nil {
-		return marketv1alpha1.ContractFailed, cmp.Or(lease.Lease.Reason, "ended-by-bidder")
+	reason, at := "lease-withdrawn", s.now
+	if lease != nil {
+		reason, at = cmp.Or(lease.Lease.Reason, "ended-by-bidder"), cmp.Or(lease.FirstSeen, s.now)
+		if lease.Lease.State == market.LeaseDeclined {
+			reason = cmp.Or(lease.Lease.Reason, "declined")
+		}
 	}
-	owed := st.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
-	if cmp.Or(lease.FirstSeen, s.now).Before(owed.Add(-noticeSlack)) {
-		return marketv1alpha1.ContractFailed, market.ReclaimedEarly
+	if st.Reclaim != nil {
+		owed := st.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
+		switch {
+		case at.Before(owed.Add(-noticeSlack)):
+			return marketv1alpha1.ContractFailed, market.ReclaimedEarly
+		case lease != nil && lease.Lease.State == market.LeaseCompleted && reason == market.LeaseReclaimed:
+			return marketv1alpha1.ContractCompleted, market.LeaseReclaimed
+		}
 	}
-	return marketv1alpha1.ContractCompleted, market.LeaseReclaimed
+	return marketv1alpha1.ContractFailed, reason
 }
 
 type ownRelease struct {
