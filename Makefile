@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records bench-tenant clean
+.PHONY: clean-tools dev-plan images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records bench-tenant clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -27,15 +27,21 @@ chart-lint:
 	hack/tool.sh helm helm.sh/helm/v3/cmd/helm
 	hack/chart-lint.sh
 
+# Pinned tools as module=package (hack/tools/<module>), for hack/tool.sh.
+KCP_TOOLS := kcp=github.com/kcp-dev/kcp/cmd/kcp kcp=github.com/kcp-dev/kcp/cmd/kcp-front-proxy \
+	kubectl-kcp=github.com/kcp-dev/cli/cmd/kubectl-ws kubectl-kcp=github.com/kcp-dev/cli/cmd/kubectl-kcp
+VAULT_TOOLS := vault=github.com/hashicorp/vault
+# build MODULE=PACKAGE...: hack/tool.sh once per module.
+build-tools = set -e; $(foreach m,$(sort $(foreach t,$(1),$(firstword $(subst =, ,$(t))))),hack/tool.sh $(m) $(foreach t,$(filter $(m)=%,$(1)),$(word 2,$(subst =, ,$(t))));)
+
 ## tools: kcp and the kubectl plugins from their pinned tool modules
 tools:
-	hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
-	hack/tool.sh kubectl-kcp github.com/kcp-dev/cli/cmd/kubectl-ws github.com/kcp-dev/cli/cmd/kubectl-kcp
+	$(call build-tools,$(KCP_TOOLS))
 
 ## stack-deps: the test stack: Node 22 + PDS + PLC (hack/stack/install.sh) and the Vault dev server binary
 stack-deps:
 	hack/stack/install.sh
-	hack/tool.sh vault github.com/hashicorp/vault
+	$(call build-tools,$(VAULT_TOOLS))
 
 codegen-tools:
 	hack/tool.sh codegen sigs.k8s.io/controller-tools/cmd/controller-gen github.com/kcp-dev/sdk/cmd/apigen
@@ -70,15 +76,24 @@ e2e: tools stack-deps
 	KCP_BIN=$(BIN)/kcp go test -p 1 -count=1 -timeout 40m -v ./e2e/ ./e2e/stack/
 
 ## dev: local kcp + knotless-provider; prints what to try; Ctrl-C stops everything
-dev: tools build
+dev: dev-plan tools build
 	hack/dev.sh
+
+# dev-plan: one line saying what make dev will build before it starts.
+dev-plan:
+	@hack/tool.sh --plan $(KCP_TOOLS) $(VAULT_TOOLS)
 
 ## bench-engage: provider RSS and engagement time for N workspaces (N=200)
 bench-engage: tools
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SCALE=$${N:-200} go test -count=1 -timeout 60m -v -run TestEngagementAtScale ./e2e/
 
+## clean: build outputs and local data; the tools cache stays (make clean-tools)
 clean:
 	rm -rf bin .dev e2e/_artifacts
+
+## clean-tools: the shared cache of pinned tool builds (KNOTLESS_TOOLS_CACHE, default ~/.cache/knotless/tools)
+clean-tools:
+	rm -rf "$${KNOTLESS_TOOLS_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/knotless/tools}"
 
 ## bench-apps: reconciles/s of the application and component controllers (W workspaces x C components)
 bench-apps: tools stack-deps

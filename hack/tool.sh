@@ -1,27 +1,96 @@
 #!/usr/bin/env bash
 # Builds binaries of a pinned tool module (hack/tools/<module>) into bin/.
-# Builds are cached under $KNOTLESS_TOOLS_CACHE (default bin/.tools, which is
-# gitignored) in a folder keyed by the module's go.mod and go.sum, so a
-# binary is rebuilt only when its pins change.
+#
+# Every entry point (make dev, make test, make bench-*, .ci/run,
+# hack/kind-e2e.sh) shares one cache: $KNOTLESS_TOOLS_CACHE, by default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools, outside the checkout so
+# that a second clone (CI's) reuses it too. A build lives in a folder keyed
+# by the module's go.mod and go.sum, so a binary is rebuilt only when its
+# pins change; `make clean` leaves the cache, `make clean-tools` removes it.
+# How long each build took on this machine is kept beside the cache
+# (.timings/) and printed before the next cold build of the same tool.
 #
 # usage: hack/tool.sh <module> <package>...
+#        hack/tool.sh --plan <module>=<package>...   what a build would do
+# <module> is a folder name under hack/tools/ (or an absolute path to a
+# tool module, which the tests use).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+cache_root=${KNOTLESS_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools}
+timings=$cache_root/.timings
+
+# Cold build times on a 2-core machine, for tools never built here.
+typical() {
+  case $1 in
+    vault) echo "about 16 min" ;;
+    kcp) echo "about 4 min" ;;
+    kcp-front-proxy) echo "under a minute after kcp" ;;
+    golangci-lint) echo "about 3 min" ;;
+    *) echo "a minute or two" ;;
+  esac
+}
+
+moddir() { case $1 in /*) echo "$1" ;; *) echo "$root/hack/tools/$1" ;; esac; }
+
+# cachedir MODULE: the cache folder of MODULE's current pins.
+cachedir() {
+  local dir key
+  dir=$(moddir "$1")
+  [ -f "$dir/go.mod" ] || { echo "hack/tool.sh: no tool module $dir" >&2; exit 1; }
+  key=$(cat "$dir/go.mod" "$dir/go.sum" 2>/dev/null | sha256sum | cut -c1-16)
+  echo "$cache_root/$(basename "$dir")-$key"
+}
+
+last_time() {
+  if [ -f "$timings/$1" ]; then echo "$(cat "$timings/$1")s last time on this machine"; else typical "$1"; fi
+}
+
+if [ "${1:-}" = "--plan" ]; then
+  shift
+  todo=()
+  for arg in "$@"; do
+    module=${arg%%=*} pkg=${arg#*=} name=$(basename "${arg#*=}")
+    [ -x "$(cachedir "$module")/$name" ] || todo+=("$name ($(last_time "$name"))")
+  done
+  if [ ${#todo[@]} -eq 0 ]; then
+    echo "tools: all cached in $cache_root"
+  else
+    echo "tools: will build $(IFS=,; echo "${todo[*]}" | sed 's/,/, /g') into $cache_root (kept for next time)"
+  fi
+  exit 0
+fi
+
 module=$1
 shift
-dir=$root/hack/tools/$module
-[ -f "$dir/go.mod" ] || { echo "hack/tool.sh: no tool module $dir" >&2; exit 1; }
-key=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
-cache=${KNOTLESS_TOOLS_CACHE:-$root/bin/.tools}/$module-$key
-mkdir -p "$cache" "$root/bin"
+dir=$(moddir "$module")
+cache=$(cachedir "$module")
+mkdir -p "$cache" "$timings" "$root/bin"
+
+ticker=
+stop_ticker() { [ -z "$ticker" ] || { kill "$ticker" 2>/dev/null || true; wait "$ticker" 2>/dev/null || true; ticker=; }; }
+trap stop_ticker EXIT
+
 for pkg in "$@"; do
   name=$(basename "$pkg")
   if [ ! -x "$cache/$name" ]; then
-    echo "building $name from $pkg (pinned in hack/tools/$module; cached in $cache)" >&2
+    echo "building $name from $pkg (pinned in ${dir#"$root"/}; $(last_time "$name")); cached in $cache for next time" >&2
     start=$(date +%s)
+    # Elapsed time every 30 s, so a long build shows it is alive.
+    (
+      trap 'kill $s 2>/dev/null; exit 0' TERM
+      while :; do
+        sleep 30 & s=$!
+        wait $s
+        echo "  ... still building $name: $(( $(date +%s) - start ))s" >&2
+      done
+    ) &
+    ticker=$!
     (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+    stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"
-    echo "built $name in $(( $(date +%s) - start ))s" >&2
+    took=$(( $(date +%s) - start ))
+    echo "$took" >"$timings/$name"
+    echo "built $name in ${took}s" >&2
   fi
   ln -sfn "$cache/$name" "$root/bin/$name"
 done

@@ -1,0 +1,133 @@
+// Package toolcache tests hack/tool.sh, the one builder of pinned tools.
+package toolcache
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const repoRoot = "../.."
+
+// toolModule writes a tool module with one tiny command, hello.
+func toolModule(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod":  "module example.com/hello\n\ngo 1.22\n",
+		"go.sum":  "",
+		"main.go": "package main\n\nfunc main() { println(\"hello\") }\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// checkout copies hack/tool.sh into a new folder, as a clone would have it.
+func checkout(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	script, err := os.ReadFile(filepath.Join(repoRoot, "hack", "tool.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "hack"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hack", "tool.sh"), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// run runs hack/tool.sh of a checkout with only env (plus PATH and Go's
+// own caches) set, and returns what it printed.
+func run(t *testing.T, checkout string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(checkout, "hack", "tool.sh"), args...)
+	cmd.Dir = checkout
+	goEnv := func(name string) string {
+		out, err := exec.Command("go", "env", name).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"GOCACHE=" + goEnv("GOCACHE"),
+		"GOMODCACHE=" + goEnv("GOMODCACHE"),
+		"GOFLAGS=-mod=mod",
+	}, env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("hack/tool.sh %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestEntryPointsShareOneBuild: a tool built by one entry point (make
+// test, say, in one checkout) is not built again by another (.ci/run in a
+// fresh clone, or make dev): both find it in the user's cache.
+func TestEntryPointsShareOneBuild(t *testing.T) {
+	mod := toolModule(t)
+	home := t.TempDir()
+	env := []string{"HOME=" + home}
+	first, second := checkout(t), checkout(t)
+
+	if out := run(t, first, env, "--plan", mod+"=example.com/hello"); !strings.Contains(out, "will build hello") {
+		t.Errorf("plan before any build: %q, want it to say hello will be built", out)
+	}
+	if out := run(t, first, env, mod, "example.com/hello"); !strings.Contains(out, "building hello") {
+		t.Fatalf("first build printed %q, want a building line", out)
+	}
+	if out := run(t, second, env, mod, "example.com/hello"); strings.Contains(out, "building") {
+		t.Errorf("a second checkout built the tool again:\n%s", out)
+	}
+	a, errA := filepath.EvalSymlinks(filepath.Join(first, "bin", "hello"))
+	b, errB := filepath.EvalSymlinks(filepath.Join(second, "bin", "hello"))
+	if errA != nil || errB != nil || a != b {
+		t.Errorf("bin/hello of the two checkouts: %s (%v) and %s (%v), want one cached file", a, errA, b, errB)
+	}
+	if !strings.HasPrefix(a, filepath.Join(home, ".cache", "knotless", "tools")+"/") {
+		t.Errorf("the build is in %s, want it under $HOME/.cache/knotless/tools", a)
+	}
+	if _, err := os.Stat(filepath.Join(home, ".cache", "knotless", "tools", ".timings", "hello")); err != nil {
+		t.Errorf("the build's time was not kept: %v", err)
+	}
+	if out := run(t, second, env, "--plan", mod+"=example.com/hello"); !strings.Contains(out, "all cached") {
+		t.Errorf("plan after the build: %q", out)
+	}
+
+	// XDG_CACHE_HOME moves the default; KNOTLESS_TOOLS_CACHE overrides both.
+	xdg := t.TempDir()
+	if out := run(t, first, append(env, "XDG_CACHE_HOME="+xdg), mod, "example.com/hello"); !strings.Contains(out, filepath.Join(xdg, "knotless", "tools")) {
+		t.Errorf("with XDG_CACHE_HOME: %q", out)
+	}
+	own := t.TempDir()
+	if out := run(t, first, append(env, "XDG_CACHE_HOME="+xdg, "KNOTLESS_TOOLS_CACHE="+own), mod, "example.com/hello"); !strings.Contains(out, own) {
+		t.Errorf("with KNOTLESS_TOOLS_CACHE: %q", out)
+	}
+}
+
+// TestNoEntryPointMovesTheCache: no script or Makefile target sets the
+// cache folder to one of its own, so every entry point uses tool.sh's
+// default (or the user's KNOTLESS_TOOLS_CACHE).
+func TestNoEntryPointMovesTheCache(t *testing.T) {
+	set := regexp.MustCompile(`KNOTLESS_TOOLS_CACHE\s*:?=|KNOTLESS_TOOLS_CACHE=\$\{KNOTLESS_TOOLS_CACHE:-[^}]*\}`)
+	for _, f := range []string{"Makefile", ".ci/run", "hack/dev.sh", "hack/kind-e2e.sh", "hack/images.sh", "hack/chart-lint.sh"} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := set.Find(b); m != nil {
+			t.Errorf("%s sets the tools cache (%q): leave the default to hack/tool.sh", f, m)
+		}
+	}
+}
