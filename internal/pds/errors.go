@@ -3,6 +3,8 @@ package pds
 import (
 	"fmt"
 	"time"
+
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 )
 
 // Error is the type of this package's sentinel errors. They are constants so
@@ -30,6 +32,10 @@ const (
 	// ErrRedirect: the PDS answered with a 3xx (R18). The redirect was not
 	// followed.
 	ErrRedirect Error = "the PDS answered with a redirect, which knotless never follows"
+	// ErrResponseTooLarge: an answer went on past the size knotless reads
+	// of it (MaxSessionResponse, MaxRecordResponse, MaxWriteResponse,
+	// MaxDIDDocument). Nothing of it was used.
+	ErrResponseTooLarge = bodylimit.ErrTooLarge
 )
 
 // RateLimitedError is returned for HTTP 429. Reset is when the PDS will accept

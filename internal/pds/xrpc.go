@@ -15,11 +15,40 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
-// maxErrorBody bounds how much of an error response is read.
-const maxErrorBody = 64 << 10
+// Bounds of what is read of a PDS's answers (R21): a hostile or broken
+// PDS that sends more gets ErrResponseTooLarge, never a truncated decode,
+// and costs the provider at most this much memory per call.
+const (
+	// maxErrorBody bounds how much of an error response is read.
+	maxErrorBody = 64 << 10
+	// MaxSessionResponse bounds createSession, refreshSession and
+	// getSession answers: two JWTs, a DID, a handle and perhaps the DID
+	// document (a few KiB).
+	MaxSessionResponse = 64 << 10
+	// MaxRecordResponse bounds getRecord and a listRecords page (at most
+	// 100 records): a record is at most about 1 MiB on the reference
+	// PDS, knotless's records are a few KiB.
+	MaxRecordResponse = 4 << 20
+	// MaxWriteResponse bounds the answers to writes (putRecord,
+	// deleteRecord, applyWrites of up to 200 writes) and
+	// getLatestCommit: URIs, CIDs and a revision each.
+	MaxWriteResponse = 1 << 20
+)
+
+// responseLimit is the most of a successful answer to endpoint that is read.
+func responseLimit(endpoint string) int64 {
+	switch endpoint {
+	case "com.atproto.server.createSession", "com.atproto.server.refreshSession", "com.atproto.server.getSession":
+		return MaxSessionResponse
+	case "com.atproto.repo.getRecord", "com.atproto.repo.listRecords":
+		return MaxRecordResponse
+	}
+	return MaxWriteResponse
+}
 
 // lexClient implements indigo's lexutil.LexClient on top of an
 // atclient.APIClient. Unlike atclient's own LexDo it keeps the response
@@ -68,11 +97,12 @@ func (l lexClient) LexDo(ctx context.Context, method, inputEncoding, endpoint st
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return l.c.responseError(resp)
 	}
+	limit := responseLimit(endpoint)
 	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, limit))
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := json.NewDecoder(bodylimit.Reader(resp.Body, limit)).Decode(out); err != nil {
 		return fmt.Errorf("decoding %s response: %w", endpoint, err)
 	}
 	return nil
