@@ -13,8 +13,17 @@
 // addresses the policy allows, use no proxy from the environment, and never
 // follow a redirect (NewHTTPClient).
 //
+// Identity (R20): with Options.Directory, Connect resolves the account's DID
+// document and requires it to name this PDS and the session's handle, so a
+// PDS cannot answer a login with another account's DID.
+//
+// Bounds (R21): every answer is read up to a size per call
+// (MaxSessionResponse, MaxRecordResponse, MaxWriteResponse; MaxDIDDocument
+// for NewDirectory); a longer one is ErrResponseTooLarge.
+//
 // Errors are typed (ErrAuthentication, ErrUnreachable, *RateLimitedError,
 // ErrInvalidSwap, ErrRecordNotFound, ErrInsecureURL, ErrRedirect,
+// ErrResponseTooLarge, ErrDIDMismatch, ErrDIDUnresolvable,
 // *InvalidRequestError, *StatusError, *SpecError; a dial the policy
 // refused matches netpolicy.ErrDenied) and never contain the password or a
 // token.
@@ -31,6 +40,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/knotless-dev/knotless/internal/netpolicy"
@@ -57,6 +67,10 @@ type Options struct {
 	Store SessionStore
 	// UserAgent is sent with every request. Default "knotless-pds-client".
 	UserAgent string
+	// Directory resolves the account's DID document; when it is set,
+	// Connect requires the document to name this PDS and the session's
+	// handle (ErrDIDMismatch otherwise; NewDirectory). Nil checks nothing.
+	Directory identity.Directory
 	// MaxBatch is the most writes Ensure puts in one applyWrites call
 	// (1 disables batching). Zero or more than MaxWritesPerBatch means
 	// MaxWritesPerBatch.
@@ -67,6 +81,7 @@ type Options struct {
 type Client struct {
 	host, identifier, password string
 	store                      SessionStore
+	dir                        identity.Directory
 	api                        *atclient.APIClient // authenticated through bearerAuth
 	anon                       *atclient.APIClient // createSession, refreshSession
 
@@ -114,7 +129,7 @@ func Connect(ctx context.Context, host, identifier, appPassword string, opts Opt
 	if ua == "" {
 		ua = defaultUserAgent
 	}
-	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store, maxBatch: opts.MaxBatch}
+	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store, dir: opts.Directory, maxBatch: opts.MaxBatch}
 	if c.maxBatch <= 0 || c.maxBatch > MaxWritesPerBatch {
 		c.maxBatch = MaxWritesPerBatch
 	}
@@ -130,18 +145,31 @@ func Connect(ctx context.Context, host, identifier, appPassword string, opts Opt
 		c.sess = *stored
 		err := c.resume(ctx)
 		if err == nil {
-			return c, nil
+			return c.checked(ctx)
 		}
 		if !isAuth(err) {
 			return nil, err
 		}
+		c.sess = Session{} // a new login may be another account
 	}
-	c.renewMu.Lock()
-	defer c.renewMu.Unlock()
-	if err := c.login(ctx); err != nil {
+	if err := c.firstLogin(ctx); err != nil {
+		return nil, err
+	}
+	return c.checked(ctx)
+}
+
+// checked returns c once the account's DID document agrees (checkIdentity).
+func (c *Client) checked(ctx context.Context) (*Client, error) {
+	if err := c.checkIdentity(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+func (c *Client) firstLogin(ctx context.Context) error {
+	c.renewMu.Lock()
+	defer c.renewMu.Unlock()
+	return c.login(ctx)
 }
 
 // Info returns the account's DID and handle.
@@ -227,6 +255,11 @@ func (c *Client) login(ctx context.Context) error {
 	}
 	if _, err := syntax.ParseDID(out.Did); err != nil {
 		return fmt.Errorf("pds: logging in as %s: the PDS returned an invalid DID: %w", c.identifier, err)
+	}
+	if prev := c.session().DID; prev != "" && out.Did != prev {
+		// A login in the middle of a call (the refresh token died): the
+		// account whose DID document was checked must stay the one.
+		return fmt.Errorf("pds: logging in as %s: %w: the PDS returned another account", c.identifier, ErrAuthentication)
 	}
 	return c.setSession(ctx, Session{
 		Host: c.host, Identifier: c.identifier, DID: out.Did, Handle: out.Handle,

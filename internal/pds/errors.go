@@ -36,6 +36,14 @@ const (
 	// of it (MaxSessionResponse, MaxRecordResponse, MaxWriteResponse,
 	// MaxDIDDocument). Nothing of it was used.
 	ErrResponseTooLarge = bodylimit.ErrTooLarge
+	// ErrDIDMismatch: the account's DID document does not exist, does
+	// not name this PDS as its #atproto_pds service, or does not declare
+	// the handle of the PDS's session (R20). The PDS answered for an
+	// account that is not its own.
+	ErrDIDMismatch Error = "the PDS's account is not the one its DID document names"
+	// ErrDIDUnresolvable: the account's DID document could not be read
+	// (the PLC directory or did:web host did not answer with one).
+	ErrDIDUnresolvable Error = "the account's DID document could not be resolved"
 )
 
 // RateLimitedError is returned for HTTP 429. Reset is when the PDS will accept
