@@ -24,13 +24,13 @@ type Filter struct {
 	// Keep, if set, says whether a record (already past Check) is of
 	// interest: one it declines is not kept (a version kept before is
 	// dropped) and not counted. It is called with the subscription's lock
-	// held: it must not block.
-	Keep func(did, collection string, value json.RawMessage) bool
+	// held: it must not block. uri is the record's at-URI (of repo did).
+	Keep func(uri, did, collection string, value json.RawMessage) bool
 }
 
 // declines reports whether the filter's Keep does not want a record.
-func (f Filter) declines(did, collection string, value json.RawMessage) bool {
-	return f.Keep != nil && !f.Keep(did, collection, value)
+func (f Filter) declines(uri, did, collection string, value json.RawMessage) bool {
+	return f.Keep != nil && !f.Keep(uri, did, collection, value)
 }
 
 // rejects reports whether the filter's Check refuses a record.
@@ -364,7 +364,7 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 			s.state.Invalid++
 			continue
 		}
-		if s.filter.declines(u.did, op.collection, op.value) {
+		if s.filter.declines(uri, u.did, op.collection, op.value) {
 			delete(s.state.Records, uri)
 			continue
 		}
@@ -481,7 +481,7 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 			s.state.Invalid++
 			continue
 		}
-		if s.filter.declines(did, r.collection(), r.Value) {
+		if s.filter.declines(r.URI, did, r.collection(), r.Value) {
 			continue
 		}
 		s.order++

@@ -54,13 +54,25 @@ type Follower struct {
 
 // FeedsOptions configure Feeds; zero fields take defaults.
 type FeedsOptions struct {
-	// MaxRecords bounds the records one source's feed keeps (default
-	// 200000; the ones changed longest ago go first).
-	MaxRecords int
+	// MaxRecords bounds the records of members (followers, their
+	// operators and the participants these vouch for) one source's feed
+	// keeps (default 200000), and MaxRecordsPerAuthor those of one member
+	// (default 10000). A record past a quota is refused: nothing kept is
+	// pushed out for it.
+	MaxRecords          int
+	MaxRecordsPerAuthor int
+	// MaxStrangerRecords bounds the records of strangers (nobody vouches
+	// for them: only their bids on a follower's request are kept) one
+	// source's feed keeps (default 10000), and MaxRecordsPerStranger
+	// those of one stranger (default 100). They never take the place of
+	// a member's.
+	MaxStrangerRecords    int
+	MaxRecordsPerStranger int
 	// RefreshEvery bounds how often one repo is listed again on request
 	// (View.Refresh; default 30 s).
 	RefreshEvery time.Duration
-	// Registry, if set, gets knotless_market_feed_invalid_records_total.
+	// Registry, if set, gets knotless_market_feed_invalid_records_total
+	// and knotless_market_feed_refused_records_total.
 	Registry prometheus.Registerer
 	Log      logr.Logger
 	// Now is the clock that says when a record was first seen (default
@@ -86,6 +98,7 @@ type Feeds struct {
 	hub     *firehose.Hub
 	opts    FeedsOptions
 	invalid *prometheus.CounterVec
+	refused *prometheus.CounterVec
 
 	mu        sync.Mutex
 	ctx       context.Context
@@ -108,6 +121,7 @@ type Feeds struct {
 // the records of live deals out of the feeds.
 type interest struct {
 	participants map[string]bool // followers' own DIDs
+	requesters   map[string]bool // requester followers' DIDs
 	operators    map[string]bool
 	// approved are the DIDs a follower's identity approves, by role.
 	approved map[Role]map[string]bool
@@ -125,21 +139,17 @@ type following struct {
 // NewFeeds returns the feeds over hub. Add it to the manager (it is a
 // runnable that needs leader election, like the hub).
 func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
-	if opts.MaxRecords <= 0 {
-		opts.MaxRecords = 200_000
-	}
-	if opts.RefreshEvery <= 0 {
-		opts.RefreshEvery = 30 * time.Second
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
+	opts = opts.withDefaults()
 	f := &Feeds{
 		hub: hub, opts: opts,
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "knotless_market_feed_invalid_records_total",
 			Help: "Market records read from firehoses for requests, bids and contracts that did not match their lexicon and were ignored.",
 		}, []string{"collection"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "knotless_market_feed_refused_records_total",
+			Help: "Market records a feed did not keep because their author (reason author) or the source's members or strangers (source, strangers) had reached their quota.",
+		}, []string{"reason"}),
 		feeds:     map[string]*feed{},
 		followers: map[mcreconcile.Request]*following{},
 		byDID:     map[Role]map[string]map[mcreconcile.Request]bool{RoleRequester: {}, RoleBidder: {}},
@@ -148,13 +158,47 @@ func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
 			RoleBidder:    make(chan event.TypedGenericEvent[mcreconcile.Request], 4096),
 		},
 	}
-	f.interest.Store(&interest{participants: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}})
+	f.interest.Store(newInterest())
 	if opts.Registry != nil {
-		if err := opts.Registry.Register(f.invalid); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{f.invalid, f.refused} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return f, nil
+}
+
+func (o FeedsOptions) withDefaults() FeedsOptions {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&o.MaxRecords, 200_000)
+	def(&o.MaxRecordsPerAuthor, 10_000)
+	def(&o.MaxStrangerRecords, 10_000)
+	def(&o.MaxRecordsPerStranger, 100)
+	if o.RefreshEvery <= 0 {
+		o.RefreshEvery = 30 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+func newInterest() *interest {
+	return &interest{participants: map[string]bool{}, requesters: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}}
+}
+
+// newFeed is the feed of src, not yet subscribed.
+func (f *Feeds) newFeed(src string) *feed {
+	fd := &feed{source: src, users: map[mcreconcile.Request]bool{}, refreshed: map[string]time.Time{}, vouched: map[string]bool{},
+		ledger: newLedger(quotas{Records: f.opts.MaxRecords, PerAuthor: f.opts.MaxRecordsPerAuthor, Strangers: f.opts.MaxStrangerRecords, PerStranger: f.opts.MaxRecordsPerStranger},
+			func(reason string) { f.refused.WithLabelValues(reason).Inc() })}
+	fd.idx.Store(&index{})
+	return fd
 }
 
 // Start runs the feeds' indexers until ctx ends and waits for them.
@@ -271,11 +315,12 @@ func (f *Feeds) Follow(fl Follower, sources []string) (Reader, error) {
 		if f.feeds[src] != nil {
 			continue
 		}
-		fd := &feed{source: src, users: map[mcreconcile.Request]bool{}, refreshed: map[string]time.Time{}, vouched: map[string]bool{}}
-		fd.idx.Store(&index{})
-		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check, Keep: func(did, col string, v json.RawMessage) bool {
-			return f.keep(fd, did, col, v)
-		}}, f.opts.MaxRecords, firehose.State{})
+		fd := f.newFeed(src)
+		// The ledger refuses what is past a quota, so the subscription,
+		// sized to both pools, never pushes a record out.
+		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check, Keep: func(uri, did, col string, v json.RawMessage) bool {
+			return f.keep(fd, uri, did, col, v)
+		}}, f.opts.MaxRecords+f.opts.MaxStrangerRecords, firehose.State{})
 		if err != nil {
 			return nil, err
 		}
@@ -322,10 +367,13 @@ func (f *Feeds) index(fl Follower, add bool) {
 // records were not kept before); f.mu is held.
 func (f *Feeds) rebuildInterest() {
 	prev := f.interest.Load()
-	next := &interest{participants: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}}
+	next := newInterest()
 	var fresh []string
 	for _, fl := range f.followers {
 		next.participants[fl.DID] = true
+		if fl.Role == RoleRequester {
+			next.requesters[fl.DID] = true
+		}
 		if fl.Operator != "" {
 			next.operators[fl.Operator] = true
 			if !prev.operators[fl.Operator] {
@@ -368,34 +416,50 @@ func (f *Feeds) vouched(fd *feed, in *interest, did string, role Role) bool {
 	return false
 }
 
-// keep is the feeds' Keep: a record is kept when it is small and of a
-// participant the followers deal with: operators' associations; requests,
-// accepts and releases of vouched requesters; leases and reclaims of
-// vouched bidders; bids on the followers' own requests (a requester
-// records unvouched bids as such).
-func (f *Feeds) keep(fd *feed, did, collection string, value json.RawMessage) bool {
-	if len(value) > maxFeedRecord {
+// keep is the feeds' Keep: a record is kept when it is small, of a
+// participant the followers deal with, and within its quotas (see
+// ledger).
+func (f *Feeds) keep(fd *feed, uri, did, collection string, value json.RawMessage) bool {
+	stranger, ok := f.wanted(fd, did, collection, value)
+	if !ok {
+		fd.ledger.drop(uri)
 		return false
+	}
+	return fd.ledger.admit(uri, did, stranger)
+}
+
+// wanted says whether a record is of interest, and whether its author is
+// a stranger: operators' associations; requests, accepts and releases of
+// vouched requesters; leases and reclaims of vouched bidders; bids of
+// vouched bidders; and, of strangers, only bids on a request of a
+// requester follower that the feed holds (a requester records unvouched
+// bids as such).
+func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) (stranger, ok bool) {
+	if len(value) > maxFeedRecord {
+		return false, false
 	}
 	in := f.interest.Load()
 	switch collection {
 	case lexicon.Association:
-		return in.operators[did]
+		return false, in.operators[did]
 	case lexicon.Request, lexicon.Accept, lexicon.Release:
-		return f.vouched(fd, in, did, RoleRequester)
+		return false, f.vouched(fd, in, did, RoleRequester)
 	case lexicon.Lease, lexicon.Reclaim:
-		return f.vouched(fd, in, did, RoleBidder)
+		return false, f.vouched(fd, in, did, RoleBidder)
 	case lexicon.Bid:
+		if f.vouched(fd, in, did, RoleBidder) {
+			return false, true
+		}
 		var b struct {
 			Request StrongRef `json:"request"`
 		}
 		if json.Unmarshal(value, &b) != nil {
-			return false
+			return false, false
 		}
-		parent, _, _ := SplitURI(b.Request.URI)
-		return in.participants[parent] || f.vouched(fd, in, did, RoleBidder)
+		requester, col, _ := SplitURI(b.Request.URI)
+		return true, in.requesters[requester] && col == lexicon.Request && fd.ledger.has(b.Request.URI)
 	}
-	return false
+	return false, false
 }
 
 // Unfollow forgets req; feeds nobody follows any more are dropped.
@@ -522,6 +586,8 @@ type feed struct {
 	users map[mcreconcile.Request]bool
 
 	idx atomic.Pointer[index]
+	// ledger accounts for the records the subscription keeps, by author.
+	ledger *ledger
 
 	mu        sync.Mutex
 	refreshed map[string]time.Time
@@ -555,7 +621,9 @@ func (fd *feed) run(ctx context.Context, f *Feeds) {
 			return
 		case <-fd.sub.Changed():
 			prev := fd.idx.Load()
+			mark := fd.ledger.mark()
 			state, health, version := fd.sub.Snapshot()
+			fd.settle(state, mark)
 			next, changed := build(prev, state, version, health, f.opts.Now(), f.opts.Log)
 			fd.idx.Store(next)
 			if len(changed) > 0 {
@@ -575,6 +643,17 @@ func (fd *feed) run(ctx context.Context, f *Feeds) {
 				}
 			}
 		}
+	}
+}
+
+// settle forgets in the ledger what state (taken after mark) no longer
+// holds, and lists again the members that are under their quota again:
+// the records refused before may be kept now.
+func (fd *feed) settle(state firehose.State, mark uint64) {
+	under := fd.ledger.reconcile(func(uri string) bool { _, ok := state.Records[uri]; return ok }, mark)
+	for did, refusals := range under {
+		fd.ledger.settle(did, refusals, fd.sub.Listed(did))
+		fd.sub.Refresh(did)
 	}
 }
 
@@ -814,11 +893,13 @@ func (v View) Vouches(voucher, subject, role string) bool {
 	return r != nil && r.Association != nil && r.Association.Subject == subject && slices.Contains(r.Association.Roles, role)
 }
 
-// Listed implements Reader: the latest listing of did on any feed.
+// Listed implements Reader: the latest listing of did on any feed, but
+// for a feed that refused records of did for a quota since (the listing
+// may miss what is in the repo).
 func (v View) Listed(did string) time.Time {
 	var t time.Time
 	for _, fd := range v.feeds {
-		if l := fd.sub.Listed(did); l.After(t) {
+		if l := fd.sub.Listed(did); l.After(t) && !fd.ledger.hides(did, l) {
 			t = l
 		}
 	}

@@ -2,6 +2,8 @@ package market
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -118,7 +120,9 @@ func TestRouteWakesWhomARecordConcerns(t *testing.T) {
 // TestKeepOnlyWhatFollowersDealWith: the feeds keep associations of
 // followed operators only; requests of vouched requesters (by an
 // operator's association, a follower's approval, or a follower itself);
-// bids on the followers' requests; nothing over 8 KiB.
+// of a stranger, only bids on a request of a requester follower that the
+// feed holds (not on a request it does not hold, a bidder follower's
+// DID, or anyone else's); nothing over 8 KiB.
 func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 	f, err := NewFeeds(nil, FeedsOptions{})
 	if err != nil {
@@ -130,35 +134,90 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 		f.followers[fl.Request] = &following{Follower: fl}
 	}
 	f.rebuildInterest()
-	fd := &feed{}
+	fd := f.newFeed("https://pds")
 	assoc, err := NewRec(URI(op, lexicon.Association, "did:plc:vouched"), "c", "", []byte(`{"subject":"did:plc:vouched","roles":["requester"]}`), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}})
 	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
-	bidOn := func(requester string) []byte {
-		return []byte(`{"request":{"uri":"` + URI(requester, lexicon.Request, "r") + `","cid":"c"}}`)
+	bidOn := func(requester, rkey string) []byte {
+		return []byte(`{"request":{"uri":"` + URI(requester, lexicon.Request, rkey) + `","cid":"c"}}`)
 	}
-	for _, c := range []struct {
-		did, col string
-		value    []byte
-		want     bool
+	for i, c := range []struct {
+		did, col, rkey string
+		value          []byte
+		want           bool
 	}{
-		{op, lexicon.Association, []byte(`{}`), true},
-		{stranger, lexicon.Association, []byte(`{}`), false},
-		{"did:plc:vouched", lexicon.Request, req, true},
-		{friend, lexicon.Request, req, true},
-		{shop, lexicon.Request, req, true},
-		{stranger, lexicon.Request, req, false},
-		{stranger, lexicon.Accept, []byte(`{}`), false},
-		{stranger, lexicon.Bid, bidOn(shop), true},
-		{stranger, lexicon.Bid, bidOn("did:plc:elsewhere"), false},
-		{shop, lexicon.Request, make([]byte, maxFeedRecord+1), false},
+		{op, lexicon.Association, "a", []byte(`{}`), true},
+		{stranger, lexicon.Association, "a", []byte(`{}`), false},
+		{"did:plc:vouched", lexicon.Request, "r", req, true},
+		{friend, lexicon.Request, "r", req, true},
+		{shop, lexicon.Request, "held", req, true},
+		{stranger, lexicon.Request, "r", req, false},
+		{stranger, lexicon.Accept, "a", []byte(`{}`), false},
+		{stranger, lexicon.Bid, "b1", bidOn(shop, "held"), true},
+		{stranger, lexicon.Bid, "b2", bidOn(shop, "made-up"), false},
+		{stranger, lexicon.Bid, "b3", bidOn(acme, "r"), false},
+		{stranger, lexicon.Bid, "b4", bidOn("did:plc:elsewhere", "r"), false},
+		{shop, lexicon.Request, "big", make([]byte, maxFeedRecord+1), false},
 	} {
-		if got := f.keep(fd, c.did, c.col, c.value); got != c.want {
-			t.Errorf("keep(%s, %s) = %v, want %v", c.did, c.col, got, c.want)
+		if got := f.keep(fd, URI(c.did, c.col, c.rkey), c.did, c.col, c.value); got != c.want {
+			t.Errorf("%d: keep(%s, %s) = %v, want %v", i, c.did, c.col, got, c.want)
 		}
+	}
+}
+
+// TestQuotasRefuseInsteadOfPushingOut: a member's records past its
+// author quota, or past the source's, are refused (a new version of one
+// kept still is); strangers have their own pool and quota, and filling
+// them refuses no member's record; a dropped record frees its place; and
+// while a member is over quota, a listing of it does not tell that a
+// record is gone from its repo.
+func TestQuotasRefuseInsteadOfPushingOut(t *testing.T) {
+	var refused []string
+	l := newLedger(quotas{Records: 5, PerAuthor: 3, Strangers: 4, PerStranger: 2}, func(r string) { refused = append(refused, r) })
+	u := func(did string, i int) string { return URI(did, lexicon.Bid, fmt.Sprint(i)) }
+	for i := range 3 {
+		if !l.admit(u("did:plc:a", i), "did:plc:a", false) {
+			t.Fatalf("a's record %d refused", i)
+		}
+	}
+	if l.admit(u("did:plc:a", 3), "did:plc:a", false) || !l.admit(u("did:plc:a", 0), "did:plc:a", false) {
+		t.Error("a's fourth record was kept, or a new version of its first refused")
+	}
+	for i := range 10 {
+		l.admit(u("did:plc:s1", i), "did:plc:s1", true)
+		l.admit(u("did:plc:s2", i), "did:plc:s2", true)
+		l.admit(u("did:plc:s3", i), "did:plc:s3", true)
+	}
+	if m, s := l.counts(); m != 3 || s != 4 {
+		t.Errorf("kept %d members', %d strangers' records; want 3 and 4", m, s)
+	}
+	for i := range 2 {
+		if !l.admit(u("did:plc:b", i), "did:plc:b", false) {
+			t.Errorf("b's record %d refused while strangers filled their pool", i)
+		}
+	}
+	if l.admit(u("did:plc:c", 0), "did:plc:c", false) {
+		t.Error("a record past the source's quota was kept")
+	}
+	if !slices.Contains(refused, refusedAuthor) || !slices.Contains(refused, refusedStrangers) || !slices.Contains(refused, refusedSource) {
+		t.Errorf("refusals %v, want each reason", refused)
+	}
+	t0 := time.Now()
+	if !l.hides("did:plc:a", t0) || l.hides("did:plc:b", t0) {
+		t.Error("a listing of a member over quota counts, or one of a member under it does not")
+	}
+	mark := l.mark()
+	held := func(uri string) bool { return uri != u("did:plc:a", 1) && uri != u("did:plc:a", 2) }
+	under := l.reconcile(held, mark)
+	if _, ok := under["did:plc:a"]; !ok || !l.admit(u("did:plc:c", 0), "did:plc:c", false) {
+		t.Fatalf("dropped records did not free their places (under quota again: %v)", under)
+	}
+	l.settle("did:plc:a", under["did:plc:a"], t0)
+	if !l.hides("did:plc:a", t0) || l.hides("did:plc:a", t0.Add(time.Second)) {
+		t.Error("a listing that ended before a's records could be kept again counts, or a later one does not")
 	}
 }
 
