@@ -22,6 +22,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/driver/process"
+	"github.com/knotless-dev/knotless/mountproxy"
 )
 
 // agent is a knotless-agent process for one bidder workspace.
@@ -106,6 +107,20 @@ func vmToken(ctx context.Context, t *testing.T, c client.Client, vm *computev1al
 // when user is set; it returns the HTTP status.
 func tenantGet(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM, token, path, user, group string) int {
 	t.Helper()
+	h := http.Header{}
+	if user != "" {
+		h.Set("Impersonate-User", user)
+		if group != "" {
+			h.Set("Impersonate-Group", group)
+		}
+	}
+	return tenantDo(ctx, t, vm, token, path, h)
+}
+
+// tenantDo GETs path on a running VM's tenant apiserver with the mount
+// credential and the headers h; it returns the HTTP status.
+func tenantDo(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM, token, path string, h http.Header) int {
+	t.Helper()
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM([]byte(vm.Status.CABundle)) {
 		t.Fatal("the VM's CA bundle holds no certificate")
@@ -115,13 +130,8 @@ func tenantGet(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM,
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header = h.Clone()
 	req.Header.Set("Authorization", "Bearer "+token)
-	if user != "" {
-		req.Header.Set("Impersonate-User", user)
-		if group != "" {
-			req.Header.Set("Impersonate-Group", group)
-		}
-	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -130,11 +140,35 @@ func tenantGet(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM,
 	return resp.StatusCode
 }
 
+// mountTokenIsNoSuperuser: the mount credential impersonates only the
+// VM's named admins (and the shim's probe user), never system:masters, a
+// user the tenant does not name or a warrant (kcp's second identity) that
+// carries system:masters.
+func mountTokenIsNoSuperuser(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM, token string) {
+	t.Helper()
+	warrant := `{"user":"e2e-warrant","groups":["system:masters"]}`
+	for what, h := range map[string]http.Header{
+		"alice in system:masters":         {"Impersonate-User": {"alice"}, "Impersonate-Group": {"system:masters"}},
+		"carol, not an admin":             {"Impersonate-User": {"carol"}},
+		"the tenant's controller manager": {"Impersonate-User": {"system:kube-controller-manager"}},
+		"the probe user with a system:masters warrant": {"Impersonate-User": {mountproxy.ProbeUser},
+			"Impersonate-Extra-Authorization.kcp.io%2fwarrant": {warrant}},
+		"alice with a system:masters warrant": {"Impersonate-User": {"alice"},
+			"Impersonate-Extra-Authorization.kcp.io%2fwarrant": {warrant}},
+	} {
+		if code := tenantDo(ctx, t, vm, token, "/api/v1/secrets", h); code != http.StatusForbidden {
+			t.Errorf("the mount credential impersonating %s lists the tenant's Secrets: %d, want 403", what, code)
+		}
+	}
+}
+
 // TestAgentRunsComputeVMs: knotless-agent, with a kubeconfig for its
 // bidder workspace only (the unprivileged user alice), runs a ComputeVM
 // as a tenant kcp process with its own CA: Running with its endpoint, CA
 // and fingerprint, and a credential (owned by the VM) that may
-// impersonate on the tenant and do nothing itself. A kill -9 of the agent
+// impersonate on the tenant and do nothing itself: only the VM's named
+// admins (never system:masters, a user the VM does not name, or a kcp
+// warrant carrying system:masters). A kill -9 of the agent
 // leaves the VM running and the restarted agent adopts it (no second
 // process). A kill -9 of the VM's process makes it Lost, never restarted.
 // Deleting a ComputeVM stops its process. Figures: ComputeVM created ->
@@ -152,7 +186,8 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 
 	start := time.Now()
 	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: "vm-a", Namespace: "default"},
-		Spec: computev1alpha1.ComputeVMSpec{ContractName: "manual", Driver: "process", CPUMillis: 1000, MemoryMiB: 1024}}
+		Spec: computev1alpha1.ComputeVMSpec{ContractName: "manual", Driver: "process", CPUMillis: 1000, MemoryMiB: 1024,
+			Admins: computev1alpha1.TenantAdmins{Users: []string{"alice"}}}}
 	create(ctx, t, c, vm)
 	vm = waitVM(ctx, t, c, "vm-a", "ComputeVM Running", 3*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
 		return vm.Status.Phase == computev1alpha1.VMRunning && vm.Status.CredentialSecret != ""
@@ -186,6 +221,7 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 	if code := tenantGet(ctx, t, vm, token, "/api/v1/namespaces", "alice", ""); code != http.StatusOK {
 		t.Errorf("impersonating alice: %d, want 200", code)
 	}
+	mountTokenIsNoSuperuser(ctx, t, vm, token)
 	if rss, err := a.proc.RSS(); err == nil {
 		cpu, _ := a.proc.CPU()
 		t.Logf("FIGURE agent with 1 VM: RSS %d MiB, CPU %s (the VM's own process not included)", rss>>20, cpu.Round(time.Millisecond))

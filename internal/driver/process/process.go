@@ -27,19 +27,23 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	rbacac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/statesync"
+	"github.com/knotless-dev/knotless/mountproxy"
 )
 
 // MountUser is the tenant user the mount's credential authenticates as.
 const MountUser = "knotless-mount"
+
+// fieldManager applies the tenant's RBAC.
+const fieldManager = "knotless-agent"
 
 // Driver runs VMs as kcp processes.
 type Driver struct {
@@ -238,25 +242,17 @@ func (d *Driver) admin(dir string) (*rest.Config, error) {
 }
 
 // grant lets the mount identity impersonate on the tenant, and nothing
-// else, and gives the VM's admins every right.
+// else, and gives the VM's admins every right. Every call applies both
+// (server-side apply: an unchanged role is not written again), so a VM
+// started by an older agent gets today's rules.
 func (d *Driver) grant(ctx context.Context, cfg *rest.Config, vm driver.VM) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	impersonator := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "knotless:mount-impersonator"},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}},
-			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
-		},
-	}
-	admin := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "knotless:tenant-admin"},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
-			{NonResourceURLs: []string{"*"}, Verbs: []string{"*"}},
-		},
+	admin := []rbacv1.PolicyRule{
+		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
+		{NonResourceURLs: []string{"*"}, Verbs: []string{"*"}},
 	}
 	var admins []rbacv1.Subject
 	for _, u := range vm.AdminUsers {
@@ -265,30 +261,70 @@ func (d *Driver) grant(ctx context.Context, cfg *rest.Config, vm driver.VM) erro
 	for _, g := range vm.AdminGroups {
 		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "Group", Name: g})
 	}
-	objs := []struct {
-		role     *rbacv1.ClusterRole
+	for _, o := range []struct {
+		role     string
+		rules    []rbacv1.PolicyRule
 		subjects []rbacv1.Subject
 	}{
-		{impersonator, []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}}},
-		{admin, admins},
-	}
-	for _, o := range objs {
+		{ImpersonatorRole, ImpersonationRules(vm), []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}}},
+		{"knotless:tenant-admin", admin, admins},
+	} {
 		if len(o.subjects) == 0 {
 			continue
 		}
-		binding := &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: o.role.Name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: o.role.Name},
-			Subjects:   o.subjects,
-		}
-		if _, err := cs.RbacV1().ClusterRoles().Create(ctx, o.role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("granting %s: %w", o.role.Name, err)
-		}
-		if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("granting %s: %w", o.role.Name, err)
+		if err := applyRole(ctx, cs, o.role, o.rules, o.subjects); err != nil {
+			return fmt.Errorf("granting %s: %w", o.role, err)
 		}
 	}
 	return nil
+}
+
+// ImpersonatorRole is the ClusterRole of the mount identity on a tenant.
+const ImpersonatorRole = "knotless:mount-impersonator"
+
+// credentialIDExtra is the only extra the mount forwards:
+// kcp-front-proxy passes the id of the caller's credential as one.
+const credentialIDExtra = "authentication.kubernetes.io/credential-id"
+
+// ImpersonationRules are what the mount identity may do on the tenant of
+// vm: impersonate the users its admins name (and the shim's probe user),
+// with any groups, and the credential-id extra; nothing else. No other
+// user: a kcp user the tenant does not name as an admin has nothing to
+// do there, and names such as system:kube-controller-manager carry the
+// tenant's own rights. No other extra: kcp honours a warrant extra
+// (authorization.kcp.io/warrant) as a second identity, system:masters
+// included. Groups are not listed by name: the shim forwards a named
+// admin's other kcp groups, and they add nothing to the admin's every
+// right; kcp refuses system:masters and its own privileged groups to an
+// impersonator outside them (e2e TestAgentRunsComputeVMs tries both).
+func ImpersonationRules(vm driver.VM) []rbacv1.PolicyRule {
+	users := append([]string{mountproxy.ProbeUser}, vm.AdminUsers...)
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"users"}, ResourceNames: users, Verbs: []string{"impersonate"}},
+		{APIGroups: []string{""}, Resources: []string{"groups"}, Verbs: []string{"impersonate"}},
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"userextras/" + credentialIDExtra}, Verbs: []string{"impersonate"}},
+	}
+}
+
+// applyRole applies the ClusterRole name with rules and its binding to
+// subjects.
+func applyRole(ctx context.Context, cs kubernetes.Interface, name string, rules []rbacv1.PolicyRule, subjects []rbacv1.Subject) error {
+	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
+	role := rbacac.ClusterRole(name)
+	for _, r := range rules {
+		role.WithRules(rbacac.PolicyRule().WithAPIGroups(r.APIGroups...).WithResources(r.Resources...).
+			WithResourceNames(r.ResourceNames...).WithNonResourceURLs(r.NonResourceURLs...).WithVerbs(r.Verbs...))
+	}
+	if _, err := cs.RbacV1().ClusterRoles().Apply(ctx, role, opts); err != nil {
+		return err
+	}
+	binding := rbacac.ClusterRoleBinding(name).
+		WithRoleRef(rbacac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("ClusterRole").WithName(name))
+	for _, sub := range subjects {
+		binding.WithSubjects(rbacac.Subject().WithAPIGroup(sub.APIGroup).WithKind(sub.Kind).WithName(sub.Name))
+	}
+	_, err := cs.RbacV1().ClusterRoleBindings().Apply(ctx, binding, opts)
+	return err
 }
 
 // Credential implements driver.Driver.
