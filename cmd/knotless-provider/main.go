@@ -176,7 +176,10 @@ func run(ctx context.Context, o *options.Options) error {
 			return err
 		}
 	}
-	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.AtprotoMaxBatch, Policy: policy}
+	// One DID directory for repos (R20) and firehose verification, through
+	// the dial policy, bounded (pds.MaxDIDDocument) and cached.
+	dir := pds.NewDirectory(o.PLCURL, policy, 10*time.Second)
+	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.AtprotoMaxBatch, Policy: policy, Directory: dir}
 	if err := (&application.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}
@@ -189,7 +192,7 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := (&atprotorecord.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: o.AtprotoResync, Workers: o.AtprotoWorkers, Scheme: scheme}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecord controller: %w", err)
 	}
-	hub, err := newHub(o.PLCURL, policy, bootstrap.SplitList(o.FirehoseMetricSources), logger)
+	hub, err := newHub(dir, policy, bootstrap.SplitList(o.FirehoseMetricSources), logger)
 	if err != nil {
 		return err
 	}
@@ -286,19 +289,10 @@ func egressPolicy(ctx context.Context, o *options.Options, kcpURL string) (*netp
 }
 
 // newHub returns the firehose hub shared by every AtprotoRecordWatch. DIDs
-// resolve through plcURL, cached (1 h for found identities, 1 min for
-// failures).
-func newHub(plcURL string, policy *netpolicy.Policy, metricSources []string, logger logr.Logger) (*firehose.Hub, error) {
-	base := &identity.BaseDirectory{
-		PLCURL:                 plcURL,
-		SkipHandleVerification: true,
-		// did:web documents are fetched from hosts that firehose events
-		// name, so DID resolution dials through the same policy and
-		// follows no redirect (R18).
-		HTTPClient: *pds.NewHTTPClient(policy, nil, 10*time.Second),
-		UserAgent:  "knotless-provider",
-	}
-	dir := identity.NewCacheDirectory(base, 100_000, time.Hour, time.Minute, time.Minute)
+// resolve through dir (pds.NewDirectory: did:web documents are fetched
+// from hosts that firehose events name, so DID resolution dials through
+// the same policy and follows no redirect, R18).
+func newHub(dir identity.Directory, policy *netpolicy.Policy, metricSources []string, logger logr.Logger) (*firehose.Hub, error) {
 	m, err := firehose.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, err

@@ -73,7 +73,7 @@ func newWorld(t *testing.T, objs ...client.Object) *world {
 		WithObjects(append([]client.Object{repo, secret}, objs...)...).Build()
 	writes := &atomic.Int64{}
 	ws := clustertest.NewWithClient(countWrites(fc, writes))
-	pool := &repoconn.Pool{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)}
+	pool := &repoconn.Pool{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil), Directory: f.Directory()}
 	return &world{t: t, pds: f, ws: ws, writes: writes, r: &Reconciler{
 		GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}),
 		Pool:       pool,

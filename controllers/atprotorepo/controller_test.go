@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -55,15 +56,21 @@ func credential(password string) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cred"}, Data: map[string][]byte{"password": []byte(password)}}
 }
 
-// setup returns a reconciler of one workspace holding objs.
+// setup returns a reconciler of one workspace holding objs. The account's
+// DID document names its PDS http://localhost, as the reference PDS's do:
+// the fake PDSes listen on 127.0.0.1.
 func setup(policy *netpolicy.Policy, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
+	return setupWith(policy, pdstest.Directory("http://localhost:2583"), objs...)
+}
+
+func setupWith(policy *netpolicy.Policy, dir identity.Directory, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
 	ws := clustertest.NewWithClient(clustertest.NewClientBuilder().
 		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByRepo, func(o client.Object) []string {
 			return []string{o.(*atprotov1alpha1.AtprotoRecord).Spec.RepoRef.Name}
 		}).
 		WithIndex(&atprotov1alpha1.AtprotoRecord{}, names.RecordsByKey, inventory.IndexByKey).
 		WithObjects(objs...).Build())
-	return &Reconciler{GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}), Pool: &repoconn.Pool{Policy: policy}}, ws
+	return &Reconciler{GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{lc: ws}), Pool: &repoconn.Pool{Policy: policy, Directory: dir}}, ws
 }
 
 func reconcileRepo(r *Reconciler) (reconcile.Result, error) {
@@ -133,6 +140,42 @@ func TestLoginSetsDIDAndHandle(t *testing.T) {
 	}
 	if got := ws.Events.Reasons(); len(got) != 1 {
 		t.Fatalf("events %v: an unchanged status is not an event", got)
+	}
+}
+
+// A PDS that answers the login with another account's DID (one whose DID
+// document names another PDS, or another handle) does not make the repo
+// Ready: DIDMismatch, retried with backoff, and the status keeps no DID
+// of it (R20).
+func TestAnotherAccountsDIDIsDIDMismatch(t *testing.T) {
+	for name, ident := range map[string]identity.Identity{
+		"another PDS": pdstest.Identity("https://pds.elsewhere.example"),
+		"another handle": func() identity.Identity {
+			i := pdstest.Identity("http://localhost")
+			i.AlsoKnownAs = []string{"at://bob.test"}
+			return i
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := pdstest.New(t)
+			dir := identity.NewMockDirectory()
+			dir.Insert(ident)
+			r, ws := setupWith(local, dir, repoOn(f.URL()), credential(pdstest.Password))
+			if _, err := reconcileRepo(r); err == nil {
+				t.Fatal("no error: the failure would not back off")
+			}
+			repo := getRepo(t, ws)
+			c := ready(t, repo)
+			if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonDIDMismatch {
+				t.Fatalf("Ready = %+v, want DIDMismatch", c)
+			}
+			if repo.Status.DID != "" || repo.Status.Rev != "" {
+				t.Fatalf("status %+v: nothing of the account counts", repo.Status)
+			}
+			if r.Pool.Get(lc, repo) != nil {
+				t.Fatal("the pool keeps a client of the mismatched account for records to write through")
+			}
+		})
 	}
 }
 

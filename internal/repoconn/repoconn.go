@@ -3,7 +3,8 @@
 // allowed: R19) so that no credential is read for a refused URL, resolves
 // the repo's typed references (CA bundle, credential in a Secret of the
 // same workspace and namespace or in Vault under the prefix of that
-// workspace and namespace), connects through the address policy (R18), keeps
+// workspace and namespace), connects through the address policy (R18),
+// requires the account's DID document to name the repo's PDS (R20), keeps
 // the session in a Secret owned by the repo so restarts do not log in
 // again, and caches one client per repo until its inputs change. The repo
 // and record controllers share one Pool.
@@ -22,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -56,6 +58,10 @@ type Pool struct {
 	// Policy is the address policy every PDS connection passes (R18); it
 	// also decides which hosts may be reached over plain http (R19).
 	Policy *netpolicy.Policy
+	// Directory resolves the DID documents of the repos' accounts: a
+	// connection counts only if the document names the repo's PDS and the
+	// session's handle (R20; pds.NewDirectory). Required.
+	Directory identity.Directory
 
 	mu    sync.Mutex
 	conns map[key]*entry
@@ -128,8 +134,13 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	if err != nil {
 		return nil, conditions.Errorf(atprotov1alpha1.ReasonCABundleNotFound, err, "CA bundle of the PDS: %v", err)
 	}
+	if p.Directory == nil {
+		return nil, errors.New("repoconn: the pool has no DID directory")
+	}
 	store := &secretStore{c: c, repo: repo}
-	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{HTTPClient: hc, Policy: p.Policy, Store: store, UserAgent: "knotless", MaxBatch: p.MaxBatch})
+	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{
+		HTTPClient: hc, Policy: p.Policy, Store: store, Directory: p.Directory, UserAgent: "knotless", MaxBatch: p.MaxBatch,
+	})
 	if err != nil {
 		return nil, Classify(err)
 	}
@@ -144,11 +155,20 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 
 // Classify wraps an error of a PDS call in a *conditions.Error carrying
 // its condition reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
-// PDSRedirected, PDSUnreachable, RateLimited); other errors are returned
-// as they are.
+// PDSRedirected, PDSUnreachable, RateLimited, DIDMismatch, DIDUnresolvable,
+// ResponseTooLarge); other errors are returned as they are. Messages about
+// DID documents never name the PLC directory (operator configuration).
 func Classify(err error) error {
 	var rl *pds.RateLimitedError
 	switch {
+	case errors.Is(err, pds.ErrDIDMismatch):
+		return conditions.Errorf(atprotov1alpha1.ReasonDIDMismatch, err, "%v", err)
+	case errors.Is(err, pds.ErrDIDUnresolvable) && errors.Is(err, pds.ErrResponseTooLarge):
+		return conditions.Errorf(atprotov1alpha1.ReasonResponseTooLarge, err, "the account's DID document is larger than %d KiB", pds.MaxDIDDocument>>10)
+	case errors.Is(err, pds.ErrDIDUnresolvable):
+		return conditions.Errorf(atprotov1alpha1.ReasonDIDUnresolvable, err, "%s", pds.ErrDIDUnresolvable)
+	case errors.Is(err, pds.ErrResponseTooLarge):
+		return conditions.Errorf(atprotov1alpha1.ReasonResponseTooLarge, err, "%v", err)
 	case errors.Is(err, pds.ErrAuthentication):
 		return conditions.Errorf(atprotov1alpha1.ReasonAuthenticationFailed, err, "the PDS refused the credential: %v", err)
 	case errors.Is(err, pds.ErrInsecureURL):

@@ -11,7 +11,9 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +24,8 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/pds/pdstest"
 	"github.com/knotless-dev/knotless/internal/vault"
 )
 
@@ -154,7 +158,7 @@ func TestConnectRefusesPlainHTTPBeforeReadingTheCredential(t *testing.T) {
 		{"public name", local, newRepo("http://pds.example.com")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, msg := reason(t, &Pool{Policy: tc.policy}, c, tc.repo)
+			got, msg := reason(t, &Pool{Directory: pdstest.Directory("http://localhost"), Policy: tc.policy}, c, tc.repo)
 			if got != atprotov1alpha1.ReasonInsecureURL {
 				t.Fatalf("reason %s (%s), want %s", got, msg, atprotov1alpha1.ReasonInsecureURL)
 			}
@@ -168,7 +172,7 @@ func TestConnectRefusesPlainHTTPBeforeReadingTheCredential(t *testing.T) {
 	}
 
 	// Control: the operator allowed 127.0.0.1, so plain http is used.
-	if got, msg := reason(t, &Pool{Policy: local}, c, newRepo(rec.URL)); got != atprotov1alpha1.ReasonAuthenticationFailed {
+	if got, msg := reason(t, &Pool{Directory: pdstest.Directory("http://localhost"), Policy: local}, c, newRepo(rec.URL)); got != atprotov1alpha1.ReasonAuthenticationFailed {
 		t.Fatalf("allowed host: reason %s (%s), want AuthenticationFailed", got, msg)
 	}
 	if !rec.sawPassword() {
@@ -193,7 +197,7 @@ func TestConnectNeverFollowsRedirects(t *testing.T) {
 					objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ca", Namespace: ns}, Data: map[string]string{"ca.crt": pdsSrv.caPEM()}})
 					repo.Spec.PDS.CABundle = &atprotov1alpha1.ObjectKeyRef{Kind: "ConfigMap", Name: "ca", Key: "ca.crt"}
 				}
-				got, msg := reason(t, &Pool{Policy: local}, workspace(t, objs...), repo)
+				got, msg := reason(t, &Pool{Directory: pdstest.Directory("http://localhost"), Policy: local}, workspace(t, objs...), repo)
 				if got != atprotov1alpha1.ReasonPDSRedirected || !strings.Contains(msg, "redirect") {
 					t.Fatalf("tls=%v: reason %s (%s), want %s", tlsServer, got, msg, atprotov1alpha1.ReasonPDSRedirected)
 				}
@@ -226,7 +230,7 @@ func TestConnectAddressNotAllowed(t *testing.T) {
 		{"reserved address", netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, []netip.AddrPort{addr})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, msg := reason(t, &Pool{Policy: tc.policy}, c, repo)
+			got, msg := reason(t, &Pool{Directory: pdstest.Directory("http://localhost"), Policy: tc.policy}, c, repo)
 			if got != atprotov1alpha1.ReasonAddressNotAllowed {
 				t.Fatalf("reason %s (%s), want %s", got, msg, atprotov1alpha1.ReasonAddressNotAllowed)
 			}
@@ -239,7 +243,7 @@ func TestConnectAddressNotAllowed(t *testing.T) {
 		t.Fatalf("a refused address got requests: %q", got)
 	}
 	// Control: allowed, the server is reached over https.
-	if got, msg := reason(t, &Pool{Policy: local}, c, repo); got != atprotov1alpha1.ReasonAuthenticationFailed {
+	if got, msg := reason(t, &Pool{Directory: pdstest.Directory("http://localhost"), Policy: local}, c, repo); got != atprotov1alpha1.ReasonAuthenticationFailed {
 		t.Fatalf("allowed address: reason %s (%s), want AuthenticationFailed", got, msg)
 	}
 }
@@ -267,7 +271,7 @@ func TestVaultReferenceIsScopedToTheNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	pdsSrv := newRecorder(t, false, nil)
-	p := &Pool{Vault: vc, Policy: local}
+	p := &Pool{Vault: vc, Policy: local, Directory: pdstest.Directory("http://localhost")}
 	c := workspace(t)
 	for _, tc := range []struct {
 		path, want string
@@ -287,5 +291,46 @@ func TestVaultReferenceIsScopedToTheNamespace(t *testing.T) {
 	defer mu.Unlock()
 	if want := []string{"/v1/secret/data/knotless/" + cluster + "/" + ns + "/pds"}; fmt.Sprint(reads) != fmt.Sprint(want) {
 		t.Fatalf("Vault reads %q, want only %q", reads, want)
+	}
+}
+
+// A repo's account counts only when its DID document, resolved through the
+// PLC directory, names the repo's PDS (R20): otherwise DIDMismatch, or
+// DIDUnresolvable/ResponseTooLarge when the document cannot be read
+// (R21); no message names the PLC directory, which is the operator's.
+func TestConnectChecksTheAccountsDIDDocument(t *testing.T) {
+	f := pdstest.New(t)
+	c := workspace(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cred"}, Data: map[string][]byte{"password": []byte(pdstest.Password)}})
+	var doc atomic.Value // the PLC's answer
+	plc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, doc.Load().(string))
+	}))
+	t.Cleanup(plc.Close)
+	document := func(pdsURL string) string {
+		return `{"id":"` + pdstest.DID + `","alsoKnownAs":["at://` + pdstest.Handle + `"],"service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":"` + pdsURL + `"}]}`
+	}
+	for _, tc := range []struct {
+		doc, want string
+	}{
+		{document("https://pds.elsewhere.example"), atprotov1alpha1.ReasonDIDMismatch},
+		{`{"id":"` + pdstest.DID + `","alsoKnownAs":["` + strings.Repeat("a", pds.MaxDIDDocument) + `"]}`, atprotov1alpha1.ReasonResponseTooLarge},
+		{`not a document`, atprotov1alpha1.ReasonDIDUnresolvable},
+		{document("http://localhost:2583"), ""},
+	} {
+		doc.Store(tc.doc)
+		p := &Pool{Policy: local, Directory: pds.NewDirectory(plc.URL, local, 5*time.Second)}
+		repo := newRepo(f.URL())
+		repo.Spec.Credential.SecretKeyRef.Name = "cred"
+		_, err := p.Connect(context.Background(), c, cluster, repo)
+		var ce *conditions.Error
+		switch {
+		case tc.want == "" && err != nil:
+			t.Fatalf("honest document: %v", err)
+		case tc.want == "":
+		case !errors.As(err, &ce) || ce.Reason != tc.want:
+			t.Fatalf("error %v, want reason %s", err, tc.want)
+		case strings.Contains(ce.Message, plc.URL) || strings.Contains(ce.Message, strings.TrimPrefix(plc.URL, "http://")):
+			t.Fatalf("message names the PLC directory: %s", ce.Message)
+		}
 	}
 }

@@ -29,6 +29,16 @@ const (
 	// ReasonPDSRedirected: the PDS answered with a redirect, which is
 	// never followed (R18).
 	ReasonPDSRedirected = "PDSRedirected"
+	// ReasonDIDMismatch: the DID the PDS logged in as has no DID document,
+	// or its document names another PDS host than spec.pds.url or another
+	// handle than the PDS's session (R20).
+	ReasonDIDMismatch = "DIDMismatch"
+	// ReasonDIDUnresolvable: the account's DID document could not be read
+	// (the PLC directory or the did:web host did not answer with one).
+	ReasonDIDUnresolvable = "DIDUnresolvable"
+	// ReasonResponseTooLarge: the PDS, or the account's DID document, sent
+	// more than knotless reads of that answer (R21).
+	ReasonResponseTooLarge = "ResponseTooLarge"
 )
 
 // PDS says where a repo lives.

@@ -142,7 +142,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.AtprotoWorkers, "atproto-workers", o.AtprotoWorkers, "concurrent AtprotoRecord reconciles; records of one repo that are reconciled at the same time share one applyWrites batch")
 	fs.IntVar(&o.AtprotoMaxBatch, "atproto-max-batch", o.AtprotoMaxBatch, "most record writes per applyWrites batch (1 disables batching)")
 	fs.DurationVar(&o.AtprotoResync, "atproto-resync", o.AtprotoResync, "how often a synced AtprotoRecord is read back from its PDS to catch changes made behind knotless's back")
-	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves did:plc identities (signing keys and PDS endpoints) for firehose verification")
+	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves did:plc identities (signing keys and PDS endpoints) for firehose verification and to check that an AtprotoRepo's account lives on its PDS")
 	fs.DurationVar(&o.WatchFlushInterval, "watch-flush-interval", o.WatchFlushInterval, "how often an AtprotoRecordWatch's changed records and cursor are written to its status")
 	fs.StringVar(&o.Mount.ProxyURL, "mountproxy-url", o.Mount.ProxyURL, "address of knotless-mountproxy (https://host:port) that TenantClusters are probed through; empty reports them MountProxyUnavailable")
 	fs.StringVar(&o.Mount.MountURL, "mount-url", o.Mount.MountURL, "base of TenantCluster status.URL: where kcp's clients reach the shim's /tenants/ path (kcp-front-proxy's mapping for it); default: the kubeconfig's server")
