@@ -147,6 +147,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
+	if err := bindProvider(ctx, o, c); err != nil {
+		return nil, fmt.Errorf("binding %s to the provider: %w", ProviderRole, err)
+	}
 	o.Log.Info("applied workspace types", "workspace", o.Workspace.String(), "objects", len(wts), "initializerPermissions", res.InitializerPermissions)
 	return res, nil
 }
@@ -388,7 +391,53 @@ func addStandardClaims(obj *unstructured.Unstructured) error {
 	if err != nil {
 		return err
 	}
-	return unstructured.SetNestedField(obj.Object, claims["spec"].(map[string]any)["permissionClaims"], "spec", "permissionClaims")
+	if err := unstructured.SetNestedField(obj.Object, claims["spec"].(map[string]any)["permissionClaims"], "spec", "permissionClaims"); err != nil {
+		return err
+	}
+	// The most a consumer may do with the export's kinds is what the
+	// provider workspace's RBAC grants apis.kcp.io:binding:<user>
+	// (workspacetypes/maximal-permissions.yaml): no one but the provider
+	// creates a StateSync, whatever a workspace's own RBAC says.
+	return unstructured.SetNestedField(obj.Object, map[string]any{"local": map[string]any{}}, "spec", "maximalPermissionPolicy")
+}
+
+// ProviderRole is the ClusterRole (workspacetypes/maximal-permissions.yaml)
+// of what only the provider may do in the workspaces that bind its
+// export; Run binds it to the provider's own identity.
+const ProviderRole = "knotless:provider"
+
+// bindProvider binds ProviderRole, in the provider workspace, to the
+// caller (the provider) as the export's maximal permission policy sees
+// it: its user name with the prefix apis.kcp.io:binding: (a kcp
+// ServiceAccount as system:kcp:serviceaccount:<cluster>:<ns>:<name>).
+func bindProvider(ctx context.Context, o Options, c client.Client) error {
+	raw, err := OwnerAnnotation(ctx, o.Config)
+	if err != nil {
+		return err
+	}
+	var u authenticationv1.UserInfo
+	if err := json.Unmarshal([]byte(raw), &u); err != nil {
+		return err
+	}
+	binding := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+		"metadata": map[string]any{"name": ProviderRole},
+		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ProviderRole},
+		"subjects": []any{map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PolicyUser(u)}},
+	}}
+	return apply(ctx, c, binding)
+}
+
+// PolicyUser is the user name under which a maximal permission policy
+// checks u (kcp's rbacregistryvalidation.PrefixUser).
+func PolicyUser(u authenticationv1.UserInfo) string {
+	name := u.Username
+	if rest, ok := strings.CutPrefix(name, "system:serviceaccount:"); ok {
+		if clusters := u.Extra["authentication.kubernetes.io/cluster-name"]; len(clusters) == 1 {
+			name = "system:kcp:serviceaccount:" + clusters[0] + ":" + rest
+		}
+	}
+	return apisv1alpha1.MaximalPermissionPolicyRBACUserGroupPrefix + name
 }
 
 // readExports returns the APIResourceSchemas and APIExports in fsys.
