@@ -3,6 +3,7 @@ package tenantcluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -31,6 +33,11 @@ type Prober struct {
 	UserHeader, GroupHeader string
 	Timeout                 time.Duration
 }
+
+// maxProbeBody bounds what the probe reads of an answer to /version: the
+// tenant's version (a few hundred bytes) or a Status (R21). A longer answer
+// is a TenantError, not a cut document read as if it were whole.
+const maxProbeBody = 64 << 10
 
 // noMountProxy is the result when the provider has no mount proxy.
 func noMountProxy() Result {
@@ -75,7 +82,10 @@ func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
 		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: "the mount proxy did not answer the probe: " + err.Error()}
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	body, err := io.ReadAll(bodylimit.Reader(resp.Body, maxProbeBody))
+	if errors.Is(err, bodylimit.ErrTooLarge) {
+		return Result{Reason: computev1alpha1.ReasonTenantError, Message: fmt.Sprintf("the answer to /version is larger than %d KiB", maxProbeBody>>10)}
+	}
 	return classify(resp.Header.Get(mountproxy.ReasonHeader), resp.StatusCode, body)
 }
 
