@@ -400,14 +400,25 @@ func TestAtprotoInvalidSpec(t *testing.T) {
 			t.Errorf("%s: %v, want Invalid naming %s", r.Name, err, field)
 		}
 	}
+	// A collection another kind owns is refused at admission, naming it
+	// (R22).
+	for name, owned := range map[string]struct{ collection, owner string }{
+		"owned-presence":  {"dev.knotless.market.presence", "MarketPresence"},
+		"owned-release":   {"DEV.Knotless.Market.release", "MarketRequester"},
+		"owned-inventory": {"dev.knotless.inventory", "inventory"},
+	} {
+		r := record(name, "repo", "o", `{}`)
+		r.Spec.Collection = owned.collection
+		if err := c.Create(ctx, r); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), owned.owner) {
+			t.Errorf("%s: %v, want Invalid naming %s", owned.collection, err, owned.owner)
+		}
+	}
 	// What only the controller can judge is a condition.
 	bad := map[string]*atprotov1alpha1.AtprotoRecord{
-		"float":   record("bad-float", "repo", "b", `{"x":1.5}`),
-		"bigint":  record("bad-bigint", "repo", "c", `{"x":9007199254740993}`),
-		"$type":   record("bad-type", "repo", "d", `{"$type":"app.bsky.feed.post","text":"x"}`),
-		"lexicon": record("bad-lexicon", "repo", "e", `{"offers":"none"}`),
+		"float":  record("bad-float", "repo", "b", `{"x":1.5}`),
+		"bigint": record("bad-bigint", "repo", "c", `{"x":9007199254740993}`),
+		"$type":  record("bad-type", "repo", "d", `{"$type":"app.bsky.feed.post","text":"x"}`),
 	}
-	bad["lexicon"].Spec.Collection = "dev.knotless.market.presence"
 	for _, r := range bad {
 		create(ctx, t, c, r)
 	}
@@ -417,12 +428,7 @@ func TestAtprotoInvalidSpec(t *testing.T) {
 		if ready := meta.FindStatusCondition(got.Status.Conditions, atprotov1alpha1.ConditionReady); ready == nil || ready.Reason != atprotov1alpha1.ReasonInvalidSpec {
 			t.Errorf("%s: Ready %+v, want InvalidSpec like Synced", r.Name, ready)
 		}
-		switch want {
-		case "float", "bigint", "$type":
-			want = "value"
-		case "lexicon":
-			want = "does not match lexicon dev.knotless.market.presence"
-		}
+		want = "value"
 		if !strings.Contains(msg, want) {
 			t.Errorf("%s: message %q does not name %q", r.Name, msg, want)
 		}

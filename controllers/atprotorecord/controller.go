@@ -48,7 +48,6 @@ import (
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/inventory"
-	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/pds"
@@ -112,20 +111,15 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 		Complete(r)
 }
 
-// validate checks a record before anything is sent: its key and value
-// (pds.ValidateRecord) and, for a collection knotless has a lexicon of
-// (the market's), the value against that lexicon.
+// validate checks a record before anything is sent: its collection is
+// not one another kind owns (atprotov1alpha1.OwnedCollection: the schema
+// refuses those, but not in objects made before it did), and its key and
+// value pass pds.ValidateRecord.
 func validate(spec *atprotov1alpha1.AtprotoRecordSpec) error {
-	if spec.Collection == pds.InventoryCollection {
-		return &pds.SpecError{Field: "collection", Reason: pds.InventoryCollection + " is knotless's own inventory of the records it keeps"}
+	if owner := atprotov1alpha1.OwnedCollection(spec.Collection); owner != "" {
+		return &pds.SpecError{Field: "collection", Reason: owner}
 	}
-	if err := pds.ValidateRecord(spec.Collection, spec.RKey, spec.Value.Raw); err != nil {
-		return err
-	}
-	if lexicon.Known(spec.Collection) {
-		return lexicon.ValidateRecord(spec.Collection, spec.Value.Raw)
-	}
-	return nil
+	return pds.ValidateRecord(spec.Collection, spec.RKey, spec.Value.Raw)
 }
 
 // componentToRecord maps a Component whose template is a record to that

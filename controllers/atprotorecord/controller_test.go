@@ -27,6 +27,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/inventory"
+	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
@@ -469,6 +470,35 @@ func TestInventoryCollectionIsRefused(t *testing.T) {
 	}
 	if n := w.pdsCalls(); n != 0 {
 		t.Fatalf("%d requests reached the PDS", n)
+	}
+}
+
+// A workspace member cannot end the workspace's live deal by publishing a
+// release of its lease with an AtprotoRecord (the schema refuses this at
+// admission; an object made before it did is refused here): a condition
+// naming the kinds that own the collection, and nothing reaches the PDS.
+func TestMarketCollectionIsRefused(t *testing.T) {
+	lease := "at://" + pdstest.DID + "/" + lexicon.Lease + "/3lbdqbrdkys2a"
+	release := `{"$type":"` + lexicon.Release + `","lease":{"uri":"` + lease + `","cid":"bafyreib2rxk3rh6kzwq"},"reason":"expired","createdAt":"2026-06-01T12:00:00.000Z"}`
+	for _, tc := range []struct{ name, collection, value, owner string }{
+		{"release of the live lease", lexicon.Release, release, "MarketRequester"},
+		{"authority in capitals", "DEV.Knotless.Market.release", release, "MarketRequester"},
+		{"a bid", lexicon.Bid, `{}`, "MarketBidder"},
+		{"the inventory in capitals", "Dev.Knotless.inventory", `{}`, "inventory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, record("forge", tc.collection, "x", tc.value))
+			if _, err := w.reconcile("forge"); err != nil {
+				t.Fatalf("a refused collection is not retried, got error %v", err)
+			}
+			c := clustertest.Condition(t, w.get("forge").Status.Conditions, atprotov1alpha1.ConditionSynced)
+			if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonInvalidSpec || !strings.Contains(c.Message, tc.owner) {
+				t.Fatalf("Synced = %+v, want InvalidSpec naming %s", c, tc.owner)
+			}
+			if n := w.pdsCalls(); n != 0 || len(w.pds.Keys()) != 0 {
+				t.Fatalf("%d requests reached the PDS, records %v", n, w.pds.Keys())
+			}
+		})
 	}
 }
 

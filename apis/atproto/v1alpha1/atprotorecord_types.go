@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"strings"
+
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -12,10 +14,15 @@ type AtprotoRecordSpec struct {
 	// record.
 	RepoRef LocalObjectRef `json:"repoRef"`
 	// Collection is the record's NSID, for example app.bsky.actor.profile.
-	// Immutable on an AtprotoRecord.
+	// Immutable on an AtprotoRecord. Collections another kind owns are
+	// refused: dev.knotless.market.* (the market kinds write them) and
+	// dev.knotless.inventory (knotless's inventory of the records it
+	// keeps); the authority part of an NSID is compared without case.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=317
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)+(\.[a-zA-Z]([a-zA-Z0-9]{0,62})?)$`
+	// +kubebuilder:validation:XValidation:rule="!self.lowerAscii().startsWith('dev.knotless.market.')",message="collections dev.knotless.market.* are written by the market kinds (MarketRequester, MarketBidder, MarketIdentity, MarketPresence), not by an AtprotoRecord"
+	// +kubebuilder:validation:XValidation:rule="self.lowerAscii() != 'dev.knotless.inventory'",message="collection dev.knotless.inventory is written by knotless's AtprotoRecord controller (its inventory of the records it keeps), not by an AtprotoRecord"
 	Collection string `json:"collection"`
 	// RKey is the record key: 1 to 512 of A-Z a-z 0-9 . _ : ~ -, not "."
 	// or "..". Immutable on an AtprotoRecord.
@@ -86,4 +93,19 @@ type AtprotoRecordList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []AtprotoRecord `json:"items"`
+}
+
+// OwnedCollection says which kind writes collection when it is one an
+// AtprotoRecord may not write (the schema refuses these at admission;
+// the controller refuses objects made before it did), or "" when an
+// AtprotoRecord may write it. The authority part of an NSID is compared
+// without case, as ATProto does.
+func OwnedCollection(collection string) string {
+	switch c := strings.ToLower(collection); {
+	case strings.HasPrefix(c, "dev.knotless.market."):
+		return "collections dev.knotless.market.* are written by the market kinds (MarketRequester, MarketBidder, MarketIdentity, MarketPresence), not by an AtprotoRecord"
+	case c == "dev.knotless.inventory":
+		return "collection dev.knotless.inventory is written by knotless's AtprotoRecord controller (its inventory of the records it keeps), not by an AtprotoRecord"
+	}
+	return ""
 }
