@@ -278,11 +278,15 @@ func buildStatus(obj *atprotov1alpha1.AtprotoRecordWatch, prev *atprotov1alpha1.
 }
 
 // failure is the Ready reason and message of a connection or listing
-// error: AddressNotAllowed when the address policy refused it, otherwise
+// error: AddressNotAllowed when the address policy refused it,
+// ListingTooLarge when a listing passed the provider's limits, otherwise
 // reason.
 func failure(reason string, err error) (string, string) {
-	if errors.Is(err, netpolicy.ErrDenied) {
+	switch {
+	case errors.Is(err, netpolicy.ErrDenied):
 		reason = atprotov1alpha1.ReasonAddressNotAllowed
+	case errors.Is(err, firehose.ErrListingTooLarge):
+		reason = atprotov1alpha1.ReasonListingTooLarge
 	}
 	return reason, err.Error()
 }

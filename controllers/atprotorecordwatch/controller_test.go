@@ -89,6 +89,18 @@ func TestStatusRoundTrip(t *testing.T) {
 	}
 }
 
+// A listing refused as too large by the hub's limits is ListingTooLarge
+// on Ready, with the hub's message (which bound), not Resyncing.
+func TestListingTooLargeShowsOnReady(t *testing.T) {
+	obj := &atprotov1alpha1.AtprotoRecordWatch{}
+	obj.Spec.Source.URL = "http://pds"
+	tooLarge := fmt.Errorf("listing the repos of http://pds: %w", firehose.ErrListingTooLarge)
+	c := buildStatus(obj, &obj.Status, firehose.State{}, firehose.Health{Connected: true, Resyncing: true, Full: true, ResyncErr: tooLarge}).Conditions[0]
+	if c.Status != metav1.ConditionFalse || c.Reason != atprotov1alpha1.ReasonListingTooLarge || c.Message != tooLarge.Error() {
+		t.Fatalf("condition %+v, want False/ListingTooLarge with the listing's error", c)
+	}
+}
+
 // An address the policy refuses, for the connection or for a listing, is
 // named as such on Ready; other listing failures stay Resyncing with the
 // error.

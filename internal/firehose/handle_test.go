@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
@@ -143,7 +144,7 @@ func TestPrevDataMismatchResyncsTheRepo(t *testing.T) {
 	_ = alice.commit(testOp{"create", testCollection + "/a2", note("two")})
 	s.handleCommit(ctx, 3, alice.commit(testOp{"create", testCollection + "/a3", note("three")}), []*Subscription{sub})
 
-	req, ok := s.resync.next()
+	req, _, ok := s.resync.next(time.Now())
 	if !ok || req.sub != sub || req.did != alice.did || req.reason != ResyncPrevDataMismatch {
 		t.Fatalf("queued resync %+v (%v), want alice's repo for PrevDataMismatch", req, ok)
 	}
@@ -208,12 +209,12 @@ func TestSyncEventListsOnlyARepoThatMovedOn(t *testing.T) {
 	}
 	// A #sync at the applied commit (a PDS sends one for a new account).
 	s.handle(context.Background(), syncOf(first, 2))
-	if req, ok := s.resync.next(); ok {
+	if req, _, ok := s.resync.next(time.Now()); ok {
 		t.Fatalf("a #sync at the applied rev queued %+v", req)
 	}
 	// A #sync at a commit the watch has not seen: list the repo.
 	s.handle(context.Background(), syncOf(alice.commit(testOp{"create", testCollection + "/a2", note("two")}), 3))
-	if req, ok := s.resync.next(); !ok || req.reason != ResyncSync || req.did != alice.did {
+	if req, _, ok := s.resync.next(time.Now()); !ok || req.reason != ResyncSync || req.did != alice.did {
 		t.Fatalf("queued %+v (%v), want a Sync listing of alice", req, ok)
 	}
 }

@@ -70,6 +70,9 @@ type Options struct {
 	// repo's PDS passes (R18) unless HTTPClient and Dialer are given; nil
 	// allows public addresses only.
 	Policy *netpolicy.Policy
+	// Listing bounds every listing of a source or a repo's PDS (zero
+	// fields take the defaults of ListingLimits).
+	Listing ListingLimits
 	// MetricSources are the source hosts (host or host:port, as in the
 	// source URL) whose metrics carry their host as the source label;
 	// every other source's are labelled "other", so tenants cannot grow
@@ -92,6 +95,7 @@ func (o Options) withDefaults() Options {
 		o.Dialer = &websocket.Dialer{NetDialContext: o.Policy.Dialer(10 * time.Second).DialContext, HandshakeTimeout: 10 * time.Second}
 	}
 	o.Backoff = o.Backoff.WithDefaults()
+	o.Listing = o.Listing.withDefaults()
 	if o.Workers <= 0 {
 		o.Workers = 4
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 )
 
 // resyncQueue holds owed listings, one per (subscription, DID); DID ""
@@ -29,17 +31,26 @@ type resyncReq struct {
 	sub    *Subscription
 	did    string
 	reason string
+	// refused counts the times this listing was refused as too large in
+	// a row; it is not tried again before notBefore.
+	refused   int
+	notBefore time.Time
 }
 
 func (q *resyncQueue) add(sub *Subscription, did, reason string) {
+	q.push(resyncReq{sub: sub, did: did, reason: reason})
+}
+
+// push queues req unless a listing that covers it is owed already.
+func (q *resyncQueue) push(req resyncReq) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range q.items {
-		if it.sub == sub && (it.did == did || it.did == "") {
+		if it.sub == req.sub && (it.did == req.did || it.did == "") {
 			return
 		}
 	}
-	q.items = append(q.items, resyncReq{sub: sub, did: did, reason: reason})
+	q.items = append(q.items, req)
 	select {
 	case q.wake <- struct{}{}:
 	default:
@@ -58,15 +69,41 @@ func (q *resyncQueue) drop(sub *Subscription) {
 	q.items = kept
 }
 
-func (q *resyncQueue) next() (resyncReq, bool) {
+// next takes the first listing due at now. If none is, it returns how
+// long until one is (0: none is queued).
+func (q *resyncQueue) next(now time.Time) (resyncReq, time.Duration, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.items) == 0 {
-		return resyncReq{}, false
+	var wait time.Duration
+	for i, it := range q.items {
+		if d := it.notBefore.Sub(now); d > 0 {
+			if wait == 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		q.items = slices.Delete(q.items, i, i+1)
+		return it, 0, true
 	}
-	it := q.items[0]
-	q.items = q.items[1:]
-	return it, true
+	return resyncReq{}, wait, false
+}
+
+// wait returns when a listing is queued, after d (if not 0), or false
+// when ctx ends.
+func (q *resyncQueue) wait(ctx context.Context, d time.Duration) bool {
+	var due <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		due = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-q.wake:
+	case <-due:
+	}
+	return true
 }
 
 // requestResync owes sub a listing of did ("" = everything) because of
@@ -77,18 +114,17 @@ func (s *stream) requestResync(sub *Subscription, did, reason string, seq int64)
 }
 
 // resyncLoop performs owed listings one at a time, retrying failed ones
-// with backoff.
+// with backoff. A listing refused as too large waits on its own, longer
+// backoff, while the other subscriptions' listings go on.
 func (s *stream) resyncLoop(ctx context.Context) {
 	schedule := backoff.NewSchedule(s.hub.opts.Backoff)
 	for {
-		req, ok := s.resync.next()
+		req, wait, ok := s.resync.next(time.Now())
 		if !ok {
-			select {
-			case <-ctx.Done():
+			if !s.resync.wait(ctx, wait) {
 				return
-			case <-s.resync.wake:
-				continue
 			}
+			continue
 		}
 		s.mu.Lock()
 		_, subscribed := s.subs[req.sub]
@@ -107,7 +143,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		if req.did == "" {
 			err = s.resyncAll(ctx, req.sub)
 		} else {
-			err = s.resyncRepo(ctx, req.sub, req.did)
+			err = s.resyncRepo(ctx, req.sub, req.did, nil)
 		}
 		if err == nil {
 			schedule = backoff.NewSchedule(s.hub.opts.Backoff)
@@ -120,6 +156,10 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			return
 		}
 		req.sub.resyncFailed(err)
+		if errors.Is(err, ErrListingTooLarge) {
+			s.refuse(req, err)
+			continue
+		}
 		delay := schedule.Next(time.Since(started))
 		s.log.Info("resync failed; retrying", "did", req.did, "reason", req.reason, "in", delay, "err", err)
 		s.resync.add(req.sub, req.did, req.reason)
@@ -127,6 +167,16 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// refuse queues a listing refused as too large again after the limits'
+// retry backoff; the stream's other listings do not wait for it.
+func (s *stream) refuse(req resyncReq, err error) {
+	delay := s.hub.opts.Listing.Retry.Delay(req.refused)
+	s.log.Info("listing refused as too large; trying again later", "did", req.did, "reason", req.reason, "in", delay, "err", err)
+	req.refused++
+	req.notBefore = time.Now().Add(delay)
+	s.resync.push(req)
 }
 
 // listing is a repo's records in the subscription's collections, all as
@@ -137,12 +187,13 @@ type listing struct {
 }
 
 // resyncAll lists every followed repo and replaces the subscription's
-// records.
+// records, within the limits of a listing of the source.
 func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
+	src := s.hub.opts.Listing.sourceBudget()
 	dids := sub.filter.DIDs
 	if len(dids) == 0 {
 		var err error
-		if dids, err = s.listRepos(ctx); err != nil {
+		if dids, err = s.listRepos(ctx, src); err != nil {
 			return err
 		}
 	}
@@ -160,7 +211,7 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
 				continue
 			}
 		}
-		if err := s.resyncRepo(ctx, sub, did); err != nil {
+		if err := s.resyncRepo(ctx, sub, did, src); err != nil {
 			return err
 		}
 	}
@@ -171,10 +222,11 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
 }
 
 // resyncRepo lists one repo and replaces its records, again if commits
-// were applied meanwhile that the listing may not include.
-func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string) error {
+// were applied meanwhile that the listing may not include. Within a full
+// listing, src is the source's budget (nil otherwise).
+func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, src *budget) error {
 	for range 5 {
-		l, err := s.listRepo(ctx, did, sub.filter.Collections)
+		l, err := s.listRepo(ctx, did, sub.filter.Collections, src)
 		if err != nil {
 			return err
 		}
@@ -183,6 +235,14 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string) 
 		}
 	}
 	return fmt.Errorf("repo %s kept changing while it was listed", did)
+}
+
+// api is a client of host for listings: every response body is capped
+// at the limits' PageBytes.
+func (s *stream) api(host string) *atclient.APIClient {
+	c := *s.hub.opts.HTTPClient
+	c.Transport = bodylimit.Transport(c.Transport, s.hub.opts.Listing.PageBytes)
+	return &atclient.APIClient{Client: &c, Host: host}
 }
 
 // client returns a client of did's own PDS, from its DID document. A DID
@@ -197,7 +257,7 @@ func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, e
 	if ident.PDSEndpoint() == "" {
 		return nil, fmt.Errorf("%s names no PDS", did)
 	}
-	return &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: ident.PDSEndpoint()}, nil
+	return s.api(ident.PDSEndpoint()), nil
 }
 
 // carries reports whether the source's firehose carries did's repo: the
@@ -213,26 +273,38 @@ func (s *stream) carries(ctx context.Context, did string) (bool, error) {
 	if ident.PDSEndpoint() == s.source {
 		return true, nil
 	}
-	rev, err := latestRev(ctx, &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: s.source}, did)
+	rev, err := latestRev(ctx, s.api(s.source), did)
 	if err != nil {
 		return false, err
 	}
 	return rev != "", nil
 }
 
-func (s *stream) listRepos(ctx context.Context) ([]string, error) {
-	c := &atclient.APIClient{Client: s.hub.opts.HTTPClient, Host: s.source}
+// listRepos pages the source's listRepos, within the limits: at most
+// Repos active repos and Pages pages, their DIDs charged to src.
+func (s *stream) listRepos(ctx context.Context, src *budget) ([]string, error) {
+	c := s.api(s.source)
 	var dids []string
 	cursor := ""
 	for {
-		out, err := comatproto.SyncListRepos(ctx, c, cursor, 1000)
-		if err != nil {
+		if err := src.page(); err != nil {
 			return nil, fmt.Errorf("listing the repos of %s: %w", s.source, err)
 		}
+		out, err := comatproto.SyncListRepos(ctx, c, cursor, 1000)
+		if err != nil {
+			return nil, fmt.Errorf("listing the repos of %s: %w", s.source, tooLarge(err, s.hub.opts.Listing.PageBytes))
+		}
 		for _, r := range out.Repos {
-			if r.Active == nil || *r.Active {
-				dids = append(dids, r.Did)
+			if r.Active != nil && !*r.Active {
+				continue
 			}
+			if len(dids) >= s.hub.opts.Listing.Repos {
+				return nil, fmt.Errorf("listing the repos of %s: %w", s.source, &limitError{what: "repos in the source's listRepos", limit: int64(s.hub.opts.Listing.Repos)})
+			}
+			if err := src.take(0, int64(len(r.Did))); err != nil {
+				return nil, fmt.Errorf("listing the repos of %s: %w", s.source, err)
+			}
+			dids = append(dids, r.Did)
 		}
 		if out.Cursor == nil || *out.Cursor == "" || len(out.Repos) == 0 {
 			return dids, nil
@@ -243,8 +315,9 @@ func (s *stream) listRepos(ctx context.Context) ([]string, error) {
 
 // listRepo reads a repo's records between two reads of its latest commit
 // that agree, so the listing is exactly the repo as of that rev. A repo
-// that is gone lists as empty.
-func (s *stream) listRepo(ctx context.Context, did string, collections []string) (*listing, error) {
+// that is gone lists as empty. Each try is one listing within the limits
+// (and charged to src, the source's budget, if not nil).
+func (s *stream) listRepo(ctx context.Context, did string, collections []string, src *budget) (*listing, error) {
 	c, err := s.client(ctx, did)
 	if err != nil {
 		return nil, err
@@ -258,29 +331,11 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string)
 			return &listing{}, nil
 		}
 		l := &listing{rev: before}
+		b := s.hub.opts.Listing.repoBudget(src)
 		for _, col := range collections {
-			cursor := ""
-			for {
-				out, err := agnostic.RepoListRecords(ctx, c, col, cursor, 100, did, false)
-				if err != nil {
-					return nil, fmt.Errorf("listing %s of %s: %w", col, did, err)
-				}
-				for _, r := range out.Records {
-					// A listing names its own records: drop any that claim
-					// another repo or collection.
-					if !strings.HasPrefix(r.Uri, "at://"+did+"/"+col+"/") {
-						continue
-					}
-					var v json.RawMessage
-					if r.Value != nil {
-						v = *r.Value
-					}
-					l.records = append(l.records, Record{URI: r.Uri, CID: r.Cid, Value: v, Size: len(v)})
-				}
-				if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
-					break
-				}
-				cursor = *out.Cursor
+			if err := listCollection(ctx, c, did, col, l, b); err != nil {
+				err = tooLarge(err, s.hub.opts.Listing.PageBytes)
+				return nil, fmt.Errorf("listing %s of %s: %w", col, did, err)
 			}
 		}
 		after, err := latestRev(ctx, c, did)
@@ -292,6 +347,40 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string)
 		}
 	}
 	return nil, fmt.Errorf("repo %s kept changing while it was listed", did)
+}
+
+// listCollection pages listRecords of one collection of did into l,
+// charging b.
+func listCollection(ctx context.Context, c *atclient.APIClient, did, col string, l *listing, b *budget) error {
+	cursor := ""
+	for {
+		if err := b.page(); err != nil {
+			return err
+		}
+		out, err := agnostic.RepoListRecords(ctx, c, col, cursor, 100, did, false)
+		if err != nil {
+			return err
+		}
+		for _, r := range out.Records {
+			// A listing names its own records: drop any that claim
+			// another repo or collection.
+			if !strings.HasPrefix(r.Uri, "at://"+did+"/"+col+"/") {
+				continue
+			}
+			var v json.RawMessage
+			if r.Value != nil {
+				v = *r.Value
+			}
+			if err := b.take(1, int64(len(r.Uri)+len(r.Cid)+len(v))); err != nil {
+				return err
+			}
+			l.records = append(l.records, Record{URI: r.Uri, CID: r.Cid, Value: v, Size: len(v)})
+		}
+		if out.Cursor == nil || *out.Cursor == "" || len(out.Records) == 0 {
+			return nil
+		}
+		cursor = *out.Cursor
+	}
 }
 
 // latestRev returns the repo's current rev, or "" if the host does not

@@ -17,6 +17,10 @@ const (
 	// ReasonResyncing: records are being listed from the source (a new
 	// watch, OutdatedCursor, FutureCursor, a prevData mismatch, #sync).
 	ReasonResyncing = "Resyncing"
+	// ReasonListingTooLarge: a listing of the source or of a repo's PDS
+	// passed one of the provider's limits (pages, repos, records, bytes)
+	// and was refused; it is tried again after a backoff of minutes.
+	ReasonListingTooLarge = "ListingTooLarge"
 )
 
 // WatchSource names the firehose a watch follows.

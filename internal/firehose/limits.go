@@ -1,0 +1,150 @@
+package firehose
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
+)
+
+// ListingLimits bound what a listing may take from a source or a repo's
+// PDS, both chosen by tenants: a listing that passes one fails with an
+// error that wraps ErrListingTooLarge, and is tried again only after
+// Retry's backoff, so a source with an endless cursor or endless pages
+// neither grows the provider's memory nor keeps it busy. Zero fields take
+// the defaults (see withDefaults and docs/atproto-watch.md).
+type ListingLimits struct {
+	// PageBytes bounds one response body of a listing (default 8 MiB).
+	PageBytes int64
+	// Pages bounds the pages of one listing: the source's listRepos, or
+	// one repo's listRecords over all its collections (default 5000).
+	Pages int
+	// Repos bounds the repos the source's listRepos may name (default
+	// 200 000).
+	Repos int
+	// Records and Bytes bound one repo's listing: its records and their
+	// bytes (values, URIs and CIDs; default 250 000 and 64 MiB).
+	Records int
+	Bytes   int64
+	// SourceRecords and SourceBytes bound a full listing of the source,
+	// over all its repos (the DIDs of listRepos count as bytes; default
+	// 1 000 000 and 256 MiB).
+	SourceRecords int
+	SourceBytes   int64
+	// Retry is the backoff before a refused listing is tried again
+	// (default 1 min doubling to 1 h): the source's repos may have
+	// shrunk meanwhile.
+	Retry backoff.Backoff
+}
+
+// Default listing limits.
+const (
+	DefaultListingPageBytes     = 8 << 20
+	DefaultListingPages         = 5000
+	DefaultListingRepos         = 200_000
+	DefaultListingRecords       = 250_000
+	DefaultListingBytes         = 64 << 20
+	DefaultListingSourceRecords = 1_000_000
+	DefaultListingSourceBytes   = 256 << 20
+)
+
+func (l ListingLimits) withDefaults() ListingLimits {
+	def := func(v *int64, d int64) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.PageBytes, DefaultListingPageBytes)
+	defInt(&l.Pages, DefaultListingPages)
+	defInt(&l.Repos, DefaultListingRepos)
+	defInt(&l.Records, DefaultListingRecords)
+	def(&l.Bytes, DefaultListingBytes)
+	defInt(&l.SourceRecords, DefaultListingSourceRecords)
+	def(&l.SourceBytes, DefaultListingSourceBytes)
+	if l.Retry.Initial <= 0 {
+		l.Retry.Initial = time.Minute
+	}
+	if l.Retry.Max <= 0 {
+		l.Retry.Max = time.Hour
+	}
+	l.Retry = l.Retry.WithDefaults()
+	return l
+}
+
+// ErrListingTooLarge is wrapped by the error of a listing that passed one
+// of the hub's ListingLimits.
+var ErrListingTooLarge = errors.New("listing too large")
+
+// limitError names the bound a listing passed.
+type limitError struct {
+	what  string
+	limit int64
+}
+
+func (e *limitError) Error() string {
+	return fmt.Sprintf("listing too large: more than %d %s; refused, tried again later", e.limit, e.what)
+}
+
+func (e *limitError) Is(target error) bool { return target == ErrListingTooLarge }
+
+// budget counts what a listing took against its bounds. A repo's listing
+// within a full listing of the source also charges the source's budget.
+type budget struct {
+	pages, records int
+	bytes          int64
+	maxPages       int
+	maxRecords     int
+	maxBytes       int64
+	// unit names what the bounds are of, for the error.
+	unit   string
+	source *budget
+}
+
+// repoBudget is the budget of one repo's listing, within source (nil for
+// a listing of one repo).
+func (l ListingLimits) repoBudget(source *budget) *budget {
+	return &budget{maxPages: l.Pages, maxRecords: l.Records, maxBytes: l.Bytes, unit: "one repo's listing", source: source}
+}
+
+// sourceBudget is the budget of a full listing of the source.
+func (l ListingLimits) sourceBudget() *budget {
+	return &budget{maxPages: l.Pages, maxRecords: l.SourceRecords, maxBytes: l.SourceBytes, unit: "a listing of the source"}
+}
+
+// page charges one page.
+func (b *budget) page() error {
+	if b.pages++; b.pages > b.maxPages {
+		return &limitError{what: "pages in " + b.unit, limit: int64(b.maxPages)}
+	}
+	return nil
+}
+
+// take charges n records of size bytes, here and in the source's budget.
+func (b *budget) take(n int, size int64) error {
+	for c := b; c != nil; c = c.source {
+		c.records += n
+		c.bytes += size
+		if c.records > c.maxRecords {
+			return &limitError{what: "records in " + c.unit, limit: int64(c.maxRecords)}
+		}
+		if c.bytes > c.maxBytes {
+			return &limitError{what: "bytes in " + c.unit, limit: c.maxBytes}
+		}
+	}
+	return nil
+}
+
+// tooLarge is err, or a limitError if err is a response body past max.
+func tooLarge(err error, max int64) error {
+	if errors.Is(err, bodylimit.ErrTooLarge) {
+		return &limitError{what: "bytes in one response", limit: max}
+	}
+	return err
+}
