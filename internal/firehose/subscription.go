@@ -176,6 +176,20 @@ type Subscription struct {
 	resyncErr error
 	// listed is when each repo's records were last listed (replaced).
 	listed map[string]time.Time
+	// ages are the records' URIs, the one changed longest ago first, so
+	// that eviction takes the oldest without a scan. An entry whose record
+	// changed or went since is stale: skipped, and compacted away when
+	// stale entries outnumber live ones.
+	ages []aged
+	// byDID holds the URIs of each repo's records, so that replacing a
+	// repo's records does not scan every record.
+	byDID map[string]map[string]struct{}
+}
+
+// aged is a record's place in the order records changed.
+type aged struct {
+	order int64
+	uri   string
 }
 
 func newSubscription(filter Filter, maxRecords int, initial State) *Subscription {
@@ -185,14 +199,75 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}, byDID: map[string]map[string]struct{}{}}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
 		s.order = max(s.order, r.order)
+		s.ages = append(s.ages, aged{order: r.order, uri: r.URI})
+		s.index(r)
 	}
+	slices.SortFunc(s.ages, func(a, b aged) int {
+		return cmp.Or(cmp.Compare(a.order, b.order), strings.Compare(a.uri, b.uri))
+	})
 	s.full = initial.Cursor == 0
 	return s
+}
+
+// index adds r to its repo's URIs (s.mu is held).
+func (s *Subscription) index(r Record) {
+	did := r.DID()
+	uris := s.byDID[did]
+	if uris == nil {
+		uris = map[string]struct{}{}
+		s.byDID[did] = uris
+	}
+	uris[r.URI] = struct{}{}
+}
+
+// put keeps r as the newest change (s.mu is held).
+func (s *Subscription) put(r Record) {
+	s.order++
+	r.order = s.order
+	s.state.Records[r.URI] = r
+	s.index(r)
+	s.ages = append(s.ages, aged{order: r.order, uri: r.URI})
+	if len(s.ages) > 2*len(s.state.Records)+64 {
+		live := make([]aged, 0, len(s.state.Records))
+		for _, a := range s.ages {
+			if s.current(a) {
+				live = append(live, a)
+			}
+		}
+		s.ages = live
+	}
+}
+
+// current reports whether a is the place of a record kept now.
+func (s *Subscription) current(a aged) bool {
+	r, ok := s.state.Records[a.uri]
+	return ok && r.order == a.order
+}
+
+// remove forgets the record at uri, if kept (s.mu is held).
+func (s *Subscription) remove(uri string) {
+	r, ok := s.state.Records[uri]
+	if !ok {
+		return
+	}
+	delete(s.state.Records, uri)
+	did := r.DID()
+	delete(s.byDID[did], uri)
+	if len(s.byDID[did]) == 0 {
+		delete(s.byDID, did)
+	}
+}
+
+// removeRepo forgets did's records (s.mu is held).
+func (s *Subscription) removeRepo(did string) {
+	for uri := range s.byDID[did] {
+		s.remove(uri)
+	}
 }
 
 // bump marks a change of state (s.mu is held) and wakes a Changed reader.
@@ -356,20 +431,19 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 		s.state.Matched++
 		uri := "at://" + u.did + "/" + op.collection + "/" + op.rkey
 		if op.action == "delete" {
-			delete(s.state.Records, uri)
+			s.remove(uri)
 			continue
 		}
 		if s.filter.rejects(op.collection, op.value) {
-			delete(s.state.Records, uri)
+			s.remove(uri)
 			s.state.Invalid++
 			continue
 		}
 		if s.filter.declines(uri, u.did, op.collection, op.value) {
-			delete(s.state.Records, uri)
+			s.remove(uri)
 			continue
 		}
-		s.order++
-		s.state.Records[uri] = Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value), order: s.order}
+		s.put(Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value)})
 	}
 	s.evict()
 	s.state.Seen++
@@ -381,17 +455,17 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 	return resync
 }
 
+// evict forgets the records changed longest ago while there are more
+// than max (s.mu is held): amortized O(1) per record, as each place in
+// ages is taken once.
 func (s *Subscription) evict() {
-	for len(s.state.Records) > s.max {
-		var oldest Record
-		first := true
-		for _, r := range s.state.Records {
-			if first || r.order < oldest.order {
-				oldest, first = r, false
-			}
+	for len(s.state.Records) > s.max && len(s.ages) > 0 {
+		a := s.ages[0]
+		s.ages = s.ages[1:]
+		if s.current(a) {
+			s.remove(a.uri)
+			s.state.Evicted++
 		}
-		delete(s.state.Records, oldest.URI)
-		s.state.Evicted++
 	}
 }
 
@@ -471,11 +545,7 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 	if known && l.rev != "" && rs.Rev > l.rev {
 		return false
 	}
-	for uri, r := range s.state.Records {
-		if r.DID() == did {
-			delete(s.state.Records, uri)
-		}
-	}
+	s.removeRepo(did)
 	for _, r := range l.records {
 		if s.filter.rejects(r.collection(), r.Value) {
 			s.state.Invalid++
@@ -484,9 +554,7 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 		if s.filter.declines(r.URI, did, r.collection(), r.Value) {
 			continue
 		}
-		s.order++
-		r.order = s.order
-		s.state.Records[r.URI] = r
+		s.put(r)
 	}
 	s.evict()
 	s.listed[did] = time.Now()
@@ -508,9 +576,9 @@ func (s *Subscription) dropReposExcept(dids []string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for uri, r := range s.state.Records {
-		if !keep[r.DID()] {
-			delete(s.state.Records, uri)
+	for did := range s.byDID {
+		if !keep[did] {
+			s.removeRepo(did)
 		}
 	}
 	for did := range s.state.Repos {

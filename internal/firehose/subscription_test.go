@@ -3,6 +3,9 @@ package firehose
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
@@ -77,5 +80,82 @@ func TestChangedAndRefresh(t *testing.T) {
 	sub.resynced("did:plc:alice", ResyncRefresh)
 	if h := sub.Health(); h.Resyncing || h.Full {
 		t.Fatalf("after the listing: %+v", h)
+	}
+}
+
+// TestEvictionTakesTheOldestChange: past max, the record changed longest
+// ago goes first: loaded records in their order, an update makes a record
+// new again, a deleted one is not counted, and replacing a repo's records
+// leaves other repos' alone.
+func TestEvictionTakesTheOldestChange(t *testing.T) {
+	const alice, bob = "did:plc:alice", "did:plc:bob"
+	uri := func(did, rkey string) string { return "at://" + did + "/" + testCollection + "/" + rkey }
+	loaded := LoadRecords([]Record{{URI: uri(alice, "c"), CID: "c"}, {URI: uri(alice, "b"), CID: "b"}, {URI: uri(alice, "a"), CID: "a"}})
+	sub := newSubscription(Filter{Collections: []string{testCollection}}, 3, State{Records: loaded})
+	sub.stream = testStream(t, identity.NewMockDirectory())
+	seq := int64(0)
+	write := func(did, action, rkey string) {
+		seq++
+		sub.apply(&commitUpdate{seq: seq, did: did, rev: fmt.Sprintf("3%012d", seq), ops: []opUpdate{{action: action, collection: testCollection, rkey: rkey, cid: rkey, value: json.RawMessage(`{}`)}}})
+	}
+	kept := func(want ...string) {
+		t.Helper()
+		st, _, _ := sub.Snapshot()
+		var got []string
+		for _, r := range st.RecordsNewestFirst() {
+			got = append(got, strings.TrimPrefix(r.URI, "at://"))
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("kept %v, want %v", got, want)
+		}
+	}
+	write(alice, "create", "d") // a is the oldest
+	kept(alice+"/"+testCollection+"/d", alice+"/"+testCollection+"/c", alice+"/"+testCollection+"/b")
+	write(alice, "update", "b") // now c is
+	write(bob, "create", "e")
+	kept(bob+"/"+testCollection+"/e", alice+"/"+testCollection+"/b", alice+"/"+testCollection+"/d")
+	write(alice, "delete", "d") // 2 kept: nothing to evict
+	write(bob, "create", "f")
+	kept(bob+"/"+testCollection+"/f", bob+"/"+testCollection+"/e", alice+"/"+testCollection+"/b")
+	if !sub.replaceRepo(alice, &listing{rev: "4000000000000", records: []Record{{URI: uri(alice, "g"), CID: "g"}}}) {
+		t.Fatal("listing refused")
+	}
+	kept(alice+"/"+testCollection+"/g", bob+"/"+testCollection+"/f", bob+"/"+testCollection+"/e")
+	if st, _, _ := sub.Snapshot(); st.Evicted != 2 {
+		t.Fatalf("evicted %d, want 2 (a, c)", st.Evicted)
+	}
+	// Updating one record over and over does not grow what eviction keeps.
+	for range 1000 {
+		write(bob, "update", "e")
+	}
+	if n := len(sub.ages); n > 2*3+64+1 {
+		t.Fatalf("%d places kept for 3 records", n)
+	}
+}
+
+// BenchmarkEvict: one commit that creates a record, and so evicts one,
+// in a subscription full at max records. ns/op must not grow with max
+// (before the eviction queue each eviction scanned every record: 1e5
+// cost ten times 1e4).
+func BenchmarkEvict(b *testing.B) {
+	for _, n := range []int{1e4, 1e5} {
+		b.Run(fmt.Sprintf("max=%d", n), func(b *testing.B) {
+			sub := newSubscription(Filter{Collections: []string{testCollection}}, n, State{})
+			seq := int64(0)
+			create := func() {
+				seq++
+				sub.apply(&commitUpdate{seq: seq, did: "did:plc:alice", rev: fmt.Sprintf("3%012d", seq), ops: []opUpdate{{action: "create", collection: testCollection, rkey: strconv.FormatInt(seq, 10), cid: "c", value: json.RawMessage(`{}`)}}})
+			}
+			for range n {
+				create()
+			}
+			b.ResetTimer()
+			for range b.N {
+				create()
+			}
+			if sub.state.Evicted != int64(b.N) {
+				b.Fatalf("evicted %d, want %d", sub.state.Evicted, b.N)
+			}
+		})
 	}
 }
