@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -112,6 +113,9 @@ func TestMarketTenantMounted(t *testing.T) {
 		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != market.LeaseRunning {
 			t.Errorf("lease %s: state %s fingerprint %q, want running with the VM's %q", l.URI, rec.State, rec.CAFingerprint, vm.Status.CAFingerprint)
 		}
+	}
+	for _, l := range leases {
+		membersCannotForge(ctx, t, d, vm, l)
 	}
 	for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
 		for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Presence} {
@@ -271,4 +275,27 @@ func namespaceNames(ctx context.Context, cs kubernetes.Interface) ([]string, err
 		names = append(names, ns.Name)
 	}
 	return names, nil
+}
+
+// membersCannotForge: a member of either side's workspace cannot act for
+// the market's kinds on a live deal. The requester's cannot publish a
+// release of the live lease with an AtprotoRecord (kcp refuses the
+// collection at admission, naming the kinds that write it: R22); the
+// bidder's cannot make a StateSync of the VM, which the agent would run
+// as the tenant's admin (the export's maximal permission policy leaves
+// create to the provider: R20).
+func membersCannotForge(ctx context.Context, t *testing.T, d *deal, vm *computev1alpha1.ComputeVM, lease pdsRecord) {
+	t.Helper()
+	release := record("forged-release", "buyer", "forged", fmt.Sprintf(`{"$type":%q,"lease":{"uri":%q,"cid":%q},"reason":"expired","createdAt":%q}`,
+		lexicon.Release, lease.URI, lease.CID, time.Now().UTC().Format(time.RFC3339)))
+	release.Spec.Collection = lexicon.Release
+	if err := d.app.Create(ctx, release); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "MarketRequester") {
+		t.Errorf("an AtprotoRecord releasing the live lease: %v, want Invalid naming MarketRequester", err)
+	}
+	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: "forged-export", Namespace: vm.Namespace,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "ComputeVM", Name: vm.Name, UID: vm.UID, Controller: ptr.To(true)}}},
+		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}}}
+	if err := d.bid.Create(ctx, ss); !apierrors.IsForbidden(err) {
+		t.Errorf("the bidder workspace's owner creating a StateSync of the VM: %v, want Forbidden", err)
+	}
 }

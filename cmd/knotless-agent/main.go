@@ -15,13 +15,18 @@ import (
 	"os/signal"
 	"syscall"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/knotless-dev/knotless/apis"
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/cmd/internal/buildinfo"
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
 	"github.com/knotless-dev/knotless/cmd/knotless-agent/options"
@@ -56,6 +61,15 @@ func main() {
 	}
 }
 
+// cacheOptions cache only the Secrets the agent reads or writes (the VMs'
+// credentials, the snapshots' chunks: computev1alpha1.LabelAgent), not
+// every Secret of the workspace.
+func cacheOptions() cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{computev1alpha1.LabelAgent: "true"})},
+	}}
+}
+
 func run(ctx context.Context, o *options.Options) error {
 	logger := ctrl.Log.WithName("knotless-agent")
 	cfg, err := bootstrap.LoadConfig(o.Kubeconfig, o.Context)
@@ -69,6 +83,7 @@ func run(ctx context.Context, o *options.Options) error {
 	logger.Info("starting", "version", version, "commit", commit, "workspace", cfg.Host, "processRoot", o.ProcessRoot, "kcp", o.KCPPath())
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme:                 apis.NewScheme(),
+		Cache:                  cacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress: o.HealthProbeBindAddress,
 	})

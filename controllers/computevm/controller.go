@@ -23,6 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -149,16 +151,17 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 	return reconcile.Result{RequeueAfter: pollRunning}, nil
 }
 
-// credential makes the VM's credential Secret (owned by the VM) hold
-// token.
+// credential makes the VM's credential Secret (owned by the VM, labelled
+// for the agent's cache) hold token. It is applied, not read first: a
+// Secret an older agent made without the label is not in the cache.
 func (r *Reconciler) credential(ctx context.Context, vm *computev1alpha1.ComputeVM, token string) error {
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: CredentialSecret(vm.Name), Namespace: vm.Namespace}}
-	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, sec, func() error {
-		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token)}
-		return controllerutil.SetControllerReference(vm, sec, r.Client.Scheme())
-	})
-	if err != nil {
+	sec := corev1ac.Secret(CredentialSecret(vm.Name), vm.Namespace).
+		WithLabels(map[string]string{computev1alpha1.LabelAgent: "true"}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{"token": []byte(token)}).
+		WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion(computev1alpha1.GroupVersion.String()).WithKind("ComputeVM").
+			WithName(vm.Name).WithUID(vm.UID).WithController(true).WithBlockOwnerDeletion(true))
+	if err := r.Client.Apply(ctx, sec, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("the VM's credential Secret: %w", err)
 	}
 	return nil

@@ -59,6 +59,9 @@ func TestVMLifecycle(t *testing.T) {
 	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "vm-credential"}, sec); err != nil || string(sec.Data["token"]) != "tok" || !metav1.IsControlledBy(sec, got) {
 		t.Fatalf("credential Secret %+v, %v", sec, err)
 	}
+	if sec.Labels[computev1alpha1.LabelAgent] != "true" {
+		t.Errorf("the credential Secret is not labelled for the agent's cache: %v", sec.Labels)
+	}
 	d.Set("vm-uid", driver.Lost)
 	reconcileIt()
 	if got := get(); got.Status.Phase != computev1alpha1.VMLost || got.Status.Reason != computev1alpha1.ReasonProcessGone || got.Status.Endpoint != "" {

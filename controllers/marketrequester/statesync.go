@@ -200,7 +200,7 @@ func (s *session) snapshot(name string) ([][]byte, string) {
 func knownReason(reason string) string {
 	switch reason {
 	case computev1alpha1.ReasonVMNotRunning, computev1alpha1.ReasonChunksMissing, computev1alpha1.ReasonSnapshotInvalid,
-		computev1alpha1.ReasonSnapshotTooBig, computev1alpha1.ReasonExportFailed, computev1alpha1.ReasonImportFailed:
+		computev1alpha1.ReasonSnapshotTooBig, computev1alpha1.ReasonExportFailed, computev1alpha1.ReasonImportFailed, computev1alpha1.ReasonNotWanted:
 		return reason
 	}
 	return "failed"
@@ -265,7 +265,8 @@ func (s *session) restore(cc *marketv1alpha1.ComputeContract, bc client.Client, 
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
 		if _, err := controllerutil.CreateOrUpdate(s.ctx, bc, sec, func() error {
 			sec.Type = corev1.SecretTypeOpaque
-			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name}
+			// LabelAgent: the agent caches only Secrets that carry it.
+			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name, computev1alpha1.LabelAgent: "true"}
 			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
 			return controllerutil.SetControllerReference(ss, sec, bc.Scheme())
 		}); err != nil {

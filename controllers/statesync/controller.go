@@ -10,9 +10,12 @@
 package statesync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,15 +23,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/computevm"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -113,10 +118,46 @@ func (r *Reconciler) run(ctx context.Context, ss *computev1alpha1.StateSync, st 
 		set(st, ss, computev1alpha1.SyncPending, computev1alpha1.ReasonVMNotRunning, "waiting for the VM to run")
 		return reconcile.Result{RequeueAfter: poll}, nil
 	}
+	if why, err := r.unwanted(ctx, ss, vm); err != nil || why != "" {
+		if why != "" {
+			set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonNotWanted, why)
+		}
+		return reconcile.Result{}, err
+	}
 	if ss.Spec.Direction == computev1alpha1.Export {
 		return r.export(ctx, ss, vm, d, st)
 	}
 	return r.imp(ctx, ss, vm, d, st)
+}
+
+// unwanted says why the VM's contract does not ask for ss ("" when it
+// does). The provider makes a StateSync only for a VM of a bidder's
+// ComputeContract that is live: an export when the requester releases an
+// Active contract (before its release is published, so Active, or
+// Releasing once the bidder read it), an import into a new tenant before
+// the requester mounts it (the bidder's contract is Provisioning, or
+// Active once the VM runs). Nothing else is exported or imported: a VM
+// made by hand, or one whose contract ended, has no StateSync run.
+func (r *Reconciler) unwanted(ctx context.Context, ss *computev1alpha1.StateSync, vm *computev1alpha1.ComputeVM) (string, error) {
+	cc := &marketv1alpha1.ComputeContract{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: vm.Spec.ContractName}, cc)
+	switch {
+	case apierrors.IsNotFound(err):
+		return "the VM has no ComputeContract: only a contract's VM is exported or imported", nil
+	case err != nil:
+		return "", err
+	case !metav1.IsControlledBy(vm, cc) || cc.Spec.Side != marketv1alpha1.SideBidder:
+		return "the VM is not its bidder's ComputeContract's: only a contract's VM is exported or imported", nil
+	}
+	wanted := []marketv1alpha1.ContractPhase{marketv1alpha1.ContractProvisioning, marketv1alpha1.ContractActive}
+	if ss.Spec.Direction == computev1alpha1.Export {
+		wanted = []marketv1alpha1.ContractPhase{marketv1alpha1.ContractActive, marketv1alpha1.ContractReleasing}
+	}
+	if !slices.Contains(wanted, cc.Status.Phase) {
+		return fmt.Sprintf("the VM's contract is %s: an %s is made only while it is %s or %s",
+			cmp.Or(string(cc.Status.Phase), "new"), strings.ToLower(string(ss.Spec.Direction)), wanted[0], wanted[1]), nil
+	}
+	return "", nil
 }
 
 // running says so in the status before the driver is called: an agent
@@ -149,13 +190,15 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 		return reconcile.Result{}, nil
 	}
 	for i, ch := range chunks {
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
-		if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, sec, func() error {
-			sec.Type = corev1.SecretTypeOpaque
-			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name}
-			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
-			return controllerutil.SetControllerReference(ss, sec, r.Client.Scheme())
-		}); err != nil {
+		// Applied, not read first: a chunk an older agent made without
+		// LabelAgent is not in the cache.
+		sec := corev1ac.Secret(computev1alpha1.SnapshotChunkName(ss.Name, i), ss.Namespace).
+			WithLabels(map[string]string{computev1alpha1.LabelStateSync: ss.Name, computev1alpha1.LabelAgent: "true"}).
+			WithType(corev1.SecretTypeOpaque).
+			WithData(map[string][]byte{computev1alpha1.SnapshotKey: ch}).
+			WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion(computev1alpha1.GroupVersion.String()).WithKind("StateSync").
+				WithName(ss.Name).WithUID(ss.UID).WithController(true).WithBlockOwnerDeletion(true))
+		if err := r.Client.Apply(ctx, sec, client.FieldOwner(computevm.FieldManager), client.ForceOwnership); err != nil {
 			return reconcile.Result{}, fmt.Errorf("writing snapshot chunk %d: %w", i, err)
 		}
 	}

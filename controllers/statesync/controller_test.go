@@ -3,6 +3,7 @@ package statesync
 import (
 	"bytes"
 	"context"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,16 +14,25 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
 
+// runningVM is a running VM of the bidder's contract of the same name.
 func runningVM(name string) *computev1alpha1.ComputeVM {
-	return &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
+	return &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid"),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "ComputeContract", Name: name, UID: types.UID(name + "-cc-uid"), Controller: ptr.To(true)}}},
 		Spec:   computev1alpha1.ComputeVMSpec{ContractName: name, Driver: "process", CPUMillis: 1, MemoryMiB: 1},
 		Status: computev1alpha1.ComputeVMStatus{Phase: computev1alpha1.VMRunning}}
+}
+
+// contractOf is the bidder's contract of runningVM(name), in phase.
+func contractOf(name string, phase marketv1alpha1.ContractPhase) *marketv1alpha1.ComputeContract {
+	return &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-cc-uid")},
+		Spec: marketv1alpha1.ComputeContractSpec{Side: marketv1alpha1.SideBidder}, Status: marketv1alpha1.ComputeContractStatus{Phase: phase}}
 }
 
 func syncOf(name string, vm *computev1alpha1.ComputeVM, spec computev1alpha1.StateSyncSpec) *computev1alpha1.StateSync {
@@ -41,7 +51,7 @@ func TestExportThenImport(t *testing.T) {
 	a, b := runningVM("a"), runningVM("b")
 	exp := syncOf("a-export", a, computev1alpha1.StateSyncSpec{Direction: computev1alpha1.Export,
 		Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}})
-	ws := clustertest.New(a, b, exp)
+	ws := clustertest.New(a, b, exp, contractOf("a", marketv1alpha1.ContractActive), contractOf("b", marketv1alpha1.ContractProvisioning))
 	d := drivertest.New(t)
 	d.Set("a-uid", driver.Running)
 	d.Set("b-uid", driver.Running)
@@ -92,6 +102,9 @@ func TestExportThenImport(t *testing.T) {
 		src := &corev1.Secret{}
 		if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: computev1alpha1.SnapshotChunkName("a-export", i)}, src); err != nil || !metav1.IsControlledBy(src, got) {
 			t.Fatalf("chunk %d: %v", i, err)
+		}
+		if src.Labels[computev1alpha1.LabelAgent] != "true" {
+			t.Errorf("chunk %d is not labelled for the agent's cache: %v", i, src.Labels)
 		}
 		dst := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName("b-import", i), Namespace: "default", Labels: map[string]string{computev1alpha1.LabelStateSync: "b-import"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "StateSync", Name: imp.Name, UID: imp.UID, Controller: ptr.To(true)}}},
@@ -145,7 +158,7 @@ func TestStateSyncOfAVMThatIsNotRunning(t *testing.T) {
 	ss := syncOf("a-export", vm, computev1alpha1.StateSyncSpec{Direction: computev1alpha1.Export})
 	stray := syncOf("stray", vm, computev1alpha1.StateSyncSpec{Direction: computev1alpha1.Export})
 	stray.OwnerReferences = nil
-	ws := clustertest.New(vm, ss, stray)
+	ws := clustertest.New(vm, ss, stray, contractOf("a", marketv1alpha1.ContractActive))
 	d := drivertest.New(t)
 	r := &Reconciler{Client: ws.Client, Drivers: map[string]driver.Driver{"process": d}, Events: ws.GetEventRecorder(Name)}
 	ctx := context.Background()
@@ -175,5 +188,61 @@ func TestStateSyncOfAVMThatIsNotRunning(t *testing.T) {
 	}
 	if len(d.Exported) != 0 {
 		t.Errorf("exported %v", d.Exported)
+	}
+}
+
+// A StateSync runs only when the VM's contract asks for it: the VM is its
+// bidder's live contract's (not one made by hand, nor the requester's
+// copy), an export while the contract is Active or Releasing, an import
+// while it is Provisioning or Active. Any other is Failed (NotWanted)
+// and the driver is never called: a bidder-workspace member cannot make
+// the agent read or write a tenant as its admin by pointing a StateSync
+// at a VM.
+func TestStateSyncTheContractDoesNotAskFor(t *testing.T) {
+	handmade := runningVM("handmade")
+	requesters := contractOf("theirs", marketv1alpha1.ContractActive)
+	requesters.Spec.Side = marketv1alpha1.SideRequester
+	objs := []client.Object{handmade, runningVM("theirs"), requesters,
+		runningVM("done"), contractOf("done", marketv1alpha1.ContractCompleted),
+		runningVM("releasing"), contractOf("releasing", marketv1alpha1.ContractReleasing),
+		runningVM("new"), contractOf("new", marketv1alpha1.ContractProvisioning)}
+	refused := map[string]*computev1alpha1.StateSync{}
+	for _, vm := range []string{"handmade", "theirs", "done", "new"} {
+		refused[vm+"-export"] = syncOf(vm+"-export", objs[slices.IndexFunc(objs, func(o client.Object) bool { return o.GetName() == vm })].(*computev1alpha1.ComputeVM),
+			computev1alpha1.StateSyncSpec{Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}})
+	}
+	for _, vm := range []string{"done", "releasing"} {
+		refused[vm+"-import"] = syncOf(vm+"-import", objs[slices.IndexFunc(objs, func(o client.Object) bool { return o.GetName() == vm })].(*computev1alpha1.ComputeVM),
+			computev1alpha1.StateSyncSpec{Direction: computev1alpha1.Import, Chunks: 1, SHA256: statesync.Sum([]byte("x"))})
+	}
+	for _, ss := range refused {
+		objs = append(objs, ss)
+	}
+	ws := clustertest.New(objs...)
+	d := drivertest.New(t)
+	for _, vm := range []string{"handmade", "theirs", "done", "releasing", "new"} {
+		d.Set(vm+"-uid", driver.Running)
+	}
+	r := &Reconciler{Client: ws.Client, Drivers: map[string]driver.Driver{"process": d}, Events: ws.GetEventRecorder(Name)}
+	ctx := context.Background()
+	for name := range refused {
+		if err := ws.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(name, 0), Namespace: "default",
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "StateSync", Name: name, UID: types.UID(name + "-uid"), Controller: ptr.To(true)}}},
+			Data: map[string][]byte{computev1alpha1.SnapshotKey: []byte("x")}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+		got := &computev1alpha1.StateSync{}
+		if err := ws.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase != computev1alpha1.SyncFailed || got.Status.Reason != computev1alpha1.ReasonNotWanted {
+			t.Errorf("%s: %s %s, want Failed NotWanted", name, got.Status.Phase, got.Status.Reason)
+		}
+	}
+	if len(d.Exported) != 0 || len(d.Tenants) != 0 {
+		t.Errorf("the driver exported %v, imported into %d tenants", d.Exported, len(d.Tenants))
 	}
 }

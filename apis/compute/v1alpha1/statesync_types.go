@@ -53,6 +53,10 @@ const (
 	ReasonSnapshotTooBig  = "SnapshotTooLarge"
 	ReasonExportFailed    = "ExportFailed"
 	ReasonImportFailed    = "ImportFailed"
+	// ReasonNotWanted: the VM's contract does not ask for this StateSync
+	// (the VM has no live bidder's contract, or it is not in a phase
+	// that exports or imports).
+	ReasonNotWanted = "NotWanted"
 )
 
 // Snapshot chunk Secrets: a snapshot is cut into chunks of at most
@@ -60,7 +64,11 @@ const (
 // <owner>-<index>.
 const (
 	// LabelStateSync is on every chunk Secret of a StateSync: its name.
-	LabelStateSync     = "compute.knotless.dev/statesync"
+	LabelStateSync = "compute.knotless.dev/statesync"
+	// LabelAgent is on every Secret knotless-agent reads or writes (the
+	// VMs' credentials, the snapshots' chunks), value "true": the agent
+	// caches only those, not every Secret of its workspace.
+	LabelAgent         = "compute.knotless.dev/agent"
 	SnapshotKey        = "snapshot"
 	SnapshotChunkBytes = 512 << 10
 	// SnapshotMaxChunks caps a snapshot at 32 MiB.
