@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -247,10 +248,10 @@ func ParseRequestKey(owner, rkey string) (replica int32, stamp int64, ok bool) {
 func URI(did, collection, rkey string) string { return "at://" + did + "/" + collection + "/" + rkey }
 
 // SplitURI returns the repo (DID), collection and record key of an
-// at-URI; empty strings when it is not one.
+// at-URI; empty strings when it is not one (also when a part is empty).
 func SplitURI(uri string) (did, collection, rkey string) {
 	parts := strings.Split(strings.TrimPrefix(uri, "at://"), "/")
-	if !strings.HasPrefix(uri, "at://") || len(parts) != 3 {
+	if !strings.HasPrefix(uri, "at://") || len(parts) != 3 || slices.Contains(parts, "") {
 		return "", "", ""
 	}
 	return parts[0], parts[1], parts[2]
