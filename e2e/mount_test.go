@@ -119,7 +119,7 @@ func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url
 	grantEnter(ctx, t, c, "alice")
 	create(ctx, t, c,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(caPEM)}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-credential", Namespace: "default"}, Data: map[string][]byte{"token": []byte(token)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-credential", Namespace: "default", Labels: map[string]string{computev1alpha1.LabelMountCredential: name}}, Data: map[string][]byte{"token": []byte(token)}},
 		&computev1alpha1.TenantCluster{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: computev1alpha1.TenantClusterSpec{

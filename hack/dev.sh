@@ -341,6 +341,7 @@ tenant's kcp-admin token, which may impersonate) and the TenantCluster:
   kubectl create configmap tenant-ca -n default --from-file=ca.crt=$dev/tenant/apiserver.crt
   kubectl create secret generic tenant-credential -n default \
     --from-literal=token=\$(kubectl --kubeconfig $dev/tenant/admin.kubeconfig config view --raw -o jsonpath='{.users[?(@.name=="kcp-admin")].user.token}')
+  kubectl label secret tenant-credential -n default compute.knotless.dev/mount-credential=tenant
   kubectl apply -f $examples/tenantcluster.yaml
   kubectl wait --for=jsonpath='{.status.phase}'=Ready tenantcluster/tenant --timeout=60s
   kubectl get tenantclusters,workspaces

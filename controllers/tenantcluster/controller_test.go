@@ -97,7 +97,7 @@ func refs(t *testing.T) (*corev1.ConfigMap, *corev1.Secret) {
 		t.Fatal(err)
 	}
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred"}, Data: map[string][]byte{"token": []byte("tenant-token")}}
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: map[string][]byte{"token": []byte("tenant-token")}}
 }
 
 type fixture struct {

@@ -334,3 +334,33 @@ func TestConnectChecksTheAccountsDIDDocument(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretReferenceIsScopedToTheNamespace (R22): a repo's secretKeyRef
+// names a Secret of the repo's own namespace only. A Secret of that name
+// in another namespace of the workspace is never read: the repo is
+// CredentialNotFound, the message does not name the other namespace, and
+// the PDS gets no request; the same Secret in the repo's namespace is
+// used (the control).
+func TestSecretReferenceIsScopedToTheNamespace(t *testing.T) {
+	const foreign = "password-of-another-namespace"
+	srv := newRecorder(t, false, nil)
+	secret := func(namespace string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "foreign", Namespace: namespace}, Data: map[string][]byte{"password": []byte(foreign)}}
+	}
+	repo := newRepo(srv.URL)
+	repo.Spec.Credential.SecretKeyRef.Name = "foreign"
+	p := &Pool{Directory: pdstest.Directory("http://localhost"), Policy: local}
+	got, msg := reason(t, p, workspace(t, secret("other")), repo)
+	if got != atprotov1alpha1.ReasonCredentialNotFound || strings.Contains(msg, "other") {
+		t.Fatalf("reason %s (%s), want CredentialNotFound naming no other namespace", got, msg)
+	}
+	if reqs := srv.requests(); len(reqs) != 0 {
+		t.Fatalf("the PDS got requests: %q", reqs)
+	}
+	if got, msg := reason(t, p, workspace(t, secret(ns)), repo); got != atprotov1alpha1.ReasonAuthenticationFailed {
+		t.Fatalf("the repo's own namespace: reason %s (%s), want AuthenticationFailed", got, msg)
+	}
+	if reqs := srv.requests(); len(reqs) == 0 || !strings.Contains(strings.Join(reqs, "\n"), foreign) {
+		t.Fatalf("the control's password did not reach the PDS: %q", reqs)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mchandler "sigs.k8s.io/multicluster-runtime/pkg/handler"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -55,6 +56,13 @@ func refs(o client.Object) []string {
 // cluster lc. It returns a *conditions.Error with a TenantCluster
 // condition reason when a reference is missing or its content is
 // unusable, and other errors for failed reads.
+//
+// Both references must name one namespace, and a Secret is read only if
+// it is labelled for this TenantCluster (computev1alpha1.
+// LabelMountCredential): a TenantCluster cannot make the mount proxy send
+// a Secret its author could not read to a URL its author chose (R22). A
+// Secret that exists without the label is reported exactly like a
+// missing one, so a TenantCluster cannot probe for Secret names either.
 func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mountproxy.Tenant, error) {
 	t := mountproxy.Tenant{LogicalCluster: lc, Name: tc.Name}
 	u, err := url.Parse(tc.Spec.URL)
@@ -63,8 +71,11 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 	}
 	t.URL = u
 
-	ref := tc.Spec.CABundle
-	pemCA, err := keyref.Value(ctx, c, keyref.Ref{Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name, Key: ref.Key}, computev1alpha1.ReasonCABundleNotFound)
+	ref, cref := tc.Spec.CABundle, tc.Spec.Credential.SecretRef
+	if ref.Namespace != cref.Namespace {
+		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "spec.caBundle and spec.credential must name the same namespace")
+	}
+	pemCA, err := caBundle(ctx, c, tc)
 	if err != nil {
 		return t, err
 	}
@@ -73,8 +84,7 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "%s %s/%s key %q holds no PEM certificate", ref.Kind, ref.Namespace, ref.Name, ref.Key)
 	}
 
-	cref := tc.Spec.Credential.SecretRef
-	data, err := keyref.Data(ctx, c, keyref.Ref{Kind: "Secret", Namespace: cref.Namespace, Name: cref.Name}, computev1alpha1.ReasonCredentialNotFound)
+	data, err := mountSecret(ctx, c, tc, cref.Namespace, cref.Name, computev1alpha1.ReasonCredentialNotFound)
 	if err != nil {
 		return t, err
 	}
@@ -92,4 +102,36 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
 	}
 	return t, nil
+}
+
+// caBundle reads the PEM the CA bundle reference names: a key of a
+// ConfigMap, or of a Secret labelled for tc.
+func caBundle(ctx context.Context, c client.Reader, tc *computev1alpha1.TenantCluster) ([]byte, error) {
+	ref := tc.Spec.CABundle
+	if ref.Kind != "Secret" {
+		return keyref.Value(ctx, c, keyref.Ref{Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name, Key: ref.Key}, computev1alpha1.ReasonCABundleNotFound)
+	}
+	data, err := mountSecret(ctx, c, tc, ref.Namespace, ref.Name, computev1alpha1.ReasonCABundleNotFound)
+	if err != nil {
+		return nil, err
+	}
+	if len(data[ref.Key]) == 0 {
+		return nil, conditions.Errorf(computev1alpha1.ReasonCABundleNotFound, nil, "Secret %s/%s has no key %q", ref.Namespace, ref.Name, ref.Key)
+	}
+	return data[ref.Key], nil
+}
+
+// mountSecret returns the data of the Secret namespace/name if it is
+// labelled for tc; a missing Secret and one not labelled for tc are the
+// same *conditions.Error with reason missing.
+func mountSecret(ctx context.Context, c client.Reader, tc *computev1alpha1.TenantCluster, namespace, name, missing string) (map[string][]byte, error) {
+	s := &corev1.Secret{}
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, s)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && s.Labels[computev1alpha1.LabelMountCredential] != tc.Name:
+		return nil, conditions.Errorf(missing, nil, "Secret %s/%s not found, or not labelled %s=%s", namespace, name, computev1alpha1.LabelMountCredential, tc.Name)
+	case err != nil:
+		return nil, err
+	}
+	return s.Data, nil
 }

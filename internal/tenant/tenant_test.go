@@ -3,6 +3,7 @@ package tenant
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,7 +35,7 @@ func TestResolve(t *testing.T) {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": data}}
 	}
 	secret := func(data map[string][]byte) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred"}, Data: data}
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: data}
 	}
 	tc := &computev1alpha1.TenantCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: "tenant"},
@@ -46,6 +47,10 @@ func TestResolve(t *testing.T) {
 	}
 	badURL := tc.DeepCopy()
 	badURL.Spec.URL = "http://127.0.0.1:6443"
+	caSecret := tc.DeepCopy()
+	caSecret.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: "default", Name: "cred", Key: "ca.crt"}
+	token := map[string][]byte{"token": []byte("t")}
+	withCA := map[string][]byte{"token": []byte("t"), "ca.crt": ca.PEM}
 	for _, tt := range []struct {
 		name   string
 		tc     *computev1alpha1.TenantCluster
@@ -69,6 +74,9 @@ func TestResolve(t *testing.T) {
 		{"token and certificate", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"token": []byte("t"), "tls.crt": crt, "tls.key": key})}, computev1alpha1.ReasonInvalidSpec, nil},
 		{"key does not match", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"tls.crt": crt, "tls.key": []byte("x")})}, computev1alpha1.ReasonInvalidSpec, nil},
 		{"plain http", badURL, nil, computev1alpha1.ReasonInvalidSpec, nil},
+		{"CA and credential in one labelled Secret", caSecret, []client.Object{secret(withCA)}, "", nil},
+		{"CA Secret not labelled", caSecret, []client.Object{relabel(secret(withCA), nil)}, computev1alpha1.ReasonCABundleNotFound, nil},
+		{"CA Secret without the key", caSecret, []client.Object{secret(token)}, computev1alpha1.ReasonCABundleNotFound, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(tt.objs...).Build()
@@ -82,6 +90,76 @@ func TestResolve(t *testing.T) {
 			}
 			if tt.check != nil {
 				tt.check(t, got)
+			}
+		})
+	}
+}
+
+// relabel returns s with the given labels.
+func relabel(s *corev1.Secret, labels map[string]string) *corev1.Secret {
+	s.Labels = labels
+	return s
+}
+
+// TestResolveOnlyLabelledSecretsOfOneNamespace (R22): a TenantCluster
+// resolves only a Secret labelled for it, in the one namespace both its
+// references name. A Secret of another namespace, one without the label
+// (such as another contract's credential) or one labelled for another
+// TenantCluster is reported exactly like a missing Secret, so its
+// existence is not revealed either, and no token is returned.
+func TestResolveOnlyLabelledSecretsOfOneNamespace(t *testing.T) {
+	ca, err := framework.NewCA("tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "attacker", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
+		// The market's credential, labelled for its own TenantCluster.
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "cc-tenant", Labels: map[string]string{computev1alpha1.LabelMountCredential: "cc"}},
+			Data: map[string][]byte{"token": []byte("market-token")}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "unlabelled"}, Data: map[string][]byte{"token": []byte("other-token")}},
+	}
+	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(objs...).Build()
+	tc := func(caNS, credNS, cred string) *computev1alpha1.TenantCluster {
+		return &computev1alpha1.TenantCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: "hostile"},
+			Spec: computev1alpha1.TenantClusterSpec{
+				URL:        "https://attacker.example",
+				CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: caNS, Name: "ca", Key: "ca.crt"},
+				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: credNS, Name: cred}},
+			},
+		}
+	}
+	missing := func(ns, name string) string {
+		_, err := Resolve(context.Background(), c, "lc", tc(ns, ns, name))
+		return err.Error()
+	}
+	for _, tt := range []struct {
+		name   string
+		tc     *computev1alpha1.TenantCluster
+		reason string
+	}{
+		{"credential of another namespace", tc("attacker", "market", "cc-tenant"), computev1alpha1.ReasonInvalidSpec},
+		{"labelled for another TenantCluster", tc("market", "market", "cc-tenant"), computev1alpha1.ReasonCredentialNotFound},
+		{"not labelled", tc("market", "market", "unlabelled"), computev1alpha1.ReasonCredentialNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Resolve(context.Background(), c, "lc", tt.tc)
+			var te *conditions.Error
+			if !errors.As(err, &te) || te.Reason != tt.reason {
+				t.Fatalf("error %v, want reason %s", err, tt.reason)
+			}
+			if got.Credential.Token != "" {
+				t.Fatalf("resolved the token %q", got.Credential.Token)
+			}
+			if strings.Contains(te.Message, "-token") {
+				t.Errorf("message names the Secret's content: %s", te.Message)
+			}
+			// Apart from the name, the refusal is a missing Secret's.
+			ref := tt.tc.Spec.Credential.SecretRef
+			if want := missing(ref.Namespace, "no-such-secret"); tt.reason == computev1alpha1.ReasonCredentialNotFound && strings.Replace(err.Error(), ref.Name, "no-such-secret", 1) != want {
+				t.Errorf("refusal %q differs from a missing Secret's %q", err, want)
 			}
 		})
 	}

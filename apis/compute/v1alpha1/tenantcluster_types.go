@@ -50,8 +50,19 @@ const (
 	ReasonConflict              = "Conflict"
 )
 
+// LabelMountCredential marks a Secret as a TenantCluster's credential or
+// CA bundle: its value is the name of the one TenantCluster that may use
+// it. A Secret without it (or labelled for another TenantCluster) is
+// never read as a mount credential, so a user who may create
+// TenantClusters but not read Secrets cannot have the mount proxy send
+// someone else's token to a server of their choosing (R22).
+const LabelMountCredential = "compute.knotless.dev/mount-credential"
+
 // KeyRef names one key of a ConfigMap or Secret in a namespace of the
 // TenantCluster's own workspace (a workspace can only use its own objects).
+// The CA bundle and the credential must be in the same namespace; a Secret
+// must be labelled compute.knotless.dev/mount-credential=<the
+// TenantCluster's name>.
 type KeyRef struct {
 	// Kind is ConfigMap or Secret.
 	// +kubebuilder:validation:Enum=ConfigMap;Secret
@@ -67,7 +78,9 @@ type KeyRef struct {
 	Key string `json:"key"`
 }
 
-// SecretRef names a Secret in a namespace of the TenantCluster's workspace.
+// SecretRef names a Secret in a namespace of the TenantCluster's workspace:
+// the CA bundle's namespace. The Secret must be labelled
+// compute.knotless.dev/mount-credential=<the TenantCluster's name>.
 type SecretRef struct {
 	// Namespace of the Secret.
 	// +kubebuilder:validation:MinLength=1

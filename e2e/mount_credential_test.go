@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+)
+
+// authRecorder is a hostile tenant on loopback: it records the
+// Authorization header of every request and answers /version.
+type authRecorder struct {
+	*httptest.Server
+	mu   sync.Mutex
+	auth []string
+}
+
+func newAuthRecorder(t *testing.T) *authRecorder {
+	a := &authRecorder{}
+	a.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.auth = append(a.auth, r.Header.Get("Authorization"))
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"major":"1","minor":"32","gitVersion":"v1.32.0-hostile"}`)
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *authRecorder) seen() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.auth)
+}
+
+// TestMountCredentialReferences (R22, R16, R17): mallory, a member of the
+// workspace who may create TenantClusters and ConfigMaps but not read
+// Secrets, points TenantClusters at her own server on loopback (her CA
+// in a ConfigMap) and names Secrets she cannot read: one of another
+// namespace, one without the mount label, one labelled for another
+// TenantCluster. Through the real kcp, provider and mount proxy, none
+// resolves (InvalidSpec / CredentialNotFound, the message naming only
+// what she wrote) and her server never receives their tokens; a Secret
+// labelled for a TenantCluster is sent to that TenantCluster's server
+// (the control: the recording works).
+func TestMountCredentialReferences(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	if env.frontProxy == nil {
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
+	}
+	hostile := newAuthRecorder(t)
+	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hostile.Certificate().Raw}))
+	ws := env.prefix + "-mount-cred"
+	c, _ := appWorkspace(ctx, t, ws)
+	mallory := malloryClient(ctx, t, c, ws)
+
+	// The victims' namespace: credentials of other mounts (and of a
+	// market contract), which mallory may not read.
+	secret := func(name, token string, labels map[string]string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "victims", Name: name, Labels: labels}, Data: map[string][]byte{"token": []byte(token)}}
+	}
+	create(ctx, t, c,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "victims"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mallory"}},
+		secret("unlabelled", "token-unlabelled", nil),
+		secret("contract-tenant", "token-of-the-contract", map[string]string{computev1alpha1.LabelMountCredential: "contract"}),
+		secret("control", "token-control", map[string]string{computev1alpha1.LabelMountCredential: "control"}),
+	)
+	if err := mallory.Get(ctx, client.ObjectKey{Namespace: "victims", Name: "unlabelled"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("mallory reads a Secret (%v): the test's premise is wrong", err)
+	}
+	tc := func(name, ns, cred string) *computev1alpha1.TenantCluster {
+		return &computev1alpha1.TenantCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: computev1alpha1.TenantClusterSpec{
+				URL:        hostile.URL,
+				CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: ns, Name: "mallory-ca", Key: "ca.crt"},
+				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "victims", Name: cred}},
+			},
+		}
+	}
+	for _, ns := range []string{"victims", "mallory"} {
+		create(ctx, t, mallory, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mallory-ca"}, Data: map[string]string{"ca.crt": caPEM}})
+	}
+	create(ctx, t, mallory,
+		tc("steal-foreign", "mallory", "unlabelled"),
+		tc("steal-unlabelled", "victims", "unlabelled"),
+		tc("steal-contract", "victims", "contract-tenant"),
+	)
+	// The control, made by the workspace's admin for its own Secret.
+	create(ctx, t, c, tc("control", "victims", "control"))
+
+	// The control is Ready: the provider's probe and the shim reach the
+	// hostile server. Three more probe intervals for the others.
+	waitTenant(ctx, t, c, "control", computev1alpha1.ReasonReady, 2*time.Minute)
+	time.Sleep(6 * time.Second)
+	seen := hostile.seen()
+	t.Logf("the hostile server got %d requests", len(seen))
+	for _, a := range seen {
+		if a != "Bearer token-control" {
+			t.Errorf("the hostile server got Authorization %q", a)
+		}
+	}
+	if !slices.Contains(seen, "Bearer token-control") {
+		t.Fatalf("the control's token never arrived (%q): the recording does not work", seen)
+	}
+	for name, reason := range map[string]string{
+		"steal-foreign":    computev1alpha1.ReasonInvalidSpec,
+		"steal-unlabelled": computev1alpha1.ReasonCredentialNotFound,
+		"steal-contract":   computev1alpha1.ReasonCredentialNotFound,
+	} {
+		got := waitTenant(ctx, t, c, name, reason, 30*time.Second)
+		t.Logf("TenantCluster %s: phase %s, %s", name, got.Status.Phase, readyText(got))
+	}
+}
+
+// readyText is a TenantCluster's Ready condition as text.
+func readyText(tc *computev1alpha1.TenantCluster) string {
+	for _, c := range tc.Status.Conditions {
+		if c.Type == computev1alpha1.ConditionReady {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+// malloryClient is a client of the workspace ws (admin client c) as the
+// user mallory, who may enter it and create TenantClusters and ConfigMaps,
+// and nothing else (no Secrets).
+func malloryClient(ctx context.Context, t *testing.T, c client.Client, ws string) client.Client {
+	t.Helper()
+	grantEnter(ctx, t, c, "mallory")
+	create(ctx, t, c,
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e:mallory"}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{computev1alpha1.GroupVersion.Group}, Resources: []string{"tenantclusters"}, Verbs: []string{"create", "get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "get"}},
+		}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e:mallory"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "e2e:mallory"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "mallory"}}},
+	)
+	cfg := rest.CopyConfig(env.admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "mallory", Groups: []string{"system:authenticated"}}
+	mc, err := framework.ClientFor(cfg, root.Join(ws))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RBAC reaches kcp's authorizer shortly after it is written.
+	if err := framework.Eventually(ctx, 30*time.Second, "mallory may list TenantClusters", func(ctx context.Context) (bool, string, error) {
+		err := mc.List(ctx, &computev1alpha1.TenantClusterList{})
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return mc
+}
