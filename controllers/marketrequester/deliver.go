@@ -1,10 +1,12 @@
 package marketrequester
 
 import (
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -20,6 +22,22 @@ import (
 // (cluster-scoped, named like the contract; a cluster-scoped object
 // cannot be owned by a namespaced one, so the contract's end deletes it).
 func tenantCredential(cc string) string { return cc + "-tenant" }
+
+// LabelContract is the label of the TenantCluster a contract mounts its
+// tenant with: the contract's UID. A TenantCluster of the contract's name
+// without it (one a user made first) is never taken as the contract's
+// mount: the contract waits with ReasonMountNameTaken.
+const LabelContract = "market.knotless.dev/contract-uid"
+
+// ReasonMountNameTaken: a TenantCluster of the contract's name exists and
+// was not made for the contract (the Ready condition's reason while the
+// contract waits).
+const ReasonMountNameTaken = "MountNameTaken"
+
+// ownsMount reports whether tc is the mount deliver made for cc.
+func ownsMount(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster) bool {
+	return cc.UID != "" && tc.Labels[LabelContract] == string(cc.UID)
+}
 
 // bidderVM finds the VM of the requester's contract in the bidder's
 // workspace, through the index of bidders by DID: the bidder's contract
@@ -73,66 +91,107 @@ func (s *session) runningVM(cc *marketv1alpha1.ComputeContract) (client.Client, 
 // bidder's workspace (never through a record) once the CA matches the
 // fingerprint the bidder's lease record carries, and makes the
 // TenantCluster. It reports whether the mount is Ready, and what it waits
-// for.
-func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, error) {
+// for: a reason for the contract's Ready condition when it is not the
+// phase's own (ReasonMountNameTaken), and a message.
+func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, string, error) {
 	// Once mounted, the mount's own probe says whether the tenant answers
 	// (liveness is judged off the record and off the bidder's view).
 	tc := &computev1alpha1.TenantCluster{}
-	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil && tc.Spec.Credential.SecretRef.Name == tenantCredential(cc.Name) {
-		if tc.Status.Phase != computev1alpha1.PhaseReady {
-			return false, "the tenant is being mounted as TenantCluster " + tc.Name, nil
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
+		if !ownsMount(cc, tc) {
+			return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil
 		}
-		return true, "the tenant is mounted as workspace " + tc.Name, nil
-	} else if err != nil && !apierrors.IsNotFound(err) {
-		return false, "", err
+		if tc.Spec.Credential.SecretRef.Name == tenantCredential(cc.Name) {
+			ready, why := mountState(tc)
+			return ready, "", why, nil
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return false, "", "", err
 	}
 	bc, vm, token, err := s.runningVM(cc)
 	switch {
 	case err != nil:
-		return false, "", err
+		return false, "", "", err
 	case vm == nil:
-		return false, "the bidder's VM is not running yet", nil
+		return false, "", "the bidder's VM is not running yet", nil
 	}
 	fp, err := market.CAFingerprint([]byte(vm.Status.CABundle))
 	if err != nil || fp != lease.Lease.CAFingerprint {
-		return false, "the VM's CA does not match the fingerprint in the bidder's lease record: not mounted", nil
+		return false, "", "the VM's CA does not match the fingerprint in the bidder's lease record: not mounted", nil
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
 	if from := s.mr.Spec.RestoreFrom; from != "" {
 		if done, why, err := s.restore(cc, bc, vm, from); !done || err != nil {
-			return false, why, err
+			return false, "", why, err
 		}
 	}
+	ready, why, err := s.mount(cc, vm, token)
+	return ready, "", why, err
+}
+
+// mount writes the contract's TenantCluster (first, so that the
+// credential never exists beside a TenantCluster of another URL) and the
+// Secret it reads, labelled for it alone.
+func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.ComputeVM, token string) (bool, string, error) {
 	ns := cc.Namespace
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tenantCredential(cc.Name), Namespace: ns}}
+	name := tenantCredential(cc.Name)
+	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
+	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, tc, func() error {
+		if tc.ResourceVersion != "" && !ownsMount(cc, tc) {
+			return errMountNameTaken
+		}
+		metav1.SetMetaDataLabel(&tc.ObjectMeta, LabelContract, string(cc.UID))
+		tc.Spec.URL = vm.Status.Endpoint
+		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: "ca.crt"}
+		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}}
+		return nil
+	}); errors.Is(err, errMountNameTaken) {
+		return false, s.mountNameTaken(cc), nil
+	} else if err != nil {
+		return false, "", fmt.Errorf("the TenantCluster: %w", err)
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
+		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
 		sec.Data = map[string][]byte{"token": []byte(token), "ca.crt": []byte(vm.Status.CABundle)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", fmt.Errorf("the tenant's Secret: %w", err)
 	}
-	tc = &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
-	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, tc, func() error {
-		tc.Spec.URL = vm.Status.Endpoint
-		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: sec.Name, Key: "ca.crt"}
-		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: sec.Name}}
-		return nil
-	}); err != nil {
-		return false, "", fmt.Errorf("the TenantCluster: %w", err)
-	}
+	ready, why := mountState(tc)
+	return ready, why, nil
+}
+
+// errMountNameTaken: the TenantCluster of the contract's name is not the
+// contract's (found while writing it).
+var errMountNameTaken = errors.New(ReasonMountNameTaken)
+
+// mountState says whether the contract's TenantCluster is Ready.
+func mountState(tc *computev1alpha1.TenantCluster) (bool, string) {
 	if tc.Status.Phase != computev1alpha1.PhaseReady {
-		return false, "the tenant is being mounted as TenantCluster " + tc.Name, nil
+		return false, "the tenant is being mounted as TenantCluster " + tc.Name
 	}
-	return true, "the tenant is mounted as workspace " + tc.Name, nil
+	return true, "the tenant is mounted as workspace " + tc.Name
+}
+
+// mountNameTaken is the message of a contract whose TenantCluster name is
+// taken; the Event saying so is emitted once, when the contract starts
+// waiting for it.
+func (s *session) mountNameTaken(cc *marketv1alpha1.ComputeContract) string {
+	msg := fmt.Sprintf("TenantCluster %s exists and was not made for this contract (no label %s=%s): the tenant is not mounted until it is deleted", cc.Name, LabelContract, cc.UID)
+	if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c == nil || c.Reason != ReasonMountNameTaken {
+		s.events.Eventf(cc, nil, corev1.EventTypeWarning, ReasonMountNameTaken, "Mount", "%s", msg)
+	}
+	return msg
 }
 
 // undeliver removes the mount of a contract: the TenantCluster (when it is
-// the one deliver made) and the copied CA and credential.
+// the one deliver made: labelled with the contract's UID) and the copied CA and credential.
 func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 	tc := &computev1alpha1.TenantCluster{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
-		if tc.Spec.Credential.SecretRef == (computev1alpha1.SecretRef{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}) {
+		if ownsMount(cc, tc) {
 			if err := s.c.Delete(s.ctx, tc); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}

@@ -695,7 +695,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 
 	// A lease counts as gone only once a listing of the bidder's repo
 	// ended after it was found missing.
-	var mountMsg string
+	var mountReason, mountMsg string
 	leaseKey := "lease|" + cc.Spec.Accept.URI
 	gone := lease == nil && s.r.absent.Gone(s.view, cc.Spec.BidderDID, leaseKey, s.now)
 	if lease != nil {
@@ -734,11 +734,11 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			st.Phase = marketv1alpha1.ContractProvisioning
 		case lease.Lease.State == market.LeaseRunning:
 			// Active only once the tenant is mounted.
-			ready, why, err := s.deliver(cc, lease)
+			ready, reason, why, err := s.deliver(cc, lease)
 			if err != nil {
 				return false, err
 			}
-			st.Phase, mountMsg = marketv1alpha1.ContractProvisioning, why
+			st.Phase, mountReason, mountMsg = marketv1alpha1.ContractProvisioning, reason, why
 			if ready {
 				st.Phase = marketv1alpha1.ContractActive
 			} else {
@@ -812,7 +812,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 	}
 	finished := !live(&marketv1alpha1.ComputeContract{Status: *st})
-	if err := s.contractStatus(cc, st, mountMsg, unresponsive != ""); err != nil {
+	if err := s.contractStatus(cc, st, mountReason, mountMsg, unresponsive != ""); err != nil {
 		return false, err
 	}
 	if !finished {
@@ -963,7 +963,7 @@ func ptr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
 
 // contractStatus writes a contract's status when it changed, with an
 // Event when its phase did.
-func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mount string, unresponsive bool) error {
+func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mountReason, mount string, unresponsive bool) error {
 	status, reason, msg := metav1.ConditionTrue, string(st.Phase), "the contract is "+string(st.Phase)
 	switch st.Phase {
 	case marketv1alpha1.ContractFailed:
@@ -975,6 +975,7 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 		if mount != "" {
 			msg = mount
 		}
+		reason = cmp.Or(mountReason, reason)
 	case marketv1alpha1.ContractActive:
 		msg = cmp.Or(mount, msg)
 		switch {

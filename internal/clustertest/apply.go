@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
@@ -69,6 +70,12 @@ type owned struct {
 
 func (a *applier) funcs() interceptor.Funcs {
 	return interceptor.Funcs{
+		// A created object gets a UID, as from an apiserver (owner checks
+		// compare UIDs).
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			assignUID(obj)
+			return c.Create(ctx, obj, opts...)
+		},
 		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
 			cfg, err := unstructuredOf(obj)
 			if err != nil {
@@ -133,6 +140,7 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyC
 		return apierrors.NewConflict(gr, cfg.GetName(), fmt.Errorf("uid mismatch: the provided object specified uid %s, and no existing object was found", cfg.GetUID()))
 	case apierrors.IsNotFound(err):
 		created := cfg.DeepCopy()
+		assignUID(created)
 		unstructured.RemoveNestedField(created.Object, "status")
 		if err := c.Create(ctx, created); err != nil {
 			return err
@@ -294,4 +302,11 @@ func into(u *unstructured.Unstructured, obj runtime.ApplyConfiguration) error {
 		return errors.Join(errors.New("decoding the applied object"), err)
 	}
 	return nil
+}
+
+// assignUID gives obj a UID if it has none.
+func assignUID(obj client.Object) {
+	if obj.GetUID() == "" {
+		obj.SetUID(uuid.NewUUID())
+	}
 }
