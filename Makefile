@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: clean-tools dev-plan images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit e2e dev bench-engage bench-records bench-tenant clean
+.PHONY: clean-tools dev-plan images chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit fuzz e2e dev bench-engage bench-records bench-tenant clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -71,6 +71,10 @@ test: test-unit e2e
 test-unit:
 	go vet ./...
 	go test -count=1 $(GO_PACKAGES)
+
+## fuzz: every Go fuzz target (testing.F) for FUZZTIME each (default 20s; FUZZ=<regexp> picks targets), one at a time (hack/fuzz.sh)
+fuzz:
+	FUZZTIME=$${FUZZTIME:-20s} hack/fuzz.sh
 
 e2e: tools stack-deps
 	KCP_BIN=$(BIN)/kcp go test -p 1 -count=1 -timeout 40m -v ./e2e/ ./e2e/stack/
