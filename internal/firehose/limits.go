@@ -141,10 +141,11 @@ func (b *budget) take(n int, size int64) error {
 	return nil
 }
 
-// tooLarge is err, or a limitError if err is a response body past max.
-func tooLarge(err error, max int64) error {
+// tooLarge is err, or a limitError if err is a response body past
+// limit.
+func tooLarge(err error, limit int64) error {
 	if errors.Is(err, bodylimit.ErrTooLarge) {
-		return &limitError{what: "bytes in one response", limit: max}
+		return &limitError{what: "bytes in one response", limit: limit}
 	}
 	return err
 }
