@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -443,6 +446,34 @@ type forward struct {
 	rest   string
 	// probe: forwarding errors of the provider's probe are logged at info level.
 	probe bool
+	// private: a connection to a loopback, private or shared address was
+	// attempted for the request (see hidePrivate).
+	private atomic.Bool
+}
+
+// traced returns r with a trace that marks f private when a connection to
+// a private address is attempted.
+func (f *forward) traced(r *http.Request) *http.Request {
+	return r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+		ConnectStart: func(_, addr string) {
+			if ap, err := netip.ParseAddrPort(addr); err == nil && netpolicy.Private(ap.Addr()) {
+				f.private.Store(true)
+			}
+		},
+	}))
+}
+
+// hidePrivate is the reason a caller reads for a forwarding error of a
+// tenant at a private address (reachable only because the operator
+// allowed its range) a refused connection, no answer, a certificate that
+// does not verify and a handshake that fails are one reason,
+// TenantUnreachable, so that TenantClusters cannot scan the operator's
+// networks; the log keeps the real one (R17).
+func hidePrivate(reason string) string {
+	if reason == ReasonTenantCertificate || reason == ReasonTenantError {
+		return ReasonTenantUnreachable
+	}
+	return reason
 }
 
 type forwardKey struct{}
@@ -455,7 +486,8 @@ func forwardOf(r *http.Request) *forward { return r.Context().Value(forwardKey{}
 func (s *Server) newProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport: roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-			return forwardOf(r).entry.transport.RoundTrip(r)
+			f := forwardOf(r)
+			return f.entry.transport.RoundTrip(f.traced(r))
 		}),
 		// Streaming responses (watches, logs -f: no Content-Length) are
 		// flushed at every write by ReverseProxy itself; others are not
@@ -494,7 +526,13 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 				log = s.log
 			}
 			log.Info("forwarding failed", "logicalCluster", f.entry.tenant.LogicalCluster, "name", f.entry.tenant.Name, "reason", reason, "error", err.Error())
-			s.refuse(w, code, reason, forwardMessages[reason])
+			msg := forwardMessages[reason]
+			if f.private.Load() {
+				if reason = hidePrivate(reason); reason == ReasonTenantUnreachable {
+					msg = privateUnreachable
+				}
+			}
+			s.refuse(w, code, reason, msg)
 		},
 	}
 }
@@ -509,6 +547,10 @@ var forwardMessages = map[string]string{
 	ReasonUnknownTenant:     "the tenant was replaced or removed",
 	ReasonTenantError:       "the tenant's answer could not be forwarded",
 }
+
+// privateUnreachable is the message of every TenantUnreachable of a
+// tenant at a private address (see hidePrivate).
+const privateUnreachable = "the tenant could not be reached over a verified TLS connection (the mount proxy's log says why)"
 
 // bufferPool reuses the 32 KiB copy buffers of response bodies.
 type bufferPool struct{ pool sync.Pool }

@@ -144,7 +144,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if res.Version != "" {
 		st.TenantVersion = res.Version
 	}
-	ready := metav1.Condition{Type: computev1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: res.Reason, Message: res.Message}
+	// The message may quote the spec or the tenant: a part of it, never
+	// enough to make the status write fail (a condition's message is at
+	// most 32 KiB).
+	ready := metav1.Condition{Type: computev1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: res.Reason, Message: conditions.Quote(res.Message)}
 	if res.Reason == computev1alpha1.ReasonReady {
 		ready.Status = metav1.ConditionTrue
 	}

@@ -14,6 +14,7 @@ import (
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -94,6 +95,9 @@ func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
 func classify(shimReason string, code int, body []byte) Result {
 	var st metav1.Status
 	_ = json.Unmarshal(body, &st)
+	// Whatever answered wrote the message and the version: they are
+	// quoted into the condition and status only in part (MaxQuoted).
+	st.Message = conditions.Quote(st.Message)
 	switch shimReason {
 	case "":
 		// The tenant answered.
@@ -124,7 +128,7 @@ func classify(shimReason string, code int, body []byte) Result {
 		if err := json.Unmarshal(body, &v); err != nil || v.GitVersion == "" {
 			return Result{Reason: computev1alpha1.ReasonTenantError, Message: "the tenant's /version answer is not a version"}
 		}
-		return Result{Reason: computev1alpha1.ReasonReady, Message: "the tenant answered through the mount proxy", Version: v.GitVersion}
+		return Result{Reason: computev1alpha1.ReasonReady, Message: "the tenant answered through the mount proxy", Version: conditions.Quote(v.GitVersion)}
 	}
 	switch st.Reason {
 	case metav1.StatusReasonUnauthorized:

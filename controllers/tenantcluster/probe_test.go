@@ -1,11 +1,15 @@
 package tenantcluster
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -68,6 +72,34 @@ func TestRevokedStaysRevoked(t *testing.T) {
 	} {
 		if got := wasUsable(tt.st); got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestTenantTextIsQuotedInPart (issue 27 item 6): a tenant's Status
+// message and gitVersion of 60 KiB reach the condition and status cut to
+// conditions.MaxQuoted bytes with a marker, far below the 32 KiB limit of
+// a condition's message (a longer one would make every status write
+// fail).
+func TestTenantTextIsQuotedInPart(t *testing.T) {
+	long := strings.Repeat("é", 30<<10) // 60 KiB, two bytes a rune
+	status, _ := json.Marshal(metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonUnauthorized, Message: long})
+	version, _ := json.Marshal(map[string]string{"gitVersion": long})
+	for _, tt := range []struct {
+		name       string
+		shimReason string
+		code       int
+		body       []byte
+		text       func(Result) string
+	}{
+		{"tenant's Unauthorized", "", 401, status, func(r Result) string { return r.Message }},
+		{"tenant's 500", "", 500, status, func(r Result) string { return r.Message }},
+		{"a Status under the shim's reason", mountproxy.ReasonTenantError, 502, status, func(r Result) string { return r.Message }},
+		{"tenant's version", "", 200, version, func(r Result) string { return r.Version }},
+	} {
+		got := tt.text(classify(tt.shimReason, tt.code, tt.body))
+		if len(got) > conditions.MaxQuoted+100 || !strings.HasSuffix(got, " [truncated]") || !utf8.ValidString(got) {
+			t.Errorf("%s: %d bytes, ends %q", tt.name, len(got), got[max(0, len(got)-20):])
 		}
 	}
 }

@@ -17,6 +17,7 @@ package conditions
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // ReasonInvalidSpec is the reason of a spec that the schema accepts but
@@ -56,4 +57,25 @@ func ReasonOf(err error, fallback string) string {
 		return e.Reason
 	}
 	return fallback
+}
+
+// MaxQuoted is how many bytes of text another party wrote (a tenant's
+// answer, say) a condition or Event quotes: far below the 32 KiB limit of
+// a condition's message, so that no answer makes a status write fail.
+const MaxQuoted = 1024
+
+// truncatedMark ends a quote that was cut.
+const truncatedMark = " [truncated]"
+
+// Quote returns s cut to at most MaxQuoted bytes on a UTF-8 boundary, the
+// cut marked with " [truncated]".
+func Quote(s string) string {
+	if len(s) <= MaxQuoted {
+		return s
+	}
+	cut := MaxQuoted - len(truncatedMark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + truncatedMark
 }

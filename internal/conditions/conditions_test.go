@@ -9,7 +9,9 @@ package conditions
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
@@ -43,5 +45,16 @@ func TestSharedReasonsMatchTheAPIGroups(t *testing.T) {
 		if r != ReasonInvalidSpec {
 			t.Errorf("an API group's InvalidSpec is %q, want %q", r, ReasonInvalidSpec)
 		}
+	}
+}
+
+func TestQuote(t *testing.T) {
+	if got := Quote("short"); got != "short" {
+		t.Errorf("Quote(short) = %q", got)
+	}
+	long := strings.Repeat("€", MaxQuoted) // three bytes a rune
+	got := Quote(long)
+	if len(got) > MaxQuoted || !strings.HasSuffix(got, " [truncated]") || !utf8.ValidString(got) {
+		t.Errorf("Quote: %d bytes, valid UTF-8 %v, ends %q", len(got), utf8.ValidString(got), got[len(got)-20:])
 	}
 }

@@ -157,6 +157,19 @@ func (p *Policy) Check(addr netip.AddrPort) error {
 	return nil
 }
 
+// Private reports whether addr is a loopback, private or shared address
+// (or an IPv6 address that embeds one): an address knotless reaches only
+// because the operator allowed its range. What a connection to it found
+// (refused, no answer, which certificate) is the operator's to know, not a
+// caller's (R17).
+func Private(addr netip.Addr) bool {
+	ip := addr.Unmap()
+	if v4, ok := embedded(ip); ok {
+		ip = v4
+	}
+	return ip.IsLoopback() || ip.IsPrivate() || shared.Contains(ip)
+}
+
 // AllowsHost reports whether host (an IP literal, or "localhost") lies in a
 // range the operator allowed; names other than localhost are never
 // "allowed hosts". It decides whether plain http may carry credentials to

@@ -121,3 +121,15 @@ func TestResolve(t *testing.T) {
 		t.Fatalf("unspecified: %v %v", got, err)
 	}
 }
+
+func TestPrivate(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1": true, "10.1.2.3": true, "192.168.0.1": true, "100.64.0.1": true, "::1": true, "fd00::1": true,
+		"::ffff:10.0.0.1": true, "64:ff9b::a00:1": true, // IPv4-mapped, NAT64 of 10.0.0.1
+		"8.8.8.8": false, "2001:4860:4860::8888": false,
+	} {
+		if got := Private(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Private(%s) = %v, want %v", addr, got, want)
+		}
+	}
+}
