@@ -57,11 +57,11 @@ for t in "${targets[@]}"; do
 		failed=1
 		tail -n 40 "$log"
 	fi
-	results+=("$(printf '%-24s %-60s %-4s %4ds' "$name" "$pkg" "$result" $((SECONDS - start)))")
+	results+=("$(printf '%-24s %-60s %-6s %4ds' "$name" "$pkg" "$result" $((SECONDS - start)))")
 done
 
 echo
-printf '%-24s %-60s %-4s %5s\n' TARGET PACKAGE RESULT TIME
+printf '%-24s %-60s %-6s %5s\n' TARGET PACKAGE RESULT TIME
 printf '%s\n' "${results[@]}"
 if [ "$failed" -ne 0 ]; then
 	echo "fuzz: failures above; each failing input is under the package's testdata/fuzz/<target>/" >&2

@@ -29,7 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -235,7 +235,7 @@ func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema
 		}
 		// A name the client cannot put in a URL ("..", "a/b") would fail
 		// the apply after the objects before it were applied.
-		if len(path.IsValidPathSegmentName(o.GetName())) > 0 || len(path.IsValidPathSegmentName(o.GetNamespace())) > 0 {
+		if len(content.IsPathSegmentName(o.GetName())) > 0 || len(content.IsPathSegmentName(o.GetNamespace())) > 0 {
 			return 0, fmt.Errorf("%w: object %d has a name or namespace that is not a path segment", ErrInvalid, i)
 		}
 	}
