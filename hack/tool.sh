@@ -65,6 +65,10 @@ shift
 dir=$(moddir "$module")
 cache=$(cachedir "$module")
 mkdir -p "$cache" "$timings" "$root/bin"
+# One build of a module at a time (two checkouts, or make and .ci/run, may
+# ask at once): the second waits and then finds the binary cached.
+exec 9>"$cache/.lock"
+if command -v flock >/dev/null; then flock 9; fi
 
 ticker=
 stop_ticker() { [ -z "$ticker" ] || { kill "$ticker" 2>/dev/null || true; wait "$ticker" 2>/dev/null || true; ticker=; }; }
