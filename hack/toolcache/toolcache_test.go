@@ -2,11 +2,13 @@
 package toolcache
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -50,6 +52,15 @@ func checkout(t *testing.T) string {
 // own caches) set, and returns what it printed.
 func run(t *testing.T, checkout string, env []string, args ...string) string {
 	t.Helper()
+	out, err := runErr(t, checkout, env, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func runErr(t *testing.T, checkout string, env []string, args ...string) (string, error) {
+	t.Helper()
 	cmd := exec.Command(filepath.Join(checkout, "hack", "tool.sh"), args...)
 	cmd.Dir = checkout
 	goEnv := func(name string) string {
@@ -67,9 +78,9 @@ func run(t *testing.T, checkout string, env []string, args ...string) string {
 	}, env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("hack/tool.sh %v: %v\n%s", args, err, out)
+		return "", fmt.Errorf("hack/tool.sh %v: %w\n%s", args, err, out)
 	}
-	return string(out)
+	return string(out), nil
 }
 
 // TestEntryPointsShareOneBuild: a tool built by one entry point (make
@@ -129,5 +140,34 @@ func TestNoEntryPointMovesTheCache(t *testing.T) {
 		if m := set.Find(b); m != nil {
 			t.Errorf("%s sets the tools cache (%q): leave the default to hack/tool.sh", f, m)
 		}
+	}
+}
+
+// TestConcurrentEntryPointsBuildOnce: two entry points asking for the same
+// tool at once (make test in one checkout, .ci/run in another) build it
+// once; the second waits for the first and finds it cached.
+func TestConcurrentEntryPointsBuildOnce(t *testing.T) {
+	mod := toolModule(t)
+	env := []string{"HOME=" + t.TempDir()}
+	checkouts := []string{checkout(t), checkout(t), checkout(t)}
+	outs := make([]string, len(checkouts))
+	var wg sync.WaitGroup
+	for i, c := range checkouts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if outs[i], err = runErr(t, c, env, mod, "example.com/hello"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	builds := 0
+	for _, out := range outs {
+		builds += strings.Count(out, "building hello")
+	}
+	if builds != 1 {
+		t.Errorf("%d builds for %d concurrent callers, want 1:\n%s", builds, len(checkouts), fmt.Sprint(outs))
 	}
 }
