@@ -14,9 +14,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -222,6 +224,15 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 		t.Errorf("impersonating alice: %d, want 200", code)
 	}
 	mountTokenIsNoSuperuser(ctx, t, vm, token)
+	// The workspace's owner (its admin) cannot make a StateSync of the VM,
+	// which the agent would run as the tenant's admin: only the provider
+	// creates them (the export's maximal permission policy).
+	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: "vm-a-export", Namespace: vm.Namespace,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "ComputeVM", Name: vm.Name, UID: vm.UID, Controller: ptr.To(true)}}},
+		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}}}
+	if err := c.Create(ctx, ss); !apierrors.IsForbidden(err) {
+		t.Errorf("the workspace's owner creating a StateSync of the VM: %v, want Forbidden", err)
+	}
 	if rss, err := a.proc.RSS(); err == nil {
 		cpu, _ := a.proc.CPU()
 		t.Logf("FIGURE agent with 1 VM: RSS %d MiB, CPU %s (the VM's own process not included)", rss>>20, cpu.Round(time.Millisecond))
