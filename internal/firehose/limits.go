@@ -86,6 +86,10 @@ var ErrListingTooLarge = errors.New("listing too large")
 type limitError struct {
 	what  string
 	limit int64
+	// whole is set for a bound of the whole source (its listRepos, or a
+	// full listing's budget): one repo past its own bounds is skipped in
+	// a full listing, a source past these is refused.
+	whole bool
 }
 
 func (e *limitError) Error() string {
@@ -103,7 +107,9 @@ type budget struct {
 	maxRecords     int
 	maxBytes       int64
 	// unit names what the bounds are of, for the error.
-	unit   string
+	unit string
+	// whole is set on the budget of a full listing of the source.
+	whole  bool
 	source *budget
 }
 
@@ -115,13 +121,13 @@ func (l ListingLimits) repoBudget(source *budget) *budget {
 
 // sourceBudget is the budget of a full listing of the source.
 func (l ListingLimits) sourceBudget() *budget {
-	return &budget{maxPages: l.Pages, maxRecords: l.SourceRecords, maxBytes: l.SourceBytes, unit: "a listing of the source"}
+	return &budget{maxPages: l.Pages, maxRecords: l.SourceRecords, maxBytes: l.SourceBytes, unit: "a listing of the source", whole: true}
 }
 
 // page charges one page.
 func (b *budget) page() error {
 	if b.pages++; b.pages > b.maxPages {
-		return &limitError{what: "pages in " + b.unit, limit: int64(b.maxPages)}
+		return &limitError{what: "pages in " + b.unit, limit: int64(b.maxPages), whole: b.whole}
 	}
 	return nil
 }
@@ -132,10 +138,10 @@ func (b *budget) take(n int, size int64) error {
 		c.records += n
 		c.bytes += size
 		if c.records > c.maxRecords {
-			return &limitError{what: "records in " + c.unit, limit: int64(c.maxRecords)}
+			return &limitError{what: "records in " + c.unit, limit: int64(c.maxRecords), whole: c.whole}
 		}
 		if c.bytes > c.maxBytes {
-			return &limitError{what: "bytes in " + c.unit, limit: c.maxBytes}
+			return &limitError{what: "bytes in " + c.unit, limit: c.maxBytes, whole: c.whole}
 		}
 	}
 	return nil
@@ -148,4 +154,11 @@ func tooLarge(err error, limit int64) error {
 		return &limitError{what: "bytes in one response", limit: limit}
 	}
 	return err
+}
+
+// repoTooLarge reports whether err is a listing refused for one repo's
+// bounds (its records, bytes, pages or one response), not the source's.
+func repoTooLarge(err error) bool {
+	var le *limitError
+	return errors.As(err, &le) && !le.whole
 }

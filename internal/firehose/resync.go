@@ -141,7 +141,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		started := time.Now()
 		var err error
 		if req.did == "" {
-			err = s.resyncAll(ctx, req.sub)
+			err = s.resyncAll(ctx, req.sub, req.reason)
 		} else {
 			err = s.resyncRepo(ctx, req.sub, req.did, nil)
 		}
@@ -188,7 +188,7 @@ type listing struct {
 
 // resyncAll lists every followed repo and replaces the subscription's
 // records, within the limits of a listing of the source.
-func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
+func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string) error {
 	src := s.hub.opts.Listing.sourceBudget()
 	dids := sub.filter.DIDs
 	if len(dids) == 0 {
@@ -212,13 +212,27 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription) error {
 			}
 		}
 		if err := s.resyncRepo(ctx, sub, did, src); err != nil {
-			return err
+			if !repoTooLarge(err) {
+				return err
+			}
+			s.skipRepo(sub, did, reason, err)
 		}
 	}
 	if len(sub.filter.DIDs) == 0 {
 		sub.dropReposExcept(dids)
 	}
 	return nil
+}
+
+// skipRepo leaves out of a full listing one repo past its own listing
+// bounds: its records are not kept, it stays owed (so the subscription
+// says ListingTooLarge while Resyncing) and its listing is tried again
+// after the refusal backoff, while the full listing goes on with the
+// source's other repos. What was read of it still counts against the
+// source's budget, so many such repos refuse the source.
+func (s *stream) skipRepo(sub *Subscription, did, reason string, err error) {
+	sub.refuseRepo(did, reason, err)
+	s.refuse(resyncReq{sub: sub, did: did, reason: reason}, err)
 }
 
 // resyncRepo lists one repo and replaces its records, again if commits
@@ -273,7 +287,7 @@ func (s *stream) carries(ctx context.Context, did string) (bool, error) {
 	if ident.PDSEndpoint() == s.source {
 		return true, nil
 	}
-	rev, err := latestRev(ctx, s.api(s.source), did)
+	rev, err := latestRev(ctx, s.api(s.source), did, s.hub.opts.Listing.PageBytes)
 	if err != nil {
 		return false, err
 	}
@@ -299,7 +313,7 @@ func (s *stream) listRepos(ctx context.Context, src *budget) ([]string, error) {
 				continue
 			}
 			if len(dids) >= s.hub.opts.Listing.Repos {
-				return nil, fmt.Errorf("listing the repos of %s: %w", s.source, &limitError{what: "repos in the source's listRepos", limit: int64(s.hub.opts.Listing.Repos)})
+				return nil, fmt.Errorf("listing the repos of %s: %w", s.source, &limitError{what: "repos in the source's listRepos", limit: int64(s.hub.opts.Listing.Repos), whole: true})
 			}
 			if err := src.take(0, int64(len(r.Did))); err != nil {
 				return nil, fmt.Errorf("listing the repos of %s: %w", s.source, err)
@@ -323,7 +337,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 		return nil, err
 	}
 	for range 5 {
-		before, err := latestRev(ctx, c, did)
+		before, err := latestRev(ctx, c, did, s.hub.opts.Listing.PageBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -338,7 +352,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 				return nil, fmt.Errorf("listing %s of %s: %w", col, did, err)
 			}
 		}
-		after, err := latestRev(ctx, c, did)
+		after, err := latestRev(ctx, c, did, s.hub.opts.Listing.PageBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -384,8 +398,9 @@ func listCollection(ctx context.Context, c *atclient.APIClient, did, col string,
 }
 
 // latestRev returns the repo's current rev, or "" if the host does not
-// have it (deleted, deactivated, taken down).
-func latestRev(ctx context.Context, c *atclient.APIClient, did string) (string, error) {
+// have it (deleted, deactivated, taken down). An answer past limit (c's
+// body limit) refuses the listing as too large, like a listing page.
+func latestRev(ctx context.Context, c *atclient.APIClient, did string, limit int64) (string, error) {
 	out, err := comatproto.SyncGetLatestCommit(ctx, c, did)
 	if err != nil {
 		var apiErr *atclient.APIError
@@ -393,7 +408,7 @@ func latestRev(ctx context.Context, c *atclient.APIClient, did string) (string, 
 			// RepoNotFound, RepoDeactivated, RepoTakendown, RepoSuspended
 			return "", nil
 		}
-		return "", fmt.Errorf("reading the latest commit of %s: %w", did, err)
+		return "", fmt.Errorf("reading the latest commit of %s: %w", did, tooLarge(err, limit))
 	}
 	return out.Rev, nil
 }

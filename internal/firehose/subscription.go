@@ -174,6 +174,10 @@ type Subscription struct {
 	order   int64
 	// resyncErr is the last listing's error (nil once one succeeds).
 	resyncErr error
+	// refused holds the repos a full listing left out as too large, with
+	// the error: none of their records are kept (listed or committed)
+	// until a listing of the repo succeeds.
+	refused map[string]error
 	// listed is when each repo's records were last listed (replaced).
 	listed map[string]time.Time
 	// ages are the records' URIs, the one changed longest ago first, so
@@ -199,7 +203,7 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}, byDID: map[string]map[string]struct{}{}}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, refused: map[string]error{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}, byDID: map[string]map[string]struct{}{}}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
@@ -339,7 +343,7 @@ func (s *Subscription) Snapshot() (State, Health, uint64) {
 	health.Resyncing = s.full || len(s.pending) > 0
 	health.Full = s.full
 	if health.Resyncing {
-		health.ResyncErr = s.resyncErr
+		health.ResyncErr = s.listingErr()
 	}
 	return st, health, s.version
 }
@@ -353,7 +357,7 @@ func (s *Subscription) Health() Health {
 	health.Resyncing = s.full || len(s.pending) > 0
 	health.Full = s.full
 	if health.Resyncing {
-		health.ResyncErr = s.resyncErr
+		health.ResyncErr = s.listingErr()
 	}
 	return health
 }
@@ -417,6 +421,9 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if u.seq <= s.state.Cursor {
+		return false
+	}
+	if s.refused[u.did] != nil {
 		return false
 	}
 	rs := s.state.Repos[u.did]
@@ -567,6 +574,32 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 	return true
 }
 
+// refuseRepo forgets did's records and repo, and owes a listing of it
+// that was refused as too large with err.
+func (s *Subscription) refuseRepo(did, reason string, err error) {
+	s.owe(did, reason, 0)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.removeRepo(did)
+	delete(s.state.Repos, did)
+	delete(s.listed, did)
+	s.refused[did] = err
+	s.state.Errors++
+	s.bump()
+}
+
+// listingErr is the error Health shows while Resyncing: the last failed
+// listing's, else a refused repo's (s.mu is held).
+func (s *Subscription) listingErr() error {
+	if s.resyncErr != nil {
+		return s.resyncErr
+	}
+	for _, err := range s.refused {
+		return err
+	}
+	return nil
+}
+
 // dropReposExcept forgets the records and repos of DIDs not in dids (the
 // source no longer carries them).
 func (s *Subscription) dropReposExcept(dids []string) {
@@ -591,6 +624,12 @@ func (s *Subscription) dropReposExcept(dids []string) {
 			delete(s.listed, did)
 		}
 	}
+	for did := range s.refused {
+		if !keep[did] {
+			delete(s.refused, did)
+			delete(s.pending, did)
+		}
+	}
 	s.bump()
 }
 
@@ -602,6 +641,7 @@ func (s *Subscription) resynced(did, reason string) {
 		s.full, s.fullReason = false, ""
 	} else {
 		delete(s.pending, did)
+		delete(s.refused, did)
 		if len(s.pending) == 0 {
 			s.holding = false
 		}
