@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/knotless-dev/knotless/internal/backoff"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
 )
@@ -76,6 +78,27 @@ func (l ListingLimits) withDefaults() ListingLimits {
 	}
 	l.Retry = l.Retry.WithDefaults()
 	return l
+}
+
+// MaxFrameBytes bounds one message of a source's firehose
+// (subscribeRepos). The lexicon bounds an honest one: a #commit's blocks
+// are at most 2 000 000 bytes and its ops at most 200, a #sync's blocks
+// 10 000 bytes, so a frame stays under about 2.1 MB; 5 MiB leaves room. A
+// source that sends a larger message loses the connection (ErrFrameTooLarge),
+// which is opened again after the stream's backoff.
+const MaxFrameBytes = 5 << 20
+
+// ErrFrameTooLarge is wrapped by the error of a connection whose source
+// sent a message of more than MaxFrameBytes.
+var ErrFrameTooLarge = errors.New("firehose message too large")
+
+// frameTooLarge is err, or one naming the bound if err is a message past
+// MaxFrameBytes.
+func frameTooLarge(err error) error {
+	if errors.Is(err, websocket.ErrReadLimit) {
+		return fmt.Errorf("%w: the source sent a message of more than %d bytes; connection closed", ErrFrameTooLarge, MaxFrameBytes)
+	}
+	return err
 }
 
 // ErrListingTooLarge is wrapped by the error of a listing that passed one

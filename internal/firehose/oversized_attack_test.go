@@ -1,14 +1,18 @@
 package firehose
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/gorilla/websocket"
 )
 
 // hugeDID is a stranger's repo whose listRecords never ends.
@@ -110,4 +114,81 @@ func TestAttackOversizedLatestCommitIsRefused(t *testing.T) {
 		t.Errorf("error %q does not name the bound", err)
 	}
 	noRetryStorm(t, h)
+}
+
+// giantFrameSource is a fake source for alice whose firehose sends one
+// binary frame announcing 64 MiB and then streams it. conns counts the
+// connections, sent the bytes the client took of the frames.
+func giantFrameSource(t *testing.T, alice *testRepo, conns, sent *atomic.Int64) *fakeSource {
+	return newWrappedFakeSource(t, alice, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path != "/xrpc/com.atproto.sync.subscribeRepos" {
+				next.ServeHTTP(w, req)
+				return
+			}
+			con, err := (&websocket.Upgrader{}).Upgrade(w, req, nil)
+			if err != nil {
+				return
+			}
+			defer con.Close()
+			conns.Add(1)
+			const size = 64 << 20
+			// One unmasked, final, binary frame with a 64-bit length.
+			header := []byte{0x82, 127, 0, 0, 0, 0, 0, 0, 0, 0}
+			binary.BigEndian.PutUint64(header[2:], size)
+			// The frame starts as an event of a type the client skips
+			// ({"op": 1, "t": "#giant"}), so a client without a read limit
+			// reads past it to the next frame: all 64 MiB.
+			header = append(header, 0xa2, 0x62, 'o', 'p', 0x01, 0x61, 't', 0x66, '#', 'g', 'i', 'a', 'n', 't')
+			raw := con.NetConn()
+			if _, err := raw.Write(header); err != nil {
+				return
+			}
+			chunk := make([]byte, 64<<10)
+			for n := 14; n < size; {
+				part := chunk[:min(len(chunk), size-n)]
+				_ = raw.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				if _, err := raw.Write(part); err != nil {
+					return
+				}
+				n += len(part)
+				sent.Add(int64(len(part)))
+			}
+			// Held open until the client goes, as a source would.
+			_, _, _ = con.ReadMessage()
+		})
+	})
+}
+
+// TestAttackGiantFirehoseFrame: a source's firehose sends a 64 MiB frame.
+// The connection is closed with ErrFrameTooLarge naming the bound, after
+// the client took a bounded part of it, and is opened again only after
+// the stream's backoff (the test's is 20 ms doubling to 100 ms).
+func TestAttackGiantFirehoseFrame(t *testing.T) {
+	alice := newTestRepo(t, "did:plc:alice")
+	dir := identity.NewMockDirectory()
+	var conns, sent atomic.Int64
+	src := giantFrameSource(t, alice, &conns, &sent)
+	dir.Insert(alice.identityAt(src.srv.URL))
+	hub, _ := startHub(t, Options{Directory: dir})
+
+	sub := subscribe(t, hub, src, alice.did)
+	var err error
+	waitState(t, sub, "the connection closed for the frame's size", func(_ State, h Health) bool {
+		err = h.Err
+		return errors.Is(err, ErrFrameTooLarge)
+	})
+	if !strings.Contains(err.Error(), "more than 5242880 bytes") {
+		t.Errorf("error %q does not name the bound", err)
+	}
+	before := conns.Load()
+	time.Sleep(time.Second)
+	if n := conns.Load() - before; n > 15 {
+		t.Errorf("%d connections within a second after the refused frame", n)
+	}
+	n := sent.Load() / max(conns.Load(), 1)
+	t.Logf("%d connections; about %d KiB of the 64 MiB frame sent per connection", conns.Load(), n>>10)
+	if n > 32<<20 {
+		t.Errorf("about %d MiB of the frame sent per connection, want the client to stop reading it", n>>20)
+	}
 }

@@ -239,6 +239,7 @@ func (s *stream) connect(ctx context.Context) error {
 	defer s.hub.opts.Metrics.connected(s.label, false)
 	s.log.V(1).Info("firehose connected", "cursor", cursor, "generation", gen)
 
+	con.SetReadLimit(MaxFrameBytes)
 	idle := s.hub.opts.IdleTimeout
 	_ = con.SetReadDeadline(time.Now().Add(idle))
 	sched := newScheduler(connCtx, s, gen, tracker, idle, con)
@@ -246,6 +247,7 @@ func (s *stream) connect(ctx context.Context) error {
 	if c := context.Cause(connCtx); errors.Is(c, errRewind) {
 		err = errRewind
 	}
+	err = frameTooLarge(err)
 
 	s.mu.Lock()
 	s.connected = false
