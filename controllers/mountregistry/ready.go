@@ -7,6 +7,7 @@ Licensed under the Apache License, Version 2.0.
 package mountregistry
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,7 @@ import (
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 )
 
 // Readiness says when a shim's registry has read every TenantCluster that
@@ -184,7 +186,18 @@ type InitialList struct {
 	Backoff   backoff.Backoff
 	// PageSize bounds the items of one list request (default 500).
 	PageSize int
+	// PageBytes bounds one list response (default DefaultListPageBytes).
+	// A page past it is asked again with half as many items; a page of
+	// one item past it fails the list (bodylimit.ErrTooLarge).
+	PageBytes int64
 }
+
+// DefaultListPageBytes bounds one page of the initial list: members write
+// TenantClusters, and a page of large ones (annotations fill an object up
+// to the apiserver's request limit of about 3 MiB) is asked again smaller
+// rather than read without end; 64 MiB holds a page of one such object
+// many times over.
+const DefaultListPageBytes = 64 << 20
 
 // Start lists until a list succeeds or ctx ends.
 func (l *InitialList) Start(ctx context.Context) error {
@@ -276,32 +289,11 @@ func (l *InitialList) pages(ctx context.Context, hc *http.Client, vw, path strin
 	}
 	cont := ""
 	for {
-		q := url.Values{"limit": {strconv.Itoa(size)}}
-		if cont != "" {
-			q.Set("continue", cont)
+		list, err := l.page(ctx, hc, vw, path, size, cont)
+		if errors.Is(err, bodylimit.ErrTooLarge) && size > 1 {
+			size /= 2
+			continue
 		}
-		target := strings.TrimSuffix(vw, "/") + "/clusters/*" + path + "?" + q.Encode()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Accept", "application/json")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return fmt.Errorf("listing %s: %w", path, err)
-		}
-		var list struct {
-			Metadata metav1.ListMeta `json:"metadata"`
-			Items    []item          `json:"items"`
-		}
-		err = nil
-		if resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("listing %s: HTTP %d", path, resp.StatusCode)
-		} else if derr := json.NewDecoder(io.LimitReader(resp.Body, 256<<20)).Decode(&list); derr != nil {
-			err = fmt.Errorf("listing %s: %w", path, derr)
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		resp.Body.Close()
 		if err != nil {
 			return err
 		}
@@ -312,4 +304,43 @@ func (l *InitialList) pages(ctx context.Context, hc *http.Client, vw, path strin
 			return nil
 		}
 	}
+}
+
+// itemList is a page of a list.
+type itemList struct {
+	Metadata metav1.ListMeta `json:"metadata"`
+	Items    []item          `json:"items"`
+}
+
+// page reads one page of at most size items of path, from cont, within
+// l.PageBytes.
+func (l *InitialList) page(ctx context.Context, hc *http.Client, vw, path string, size int, cont string) (*itemList, error) {
+	q := url.Values{"limit": {strconv.Itoa(size)}}
+	if cont != "" {
+		q.Set("continue", cont)
+	}
+	target := strings.TrimSuffix(vw, "/") + "/clusters/*" + path + "?" + q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", path, err)
+	}
+	defer func() {
+		// What is left of a short body, so the connection is reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		_ = resp.Body.Close()
+	}()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("listing %s: HTTP %d", path, resp.StatusCode)
+	}
+	limit := cmp.Or(l.PageBytes, DefaultListPageBytes)
+	list := &itemList{}
+	if err := json.NewDecoder(bodylimit.Reader(resp.Body, limit)).Decode(list); err != nil {
+		return nil, fmt.Errorf("listing %s, %d items a page: %w", path, size, err)
+	}
+	return list, nil
 }
