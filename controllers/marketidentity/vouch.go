@@ -82,17 +82,26 @@ func (r *Reconciler) vouch(k string, id *marketv1alpha1.MarketIdentity, net *mar
 	case len(st.VouchedBy) > 0:
 		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "vouched for by the operator "+op)
 	case failure != nil:
-		reason := marketv1alpha1.ReasonSourceUnreachable
-		if errors.Is(failure, netpolicy.ErrDenied) {
-			reason = marketv1alpha1.ReasonAddressNotAllowed
-		}
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, reason, "reading the operator's association records: "+failure.Error())
+		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, failureReason(failure), "reading the operator's association records: "+failure.Error())
 	case !connected || listing:
 		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonConnecting, "reading the operator's association records from the network's firehoses")
 	default:
 		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonNotVouched, "no association record of the operator "+op+" names this identity")
 	}
 	return true
+}
+
+// failureReason is the Vouched reason of a feed's failed connection or
+// listing.
+func failureReason(err error) string {
+	switch {
+	case errors.Is(err, netpolicy.ErrDenied):
+		return marketv1alpha1.ReasonAddressNotAllowed
+	case errors.Is(err, firehose.ErrListingTooLarge):
+		return marketv1alpha1.ReasonListingTooLarge
+	default:
+		return marketv1alpha1.ReasonSourceUnreachable
+	}
 }
 
 // byVoucher indexes the operator's association records of a feed by

@@ -54,6 +54,10 @@ const (
 	// ReasonAddressNotAllowed: the operator's address policy refuses a
 	// firehose of the network or the operator's PDS.
 	ReasonAddressNotAllowed = "AddressNotAllowed"
+	// ReasonListingTooLarge: a listing of a firehose of the network, or of
+	// the operator's PDS, passed the provider's listing limits; it is
+	// tried again later.
+	ReasonListingTooLarge = "ListingTooLarge"
 	// ReasonPDSNotInNetwork: the identity's repo is on a PDS the network
 	// does not list in spec.pdsHosts.
 	ReasonPDSNotInNetwork = "PDSNotInNetwork"
