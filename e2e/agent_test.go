@@ -17,6 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -227,12 +229,7 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 	// The workspace's owner (its admin) cannot make a StateSync of the VM,
 	// which the agent would run as the tenant's admin: only the provider
 	// creates them (the export's maximal permission policy).
-	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: "vm-a-export", Namespace: vm.Namespace,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "ComputeVM", Name: vm.Name, UID: vm.UID, Controller: ptr.To(true)}}},
-		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}}}
-	if err := c.Create(ctx, ss); !apierrors.IsForbidden(err) {
-		t.Errorf("the workspace's owner creating a StateSync of the VM: %v, want Forbidden", err)
-	}
+	cannotMakeStateSync(ctx, t, c, vm, "the workspace's owner")
 	if rss, err := a.proc.RSS(); err == nil {
 		cpu, _ := a.proc.CPU()
 		t.Logf("FIGURE agent with 1 VM: RSS %d MiB, CPU %s (the VM's own process not included)", rss>>20, cpu.Round(time.Millisecond))
@@ -275,5 +272,29 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 	entries, _ := os.ReadDir(a.root)
 	if len(entries) != 0 {
 		t.Errorf("the process driver kept %d directories", len(entries))
+	}
+}
+
+// cannotMakeStateSync checks that c (who) can make no StateSync of vm,
+// neither by create nor by a server-side apply (a patch that creates: the
+// apiserver authorizes create for it too, so the export's maximal
+// permission policy, which leaves patch to everyone, still refuses it).
+func cannotMakeStateSync(ctx context.Context, t *testing.T, c client.Client, vm *computev1alpha1.ComputeVM, who string) {
+	t.Helper()
+	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: "forged-export", Namespace: vm.Namespace,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "ComputeVM", Name: vm.Name, UID: vm.UID, Controller: ptr.To(true)}}},
+		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}}}
+	if err := c.Create(ctx, ss.DeepCopy()); !apierrors.IsForbidden(err) {
+		t.Errorf("%s creating a StateSync of the VM: %v, want Forbidden", who, err)
+	}
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ss)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := &unstructured.Unstructured{Object: raw}
+	applied.SetGroupVersionKind(computev1alpha1.GroupVersion.WithKind("StateSync"))
+	delete(applied.Object, "status")
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner("forger")); !apierrors.IsForbidden(err) {
+		t.Errorf("%s applying a StateSync of the VM: %v, want Forbidden", who, err)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -292,10 +291,5 @@ func membersCannotForge(ctx context.Context, t *testing.T, d *deal, vm *computev
 	if err := d.app.Create(ctx, release); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "MarketRequester") {
 		t.Errorf("an AtprotoRecord releasing the live lease: %v, want Invalid naming MarketRequester", err)
 	}
-	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: "forged-export", Namespace: vm.Namespace,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: computev1alpha1.GroupVersion.String(), Kind: "ComputeVM", Name: vm.Name, UID: vm.UID, Controller: ptr.To(true)}}},
-		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: []computev1alpha1.GroupResource{{Resource: "secrets"}}}}
-	if err := d.bid.Create(ctx, ss); !apierrors.IsForbidden(err) {
-		t.Errorf("the bidder workspace's owner creating a StateSync of the VM: %v, want Forbidden", err)
-	}
+	cannotMakeStateSync(ctx, t, d.bid, vm, "the bidder workspace's owner")
 }
