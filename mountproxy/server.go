@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
-	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -454,13 +452,7 @@ type forward struct {
 // traced returns r with a trace that marks f private when a connection to
 // a private address is attempted.
 func (f *forward) traced(r *http.Request) *http.Request {
-	return r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
-		ConnectStart: func(_, addr string) {
-			if ap, err := netip.ParseAddrPort(addr); err == nil && netpolicy.Private(ap.Addr()) {
-				f.private.Store(true)
-			}
-		},
-	}))
+	return r.WithContext(netpolicy.TracePrivate(r.Context(), &f.private))
 }
 
 // hidePrivate is the reason a caller reads for a forwarding error of a

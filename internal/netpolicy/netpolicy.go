@@ -20,10 +20,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -155,6 +157,20 @@ func (p *Policy) Check(addr netip.AddrPort) error {
 		return deny("loopback and private addresses are allowed only in ranges the operator allows")
 	}
 	return nil
+}
+
+// TracePrivate returns ctx with an HTTP client trace that sets private
+// when a request made with it attempts a connection to a Private address:
+// a caller may then report its failure without the detail that would
+// tell a closed port, a silent host and a bad certificate apart (R17).
+func TracePrivate(ctx context.Context, private *atomic.Bool) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		ConnectStart: func(_, addr string) {
+			if ap, err := netip.ParseAddrPort(addr); err == nil && Private(ap.Addr()) {
+				private.Store(true)
+			}
+		},
+	})
 }
 
 // Private reports whether addr is a loopback, private or shared address

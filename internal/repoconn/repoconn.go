@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
@@ -30,6 +31,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/conditions"
@@ -138,9 +140,17 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 		return nil, errors.New("repoconn: the pool has no DID directory")
 	}
 	store := &secretStore{c: c, repo: repo}
-	pc, err := pds.Connect(ctx, repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{
+	var private atomic.Bool
+	pc, err := pds.Connect(netpolicy.TracePrivate(ctx, &private), repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{
 		HTTPClient: hc, Policy: p.Policy, Store: store, Directory: p.Directory, UserAgent: "knotless", MaxBatch: p.MaxBatch,
 	})
+	if err != nil && private.Load() && errors.Is(err, pds.ErrUnreachable) {
+		// A PDS at an address the operator allowed: a closed port, a
+		// silent host and a bad certificate read alike (R17), the cause
+		// is in the provider's log.
+		log.FromContext(ctx).Info("PDS at a private address unreachable", "url", repo.Spec.PDS.URL, "error", err.Error())
+		return nil, conditions.Errorf(atprotov1alpha1.ReasonPDSUnreachable, err, "%s", privateUnreachable)
+	}
 	if err != nil {
 		return nil, Classify(err)
 	}
@@ -152,6 +162,10 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	p.mu.Unlock()
 	return pc, nil
 }
+
+// privateUnreachable is the message of every PDSUnreachable of a PDS at a
+// loopback, private or shared address (see Connect).
+const privateUnreachable = "the PDS could not be reached over a verified TLS connection (the provider's log says why)"
 
 // Classify wraps an error of a PDS call in a *conditions.Error carrying
 // its condition reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
