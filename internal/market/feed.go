@@ -432,8 +432,7 @@ func (f *Feeds) keep(fd *feed, uri, did, collection string, value json.RawMessag
 // a stranger: operators' associations; requests, accepts and releases of
 // vouched requesters; leases and reclaims of vouched bidders; bids of
 // vouched bidders; and, of strangers, only bids on a request of a
-// requester follower that the feed holds (a requester records unvouched
-// bids as such).
+// requester follower (a requester records unvouched bids as such).
 func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) (stranger, ok bool) {
 	if len(value) > maxFeedRecord {
 		return false, false
@@ -456,8 +455,11 @@ func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) 
 		if json.Unmarshal(value, &b) != nil {
 			return false, false
 		}
+		// Not only on a request the feed holds already: a full listing
+		// may read the stranger's repo before the requester's, and
+		// nothing would list the stranger again.
 		requester, col, _ := SplitURI(b.Request.URI)
-		return true, in.requesters[requester] && col == lexicon.Request && fd.ledger.has(b.Request.URI)
+		return true, in.requesters[requester] && col == lexicon.Request
 	}
 	return false, false
 }

@@ -120,9 +120,9 @@ func TestRouteWakesWhomARecordConcerns(t *testing.T) {
 // TestKeepOnlyWhatFollowersDealWith: the feeds keep associations of
 // followed operators only; requests of vouched requesters (by an
 // operator's association, a follower's approval, or a follower itself);
-// of a stranger, only bids on a request of a requester follower that the
-// feed holds (not on a request it does not hold, a bidder follower's
-// DID, or anyone else's); nothing over 8 KiB.
+// of a stranger, only bids on a request of a requester follower (held
+// yet or not: a listing may read the bid first), not on a bidder
+// follower's or anyone else's; nothing over 8 KiB.
 func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 	f, err := NewFeeds(nil, FeedsOptions{})
 	if err != nil {
@@ -157,7 +157,7 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 		{stranger, lexicon.Request, "r", req, false},
 		{stranger, lexicon.Accept, "a", []byte(`{}`), false},
 		{stranger, lexicon.Bid, "b1", bidOn(shop, "held"), true},
-		{stranger, lexicon.Bid, "b2", bidOn(shop, "made-up"), false},
+		{stranger, lexicon.Bid, "b2", bidOn(shop, "not-listed-yet"), true},
 		{stranger, lexicon.Bid, "b3", bidOn(acme, "r"), false},
 		{stranger, lexicon.Bid, "b4", bidOn("did:plc:elsewhere", "r"), false},
 		{shop, lexicon.Request, "big", make([]byte, maxFeedRecord+1), false},

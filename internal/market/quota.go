@@ -69,14 +69,6 @@ func newLedger(limits quotas, refused func(reason string)) *ledger {
 	return &ledger{limits: limits, refused: refused, recs: map[string]entry{}, byDID: map[string]int{}, over: map[string]*overflow{}}
 }
 
-// has reports whether the record at uri is kept.
-func (l *ledger) has(uri string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, ok := l.recs[uri]
-	return ok
-}
-
 // admit reports whether the record at uri, of did, may be kept, and
 // accounts for it if so. A new version of a record kept already is.
 func (l *ledger) admit(uri, did string, stranger bool) bool {
