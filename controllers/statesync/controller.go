@@ -35,6 +35,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/computevm"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/statesync"
@@ -260,9 +261,7 @@ func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, pha
 	if phase == computev1alpha1.SyncFailed {
 		st.Reason = reason
 	}
-	if len(msg) > 1024 {
-		msg = msg[:1024]
-	}
+	msg = conditions.Quote(msg) // a tenant's error text, in part
 	status := metav1.ConditionFalse
 	if phase == computev1alpha1.SyncCompleted {
 		status = metav1.ConditionTrue
