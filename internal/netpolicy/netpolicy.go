@@ -148,7 +148,7 @@ func (p *Policy) Check(addr netip.AddrPort) error {
 			return deny("the address is reserved by the operator")
 		}
 	}
-	if ip.IsLoopback() || ip.IsPrivate() || shared.Contains(ip) {
+	if Private(ip) {
 		for _, a := range p.allowed {
 			if a.Contains(ip) {
 				return nil
