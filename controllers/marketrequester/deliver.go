@@ -131,7 +131,9 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 
 // mount writes the contract's TenantCluster (first, so that the
 // credential never exists beside a TenantCluster of another URL) and the
-// Secret it reads, labelled for it alone.
+// Secret it reads, labelled for it alone and bound to the VM's endpoint
+// (computev1alpha1.MountCredentialURLKey): whoever changes the
+// TenantCluster's URL afterwards does not get the token sent there.
 func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.ComputeVM, token string) (bool, string, error) {
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
@@ -154,7 +156,7 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), "ca.crt": []byte(vm.Status.CABundle)}
+		sec.Data = map[string][]byte{"token": []byte(token), "ca.crt": []byte(vm.Status.CABundle), computev1alpha1.MountCredentialURLKey: []byte(vm.Status.Endpoint)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", fmt.Errorf("the tenant's Secret: %w", err)

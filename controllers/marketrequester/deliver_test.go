@@ -81,8 +81,9 @@ func TestPreCreatedTenantClusterDoesNotTakeTheMount(t *testing.T) {
 		t.Fatalf("the contract's TenantCluster: %+v %+v, %v", tc.Labels, tc.Spec, err)
 	}
 	sec := &corev1.Secret{}
-	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(got.Name)}, sec); err != nil || sec.Labels[computev1alpha1.LabelMountCredential] != tc.Name {
-		t.Fatalf("the contract's Secret: labels %v, %v", sec.Labels, err)
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(got.Name)}, sec); err != nil || sec.Labels[computev1alpha1.LabelMountCredential] != tc.Name ||
+		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tc.Spec.URL {
+		t.Fatalf("the contract's Secret: labels %v, url %q (TenantCluster's %q), %v", sec.Labels, sec.Data[computev1alpha1.MountCredentialURLKey], tc.Spec.URL, err)
 	}
 	m.tenantReady()
 	m.round()

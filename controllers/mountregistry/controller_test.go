@@ -153,7 +153,8 @@ func newFixture(t *testing.T) *fixture {
 		},
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": string(ts.ca.PEM)}}
-	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: map[string][]byte{"token": []byte("tenant-token")}}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}},
+		Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialURLKey: []byte(ts.URL)}}
 	ws := clustertest.New(tc, cm, sec)
 	reg := mountproxy.NewRegistry(t.Context(), mountproxy.RegistryOptions{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)})
 	return &fixture{

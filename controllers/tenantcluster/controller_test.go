@@ -97,7 +97,8 @@ func refs(t *testing.T) (*corev1.ConfigMap, *corev1.Secret) {
 		t.Fatal(err)
 	}
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: map[string][]byte{"token": []byte("tenant-token")}}
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}},
+			Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialURLKey: []byte("https://127.0.0.1:6443")}}
 }
 
 type fixture struct {

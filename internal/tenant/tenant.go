@@ -59,10 +59,13 @@ func refs(o client.Object) []string {
 //
 // Both references must name one namespace, and a Secret is read only if
 // it is labelled for this TenantCluster (computev1alpha1.
-// LabelMountCredential): a TenantCluster cannot make the mount proxy send
-// a Secret its author could not read to a URL its author chose (R22). A
-// Secret that exists without the label is reported exactly like a
-// missing one, so a TenantCluster cannot probe for Secret names either.
+// LabelMountCredential) and its key url (computev1alpha1.
+// MountCredentialURLKey) is exactly spec.url: a TenantCluster cannot make
+// the mount proxy send a Secret its author could not read to a URL its
+// author chose, not even by updating or re-creating the TenantCluster the
+// Secret is labelled for (R22). A Secret that exists without the label or
+// for another URL is reported exactly like a missing one, so a
+// TenantCluster cannot probe for Secret names or URLs either.
 func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mountproxy.Tenant, error) {
 	t := mountproxy.Tenant{LogicalCluster: lc, Name: tc.Name}
 	u, err := url.Parse(tc.Spec.URL)
@@ -122,16 +125,25 @@ func caBundle(ctx context.Context, c client.Reader, tc *computev1alpha1.TenantCl
 }
 
 // mountSecret returns the data of the Secret namespace/name if it is
-// labelled for tc; a missing Secret and one not labelled for tc are the
-// same *conditions.Error with reason missing.
+// labelled for tc and bound to tc's URL; a missing Secret, one not
+// labelled for tc and one for another URL are the same
+// *conditions.Error with reason missing.
 func mountSecret(ctx context.Context, c client.Reader, tc *computev1alpha1.TenantCluster, namespace, name, missing string) (map[string][]byte, error) {
 	s := &corev1.Secret{}
 	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, s)
 	switch {
-	case apierrors.IsNotFound(err) || err == nil && s.Labels[computev1alpha1.LabelMountCredential] != tc.Name:
-		return nil, conditions.Errorf(missing, nil, "Secret %s/%s not found, or not labelled %s=%s", namespace, name, computev1alpha1.LabelMountCredential, tc.Name)
+	case apierrors.IsNotFound(err) || err == nil && !forTenant(s, tc):
+		return nil, conditions.Errorf(missing, nil, "Secret %s/%s not found, or not labelled %s=%s with key %s equal to spec.url",
+			namespace, name, computev1alpha1.LabelMountCredential, tc.Name, computev1alpha1.MountCredentialURLKey)
 	case err != nil:
 		return nil, err
 	}
 	return s.Data, nil
+}
+
+// forTenant says whether the Secret s is labelled for tc and bound to its
+// URL, compared as the exact strings its writer and tc hold.
+func forTenant(s *corev1.Secret, tc *computev1alpha1.TenantCluster) bool {
+	return s.Labels[computev1alpha1.LabelMountCredential] == tc.Name &&
+		string(s.Data[computev1alpha1.MountCredentialURLKey]) == tc.Spec.URL
 }

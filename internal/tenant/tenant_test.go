@@ -34,13 +34,20 @@ func TestResolve(t *testing.T) {
 	cm := func(data string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": data}}
 	}
-	secret := func(data map[string][]byte) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: data}
+	const tenantURL = "https://127.0.0.1:6443/clusters/root"
+	// secretFor is a Secret labelled for the TenantCluster, bound to url.
+	secretFor := func(url string, data map[string][]byte) *corev1.Secret {
+		d := map[string][]byte{computev1alpha1.MountCredentialURLKey: []byte(url)}
+		for k, v := range data {
+			d[k] = v
+		}
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}}, Data: d}
 	}
+	secret := func(data map[string][]byte) *corev1.Secret { return secretFor(tenantURL, data) }
 	tc := &computev1alpha1.TenantCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: "tenant"},
 		Spec: computev1alpha1.TenantClusterSpec{
-			URL:        "https://127.0.0.1:6443/clusters/root",
+			URL:        tenantURL,
 			CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "ca", Key: "ca.crt"},
 			Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: "cred"}},
 		},
@@ -77,6 +84,9 @@ func TestResolve(t *testing.T) {
 		{"CA and credential in one labelled Secret", caSecret, []client.Object{secret(withCA)}, "", nil},
 		{"CA Secret not labelled", caSecret, []client.Object{relabel(secret(withCA), nil)}, computev1alpha1.ReasonCABundleNotFound, nil},
 		{"CA Secret without the key", caSecret, []client.Object{secret(token)}, computev1alpha1.ReasonCABundleNotFound, nil},
+		{"credential without a URL", tc, []client.Object{cm(string(ca.PEM)), unbound(secret(token))}, computev1alpha1.ReasonCredentialNotFound, nil},
+		{"credential for the URL with a slash more", tc, []client.Object{cm(string(ca.PEM)), secretFor(tenantURL+"/", token)}, computev1alpha1.ReasonCredentialNotFound, nil},
+		{"CA Secret for another URL", caSecret, []client.Object{secretFor("https://127.0.0.1:6444/clusters/root", withCA)}, computev1alpha1.ReasonCABundleNotFound, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(tt.objs...).Build()
@@ -93,6 +103,12 @@ func TestResolve(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unbound returns s without the key that binds it to a URL.
+func unbound(s *corev1.Secret) *corev1.Secret {
+	delete(s.Data, computev1alpha1.MountCredentialURLKey)
+	return s
 }
 
 // relabel returns s with the given labels.
@@ -117,8 +133,8 @@ func TestResolveOnlyLabelledSecretsOfOneNamespace(t *testing.T) {
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
 		// The market's credential, labelled for its own TenantCluster.
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "cc-tenant", Labels: map[string]string{computev1alpha1.LabelMountCredential: "cc"}},
-			Data: map[string][]byte{"token": []byte("market-token")}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "unlabelled"}, Data: map[string][]byte{"token": []byte("other-token")}},
+			Data: map[string][]byte{"token": []byte("market-token"), computev1alpha1.MountCredentialURLKey: []byte("https://attacker.example")}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "unlabelled"}, Data: map[string][]byte{"token": []byte("other-token"), computev1alpha1.MountCredentialURLKey: []byte("https://attacker.example")}},
 	}
 	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(objs...).Build()
 	tc := func(caNS, credNS, cred string) *computev1alpha1.TenantCluster {
@@ -162,5 +178,49 @@ func TestResolveOnlyLabelledSecretsOfOneNamespace(t *testing.T) {
 				t.Errorf("refusal %q differs from a missing Secret's %q", err, want)
 			}
 		})
+	}
+}
+
+// TestLabelledCredentialDoesNotFollowTheURL (R22, from review): the label
+// binds a Secret to a TenantCluster's name only. A member who may update
+// (or delete and re-create) TenantClusters but not read Secrets takes the
+// contract's TenantCluster "cc", points spec.url at their own server and
+// spec.caBundle at a ConfigMap of their CA in the same namespace: the
+// labelled Secret is bound to the URL its writer chose, so its token is
+// not resolved for another URL, and the refusal is a missing Secret's.
+func TestLabelledCredentialDoesNotFollowTheURL(t *testing.T) {
+	attackerCA, err := framework.NewCA("attacker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(
+		// What deliver wrote for contract cc (VM endpoint https://10.0.0.7:6443).
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "cc-tenant", Labels: map[string]string{computev1alpha1.LabelMountCredential: "cc"}},
+			Data: map[string][]byte{"token": []byte("market-token"), "ca.crt": []byte("vm-ca"), computev1alpha1.MountCredentialURLKey: []byte("https://10.0.0.7:6443")}},
+		// The member's own CA, in a ConfigMap of the same namespace.
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "market", Name: "mine"}, Data: map[string]string{"ca.crt": string(attackerCA.PEM)}},
+	).Build()
+	// The contract's TenantCluster, after the member's update.
+	tc := &computev1alpha1.TenantCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "cc", Labels: map[string]string{"market.knotless.dev/contract-uid": "uid-of-cc"}},
+		Spec: computev1alpha1.TenantClusterSpec{
+			URL:        "https://attacker.example",
+			CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "market", Name: "mine", Key: "ca.crt"},
+			Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "market", Name: "cc-tenant"}},
+		},
+	}
+	got, err := Resolve(context.Background(), c, "lc", tc)
+	if err == nil || got.Credential.Token != "" {
+		t.Fatalf("resolved token %q for %s (err %v): the contract's credential follows a URL its writer never chose", got.Credential.Token, tc.Spec.URL, err)
+	}
+	var te *conditions.Error
+	if !errors.As(err, &te) || te.Reason != computev1alpha1.ReasonCredentialNotFound {
+		t.Fatalf("error %v, want reason %s", err, computev1alpha1.ReasonCredentialNotFound)
+	}
+	missing := tc.DeepCopy()
+	missing.Spec.Credential.SecretRef.Name = "no-such-secret"
+	_, want := Resolve(context.Background(), c, "lc", missing)
+	if strings.Replace(err.Error(), "cc-tenant", "no-such-secret", 1) != want.Error() || strings.Contains(err.Error(), "10.0.0.7") {
+		t.Errorf("refusal %q differs from a missing Secret's %q", err, want)
 	}
 }

@@ -58,11 +58,19 @@ const (
 // someone else's token to a server of their choosing (R22).
 const LabelMountCredential = "compute.knotless.dev/mount-credential"
 
+// MountCredentialURLKey is the data key of a mount credential Secret
+// (LabelMountCredential) that holds the one tenant URL it is for, written
+// by whoever writes the Secret. A TenantCluster reads the Secret only if
+// its spec.url is exactly that string, so whoever may update or re-create
+// the labelled TenantCluster still cannot point the Secret's token at a
+// server of their choosing (R22).
+const MountCredentialURLKey = "url"
+
 // KeyRef names one key of a ConfigMap or Secret in a namespace of the
 // TenantCluster's own workspace (a workspace can only use its own objects).
 // The CA bundle and the credential must be in the same namespace; a Secret
 // must be labelled compute.knotless.dev/mount-credential=<the
-// TenantCluster's name>.
+// TenantCluster's name> and hold the key url equal to spec.url.
 type KeyRef struct {
 	// Kind is ConfigMap or Secret.
 	// +kubebuilder:validation:Enum=ConfigMap;Secret
