@@ -88,7 +88,8 @@ type KeyRef struct {
 
 // SecretRef names a Secret in a namespace of the TenantCluster's workspace:
 // the CA bundle's namespace. The Secret must be labelled
-// compute.knotless.dev/mount-credential=<the TenantCluster's name>.
+// compute.knotless.dev/mount-credential=<the TenantCluster's name> and
+// hold the key url with exactly the TenantCluster's spec.url.
 type SecretRef struct {
 	// Namespace of the Secret.
 	// +kubebuilder:validation:MinLength=1
