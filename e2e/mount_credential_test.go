@@ -50,15 +50,18 @@ func (a *authRecorder) seen() []string {
 }
 
 // TestMountCredentialReferences (R22, R16, R17): mallory, a member of the
-// workspace who may create TenantClusters and ConfigMaps but not read
-// Secrets, points TenantClusters at her own server on loopback (her CA
-// in a ConfigMap) and names Secrets she cannot read: one of another
-// namespace, one without the mount label, one labelled for another
-// TenantCluster. Through the real kcp, provider and mount proxy, none
-// resolves (InvalidSpec / CredentialNotFound, the message naming only
-// what she wrote) and her server never receives their tokens; a Secret
-// labelled for a TenantCluster is sent to that TenantCluster's server
-// (the control: the recording works).
+// workspace who may create and update TenantClusters and ConfigMaps but
+// not read Secrets, points TenantClusters at her own server on loopback
+// (her CA in a ConfigMap) and names Secrets she cannot read: one of
+// another namespace, one without the mount label, one labelled for
+// another TenantCluster. She also updates the contract's TenantCluster,
+// Ready on its own server with the Secret labelled for it, to her URL and
+// CA. Through the real kcp, provider and mount proxy, none resolves
+// (InvalidSpec / CredentialNotFound, the message naming only what she
+// wrote) and her server never receives their tokens: the contract's
+// Secret is bound to its URL, not only to the TenantCluster's name. A
+// Secret labelled for a TenantCluster and bound to its URL is sent to
+// that server (the controls: the recording works).
 func TestMountCredentialReferences(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -66,23 +69,26 @@ func TestMountCredentialReferences(t *testing.T) {
 	if env.frontProxy == nil {
 		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
 	}
-	hostile := newAuthRecorder(t)
+	hostile, own := newAuthRecorder(t), newAuthRecorder(t)
 	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hostile.Certificate().Raw}))
+	ownCA := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: own.Certificate().Raw}))
 	ws := env.prefix + "-mount-cred"
 	c, _ := appWorkspace(ctx, t, ws)
 	mallory := malloryClient(ctx, t, c, ws)
 
 	// The victims' namespace: credentials of other mounts (and of a
 	// market contract), which mallory may not read.
-	secret := func(name, token string, labels map[string]string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "victims", Name: name, Labels: labels}, Data: map[string][]byte{"token": []byte(token)}}
+	secret := func(name, token, url string, labels map[string]string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "victims", Name: name, Labels: labels},
+			Data: map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialURLKey: []byte(url)}}
 	}
 	create(ctx, t, c,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "victims"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mallory"}},
-		secret("unlabelled", "token-unlabelled", nil),
-		secret("contract-tenant", "token-of-the-contract", map[string]string{computev1alpha1.LabelMountCredential: "contract"}),
-		secret("control", "token-control", map[string]string{computev1alpha1.LabelMountCredential: "control"}),
+		secret("unlabelled", "token-unlabelled", hostile.URL, nil),
+		secret("contract-tenant", "token-of-the-contract", own.URL, map[string]string{computev1alpha1.LabelMountCredential: "contract"}),
+		secret("control", "token-control", hostile.URL, map[string]string{computev1alpha1.LabelMountCredential: "control"}),
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "victims", Name: "contract-ca"}, Data: map[string]string{"ca.crt": ownCA}},
 	)
 	if err := mallory.Get(ctx, client.ObjectKey{Namespace: "victims", Name: "unlabelled"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("mallory reads a Secret (%v): the test's premise is wrong", err)
@@ -105,8 +111,25 @@ func TestMountCredentialReferences(t *testing.T) {
 		tc("steal-unlabelled", "victims", "unlabelled"),
 		tc("steal-contract", "victims", "contract-tenant"),
 	)
-	// The control, made by the workspace's admin for its own Secret.
-	create(ctx, t, c, tc("control", "victims", "control"))
+	// The control, made by the workspace's admin for its own Secret, and
+	// the contract's TenantCluster on its own server.
+	contract := tc("contract", "victims", "contract-tenant")
+	contract.Spec.URL, contract.Spec.CABundle.Name = own.URL, "contract-ca"
+	create(ctx, t, c, tc("control", "victims", "control"), contract)
+	waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonReady, 2*time.Minute)
+	if !slices.Contains(own.seen(), "Bearer token-of-the-contract") {
+		t.Fatalf("the contract's token never reached its own server (%q)", own.seen())
+	}
+	// mallory moves the contract's TenantCluster to her server and CA.
+	if err := mallory.Get(ctx, client.ObjectKey{Name: "contract"}, contract); err != nil {
+		t.Fatal(err)
+	}
+	contract.Spec.URL, contract.Spec.CABundle.Name = hostile.URL, "mallory-ca"
+	if err := mallory.Update(ctx, contract); err != nil {
+		t.Fatalf("mallory updates the contract's TenantCluster: %v", err)
+	}
+	got := waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonCredentialNotFound, time.Minute)
+	t.Logf("TenantCluster contract after mallory's update: phase %s, %s", got.Status.Phase, readyText(got))
 
 	// The control is Ready: the provider's probe and the shim reach the
 	// hostile server. Three more probe intervals for the others.
@@ -143,14 +166,14 @@ func readyText(tc *computev1alpha1.TenantCluster) string {
 }
 
 // malloryClient is a client of the workspace ws (admin client c) as the
-// user mallory, who may enter it and create TenantClusters and ConfigMaps,
-// and nothing else (no Secrets).
+// user mallory, who may enter it, create and update TenantClusters and
+// create ConfigMaps, and nothing else (no Secrets).
 func malloryClient(ctx context.Context, t *testing.T, c client.Client, ws string) client.Client {
 	t.Helper()
 	grantEnter(ctx, t, c, "mallory")
 	create(ctx, t, c,
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e:mallory"}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{computev1alpha1.GroupVersion.Group}, Resources: []string{"tenantclusters"}, Verbs: []string{"create", "get", "list", "watch"}},
+			{APIGroups: []string{computev1alpha1.GroupVersion.Group}, Resources: []string{"tenantclusters"}, Verbs: []string{"create", "get", "list", "watch", "update"}},
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "get"}},
 		}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e:mallory"},

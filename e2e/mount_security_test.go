@@ -255,13 +255,15 @@ func TestMountLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	loopURL := env.frontProxy.URL + "/tenants/" + lc + "/loop"
 	create(ctx, t, c,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "loop-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(fpCA)}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "loop-credential", Namespace: "default", Labels: map[string]string{computev1alpha1.LabelMountCredential: "loop"}}, Data: map[string][]byte{"tls.crt": crt, "tls.key": key}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "loop-credential", Namespace: "default", Labels: map[string]string{computev1alpha1.LabelMountCredential: "loop"}},
+			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, computev1alpha1.MountCredentialURLKey: []byte(loopURL)}},
 		&computev1alpha1.TenantCluster{
 			ObjectMeta: metav1.ObjectMeta{Name: "loop"},
 			Spec: computev1alpha1.TenantClusterSpec{
-				URL:        env.frontProxy.URL + "/tenants/" + lc + "/loop",
+				URL:        loopURL,
 				CABundle:   computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "loop-ca", Key: "ca.crt"},
 				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: "loop-credential"}},
 			},

@@ -340,6 +340,7 @@ tenant's kcp-admin token, which may impersonate) and the TenantCluster:
   kubectl ws use :root:shop
   kubectl create configmap tenant-ca -n default --from-file=ca.crt=$dev/tenant/apiserver.crt
   kubectl create secret generic tenant-credential -n default \
+    --from-literal=url=https://127.0.0.1:7443/clusters/root \
     --from-literal=token=\$(kubectl --kubeconfig $dev/tenant/admin.kubeconfig config view --raw -o jsonpath='{.users[?(@.name=="kcp-admin")].user.token}')
   kubectl label secret tenant-credential -n default compute.knotless.dev/mount-credential=tenant
   kubectl apply -f $examples/tenantcluster.yaml
