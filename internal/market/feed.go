@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -54,11 +55,14 @@ type Follower struct {
 
 // FeedsOptions configure Feeds; zero fields take defaults.
 type FeedsOptions struct {
-	// MaxRecords bounds the records of members (followers, their
-	// operators and the participants these vouch for) one source's feed
-	// keeps (default 200000), and MaxRecordsPerAuthor those of one member
-	// (default 10000). A record past a quota is refused: nothing kept is
-	// pushed out for it.
+	// MaxRecords bounds the records of members one sponsor is charged
+	// with on one source (default 20000): a follower with its own records
+	// and those of the participants its identity approves, an operator of
+	// a follower's network with its associations and the records of the
+	// participants these name. MaxRecordsPerAuthor bounds those of one
+	// member (default 10000). A record past a quota is refused: nothing
+	// kept is pushed out for it, and no sponsor's records take the place
+	// of another's.
 	MaxRecords          int
 	MaxRecordsPerAuthor int
 	// MaxStrangerRecords bounds the records of strangers (nobody vouches
@@ -123,8 +127,9 @@ type interest struct {
 	participants map[string]bool // followers' own DIDs
 	requesters   map[string]bool // requester followers' DIDs
 	operators    map[string]bool
-	// approved are the DIDs a follower's identity approves, by role.
-	approved map[Role]map[string]bool
+	// approved are the DIDs a follower's identity approves, by role, and
+	// the followers (their DIDs) that approve each.
+	approved map[Role]map[string][]string
 }
 
 // maxFeedRecord bounds the size of a record the feeds keep: knotless's
@@ -148,7 +153,7 @@ func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
 		}, []string{"collection"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "knotless_market_feed_refused_records_total",
-			Help: "Market records a feed did not keep because their author (reason author) or the source's members or strangers (source, strangers) had reached their quota.",
+			Help: "Market records a feed did not keep because their author (reason author), the followers or operators that vouch for it (sponsor) or the source's strangers (strangers) had reached their quota.",
 		}, []string{"reason"}),
 		feeds:     map[string]*feed{},
 		followers: map[mcreconcile.Request]*following{},
@@ -175,7 +180,7 @@ func (o FeedsOptions) withDefaults() FeedsOptions {
 			*v = d
 		}
 	}
-	def(&o.MaxRecords, 200_000)
+	def(&o.MaxRecords, 20_000)
 	def(&o.MaxRecordsPerAuthor, 10_000)
 	def(&o.MaxStrangerRecords, 10_000)
 	def(&o.MaxRecordsPerStranger, 100)
@@ -189,7 +194,7 @@ func (o FeedsOptions) withDefaults() FeedsOptions {
 }
 
 func newInterest() *interest {
-	return &interest{participants: map[string]bool{}, requesters: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string]bool{RoleRequester: {}, RoleBidder: {}}}
+	return &interest{participants: map[string]bool{}, requesters: map[string]bool{}, operators: map[string]bool{}, approved: map[Role]map[string][]string{RoleRequester: {}, RoleBidder: {}}}
 }
 
 // newFeed is the feed of src, not yet subscribed.
@@ -316,11 +321,12 @@ func (f *Feeds) Follow(fl Follower, sources []string) (Reader, error) {
 			continue
 		}
 		fd := f.newFeed(src)
-		// The ledger refuses what is past a quota, so the subscription,
-		// sized to both pools, never pushes a record out.
+		// The ledger refuses what is past a quota, and is the bound (its
+		// sponsors' pools grow with the followers): the subscription
+		// never pushes a record out.
 		sub, err := f.hub.Subscribe(src, firehose.Filter{Collections: Collections(), Check: f.check, Keep: func(uri, did, col string, v json.RawMessage) bool {
 			return f.keep(fd, uri, did, col, v)
-		}}, f.opts.MaxRecords+f.opts.MaxStrangerRecords, firehose.State{})
+		}}, math.MaxInt, firehose.State{})
 		if err != nil {
 			return nil, err
 		}
@@ -385,8 +391,10 @@ func (f *Feeds) rebuildInterest() {
 			other = RoleRequester
 		}
 		for _, d := range fl.Vouches {
-			next.approved[other][d] = true
-			if !prev.approved[other][d] {
+			if !slices.Contains(next.approved[other][d], fl.DID) {
+				next.approved[other][d] = append(next.approved[other][d], fl.DID)
+			}
+			if prev.approved[other][d] == nil {
 				fresh = append(fresh, d)
 			}
 		}
@@ -399,69 +407,74 @@ func (f *Feeds) rebuildInterest() {
 	}
 }
 
-// vouched reports whether did takes part in role in the eyes of a
-// follower: it trades here, a follower's identity approves it, or an
-// operator of a followed network vouches for it (an association record
-// the feed holds).
-func (f *Feeds) vouched(fd *feed, in *interest, did string, role Role) bool {
-	if in.participants[did] || in.approved[role][did] {
-		return true
+// sponsors are who vouch for did in role, whose quota its records are
+// charged to (none: did is a stranger): did itself if it trades here as
+// a follower, the followers whose identity approves it, and the
+// operators of followed networks that vouch for it (an association
+// record the feed holds), each for its own followers only. O(sponsors).
+func (f *Feeds) sponsors(fd *feed, in *interest, did string, role Role) []string {
+	var out []string
+	if in.participants[did] {
+		out = append(out, did)
 	}
-	idx := fd.idx.Load()
-	for op := range in.operators {
-		if r := idx.recs[URI(op, lexicon.Association, did)]; r != nil && r.Association != nil && slices.Contains(r.Association.Roles, string(role)) {
-			return true
+	out = append(out, in.approved[role][did]...)
+	for _, r := range fd.idx.Load().vouchers[did] {
+		if in.operators[r.DID] && slices.Contains(r.Association.Roles, string(role)) {
+			out = append(out, r.DID)
 		}
 	}
-	return false
+	return out
 }
 
 // keep is the feeds' Keep: a record is kept when it is small, of a
 // participant the followers deal with, and within its quotas (see
 // ledger).
 func (f *Feeds) keep(fd *feed, uri, did, collection string, value json.RawMessage) bool {
-	stranger, ok := f.wanted(fd, did, collection, value)
+	sponsors, ok := f.wanted(fd, did, collection, value)
 	if !ok {
 		fd.ledger.drop(uri)
 		return false
 	}
-	return fd.ledger.admit(uri, did, stranger)
+	return fd.ledger.admit(uri, did, sponsors)
 }
 
-// wanted says whether a record is of interest, and whether its author is
-// a stranger: operators' associations; requests, accepts and releases of
-// vouched requesters; leases and reclaims of vouched bidders; bids of
-// vouched bidders; and, of strangers, only bids on a request of a
-// requester follower (a requester records unvouched bids as such).
-func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) (stranger, ok bool) {
+// wanted says whether a record is of interest, and whom it is charged to
+// (no sponsor: its author is a stranger): operators' associations (to the
+// operator); requests, accepts and releases of vouched requesters;
+// leases and reclaims of vouched bidders; bids of vouched bidders; and,
+// of strangers, only bids on a request of a requester follower (a
+// requester records unvouched bids as such).
+func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) (sponsors []string, ok bool) {
 	if len(value) > maxFeedRecord {
-		return false, false
+		return nil, false
 	}
 	in := f.interest.Load()
 	switch collection {
 	case lexicon.Association:
-		return false, in.operators[did]
+		return []string{did}, in.operators[did]
 	case lexicon.Request, lexicon.Accept, lexicon.Release:
-		return false, f.vouched(fd, in, did, RoleRequester)
+		sponsors = f.sponsors(fd, in, did, RoleRequester)
+		return sponsors, len(sponsors) > 0
 	case lexicon.Lease, lexicon.Reclaim:
-		return false, f.vouched(fd, in, did, RoleBidder)
+		sponsors = f.sponsors(fd, in, did, RoleBidder)
+		return sponsors, len(sponsors) > 0
 	case lexicon.Bid:
-		if f.vouched(fd, in, did, RoleBidder) {
-			return false, true
+		if sponsors = f.sponsors(fd, in, did, RoleBidder); len(sponsors) > 0 {
+			return sponsors, true
 		}
 		var b struct {
 			Request StrongRef `json:"request"`
 		}
 		if json.Unmarshal(value, &b) != nil {
-			return false, false
+			return nil, false
 		}
 		// Not only on a request the feed holds already: a full listing
 		// may read the stranger's repo before the requester's, and
 		// nothing would list the stranger again.
 		requester, col, _ := SplitURI(b.Request.URI)
-		return true, in.requesters[requester] && col == lexicon.Request
+		return nil, in.requesters[requester] && col == lexicon.Request
 	}
-	return false, false
+	return nil, false
 }
 
 // Unfollow forgets req; feeds nobody follows any more are dropped.
@@ -607,6 +620,9 @@ type index struct {
 	recs     map[string]*Rec
 	children map[string][]*Rec
 	requests []*Rec
+	// vouchers are the association records of a DID (their rkey), by
+	// that DID.
+	vouchers map[string][]*Rec
 	// dids are the repos the feed holds records of.
 	dids map[string]bool
 }
@@ -683,7 +699,7 @@ func sameErr(a, b error) bool {
 // it saw already (when it first saw them), and returns the records that
 // are new, changed or gone (as they were).
 func build(prev *index, state firehose.State, version uint64, health firehose.Health, now time.Time, log logr.Logger) (*index, []*Rec) {
-	next := &index{version: version, built: true, health: health, recs: make(map[string]*Rec, len(state.Records)), children: map[string][]*Rec{}, dids: map[string]bool{}}
+	next := &index{version: version, built: true, health: health, recs: make(map[string]*Rec, len(state.Records)), children: map[string][]*Rec{}, vouchers: map[string][]*Rec{}, dids: map[string]bool{}}
 	var changed []*Rec
 	for uri, r := range state.Records {
 		rec := prev.recs[uri]
@@ -705,6 +721,9 @@ func build(prev *index, state firehose.State, version uint64, health firehose.He
 		}
 		if rec.Collection == lexicon.Request {
 			next.requests = append(next.requests, rec)
+		}
+		if rec.Association != nil {
+			next.vouchers[rec.RKey] = append(next.vouchers[rec.RKey], rec)
 		}
 	}
 	for uri, rec := range prev.recs {

@@ -139,7 +139,7 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}})
+	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}, vouchers: map[string][]*Rec{"did:plc:vouched": {assoc}}})
 	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
 	bidOn := func(requester, rkey string) []byte {
 		return []byte(`{"request":{"uri":"` + URI(requester, lexicon.Request, rkey) + `","cid":"c"}}`)
@@ -169,7 +169,7 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 }
 
 // TestQuotasRefuseInsteadOfPushingOut: a member's records past its
-// author quota, or past the source's, are refused (a new version of one
+// author quota, or past its sponsor's, are refused (a new version of one
 // kept still is); strangers have their own pool and quota, and filling
 // them refuses no member's record; a dropped record frees its place; and
 // while a member is over quota, a listing of it does not tell that a
@@ -177,32 +177,33 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 func TestQuotasRefuseInsteadOfPushingOut(t *testing.T) {
 	var refused []string
 	l := newLedger(quotas{Records: 5, PerAuthor: 3, Strangers: 4, PerStranger: 2}, func(r string) { refused = append(refused, r) })
+	op := []string{"did:plc:op"} // every member's sponsor
 	u := func(did string, i int) string { return URI(did, lexicon.Bid, fmt.Sprint(i)) }
 	for i := range 3 {
-		if !l.admit(u("did:plc:a", i), "did:plc:a", false) {
+		if !l.admit(u("did:plc:a", i), "did:plc:a", op) {
 			t.Fatalf("a's record %d refused", i)
 		}
 	}
-	if l.admit(u("did:plc:a", 3), "did:plc:a", false) || !l.admit(u("did:plc:a", 0), "did:plc:a", false) {
+	if l.admit(u("did:plc:a", 3), "did:plc:a", op) || !l.admit(u("did:plc:a", 0), "did:plc:a", op) {
 		t.Error("a's fourth record was kept, or a new version of its first refused")
 	}
 	for i := range 10 {
-		l.admit(u("did:plc:s1", i), "did:plc:s1", true)
-		l.admit(u("did:plc:s2", i), "did:plc:s2", true)
-		l.admit(u("did:plc:s3", i), "did:plc:s3", true)
+		l.admit(u("did:plc:s1", i), "did:plc:s1", nil)
+		l.admit(u("did:plc:s2", i), "did:plc:s2", nil)
+		l.admit(u("did:plc:s3", i), "did:plc:s3", nil)
 	}
 	if m, s := l.counts(); m != 3 || s != 4 {
 		t.Errorf("kept %d members', %d strangers' records; want 3 and 4", m, s)
 	}
 	for i := range 2 {
-		if !l.admit(u("did:plc:b", i), "did:plc:b", false) {
+		if !l.admit(u("did:plc:b", i), "did:plc:b", op) {
 			t.Errorf("b's record %d refused while strangers filled their pool", i)
 		}
 	}
-	if l.admit(u("did:plc:c", 0), "did:plc:c", false) {
+	if l.admit(u("did:plc:c", 0), "did:plc:c", op) {
 		t.Error("a record past the source's quota was kept")
 	}
-	if !slices.Contains(refused, refusedAuthor) || !slices.Contains(refused, refusedStrangers) || !slices.Contains(refused, refusedSource) {
+	if !slices.Contains(refused, refusedAuthor) || !slices.Contains(refused, refusedStrangers) || !slices.Contains(refused, refusedSponsor) {
 		t.Errorf("refusals %v, want each reason", refused)
 	}
 	t0 := time.Now()
@@ -212,7 +213,7 @@ func TestQuotasRefuseInsteadOfPushingOut(t *testing.T) {
 	mark := l.mark()
 	held := func(uri string) bool { return uri != u("did:plc:a", 1) && uri != u("did:plc:a", 2) }
 	under := l.reconcile(held, mark)
-	if _, ok := under["did:plc:a"]; !ok || !l.admit(u("did:plc:c", 0), "did:plc:c", false) {
+	if _, ok := under["did:plc:a"]; !ok || !l.admit(u("did:plc:c", 0), "did:plc:c", op) {
 		t.Fatalf("dropped records did not free their places (under quota again: %v)", under)
 	}
 	l.settle("did:plc:a", under["did:plc:a"], t0)

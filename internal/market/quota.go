@@ -1,18 +1,22 @@
 package market
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
 
-// quotas bound what one source's feed keeps. Members (a follower itself,
-// its operator, the participants an operator or a follower's identity
-// vouches for) and strangers (anyone else: only their bids on a
-// follower's request are kept) have separate pools, so a stranger's
-// records never take the place of one a follower depends on; and no
-// author holds more than its share of either pool.
+// quotas bound what one source's feed keeps. A member's record (of a
+// follower itself, its operator, or a participant an operator or a
+// follower's identity vouches for) is charged to a sponsor: the follower
+// or operator that is its author or vouches for it. Each sponsor has a
+// pool of its own, so the participants one sponsor vouches for (sybils of
+// its choosing, say) never take the place of another's; strangers
+// (anyone else: only their bids on a follower's request are kept) have a
+// pool of their own; and no author holds more than its share of either.
 type quotas struct {
-	// Records bounds the members' records (per source).
+	// Records bounds the members' records one sponsor is charged with
+	// (per source).
 	Records int
 	// PerAuthor bounds one member's records.
 	PerAuthor int
@@ -26,7 +30,7 @@ type quotas struct {
 // knotless_market_feed_refused_records_total).
 const (
 	refusedAuthor    = "author"
-	refusedSource    = "source"
+	refusedSponsor   = "sponsor"
 	refusedStrangers = "strangers"
 )
 
@@ -45,6 +49,7 @@ type ledger struct {
 	seq       uint64
 	recs      map[string]entry
 	byDID     map[string]int
+	bySponsor map[string]int
 	members   int
 	strangers int
 	// over are the members a quota refused records of: until a listing
@@ -54,36 +59,44 @@ type ledger struct {
 }
 
 type entry struct {
-	did      string
-	stranger bool
-	seq      uint64
+	did string
+	// sponsor is charged with a member's record ("" for a stranger's).
+	sponsor string
+	seq     uint64
 }
 
 type overflow struct {
 	refusals int
 	still    bool
 	listed   time.Time
+	// sponsors are those the last refused record could be charged to.
+	sponsors []string
 }
 
 func newLedger(limits quotas, refused func(reason string)) *ledger {
-	return &ledger{limits: limits, refused: refused, recs: map[string]entry{}, byDID: map[string]int{}, over: map[string]*overflow{}}
+	return &ledger{limits: limits, refused: refused, recs: map[string]entry{}, byDID: map[string]int{}, bySponsor: map[string]int{}, over: map[string]*overflow{}}
 }
 
 // admit reports whether the record at uri, of did, may be kept, and
-// accounts for it if so. A new version of a record kept already is.
-func (l *ledger) admit(uri, did string, stranger bool) bool {
+// accounts for it if so: a stranger's (sponsors empty) in the strangers'
+// pool, a member's in the pool of the first of sponsors (those that vouch
+// for did) with room. A new version of a record kept already is, charged
+// as before. O(len(sponsors)).
+func (l *ledger) admit(uri, did string, sponsors []string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq++
+	stranger := len(sponsors) == 0
 	if e, ok := l.recs[uri]; ok {
-		if e.stranger == stranger {
+		if (e.sponsor == "") == stranger && (stranger || slices.Contains(sponsors, e.sponsor)) {
 			e.seq = l.seq
 			l.recs[uri] = e
 			return true
 		}
 		l.remove(uri, e)
 	}
-	if reason := l.full(did, stranger); reason != "" {
+	sponsor, reason := l.room(did, sponsors)
+	if reason != "" {
 		if !stranger {
 			o := l.over[did]
 			if o == nil {
@@ -92,37 +105,45 @@ func (l *ledger) admit(uri, did string, stranger bool) bool {
 			}
 			o.refusals++
 			o.still = true
+			o.sponsors = sponsors
 		}
 		if l.refused != nil {
 			l.refused(reason)
 		}
 		return false
 	}
-	l.recs[uri] = entry{did: did, stranger: stranger, seq: l.seq}
+	l.recs[uri] = entry{did: did, sponsor: sponsor, seq: l.seq}
 	l.byDID[did]++
 	if stranger {
 		l.strangers++
 	} else {
+		l.bySponsor[sponsor]++
 		l.members++
 	}
 	return true
 }
 
-// full says which quota a new record of did would exceed ("" if none).
-func (l *ledger) full(did string, stranger bool) string {
-	per, pool, used := l.limits.PerAuthor, l.limits.Records, l.members
-	if stranger {
-		per, pool, used = l.limits.PerStranger, l.limits.Strangers, l.strangers
+// room returns the sponsor a new record of did is charged to, or which
+// quota it would exceed.
+func (l *ledger) room(did string, sponsors []string) (sponsor, refused string) {
+	if len(sponsors) == 0 {
+		switch {
+		case l.byDID[did] >= l.limits.PerStranger:
+			return "", refusedAuthor
+		case l.strangers >= l.limits.Strangers:
+			return "", refusedStrangers
+		}
+		return "", ""
 	}
-	switch {
-	case l.byDID[did] >= per:
-		return refusedAuthor
-	case used >= pool && stranger:
-		return refusedStrangers
-	case used >= pool:
-		return refusedSource
+	if l.byDID[did] >= l.limits.PerAuthor {
+		return "", refusedAuthor
 	}
-	return ""
+	for _, s := range sponsors {
+		if l.bySponsor[s] < l.limits.Records {
+			return s, ""
+		}
+	}
+	return "", refusedSponsor
 }
 
 // drop forgets the record at uri (the subscription does not keep it).
@@ -139,10 +160,13 @@ func (l *ledger) remove(uri string, e entry) {
 	if l.byDID[e.did]--; l.byDID[e.did] <= 0 {
 		delete(l.byDID, e.did)
 	}
-	if e.stranger {
+	if e.sponsor == "" {
 		l.strangers--
-	} else {
-		l.members--
+		return
+	}
+	l.members--
+	if l.bySponsor[e.sponsor]--; l.bySponsor[e.sponsor] <= 0 {
+		delete(l.bySponsor, e.sponsor)
 	}
 }
 
@@ -167,7 +191,7 @@ func (l *ledger) reconcile(held func(uri string) bool, mark uint64) map[string]i
 	}
 	var under map[string]int
 	for did, o := range l.over {
-		if o.still && l.byDID[did] < l.limits.PerAuthor && l.members < l.limits.Records {
+		if o.still && l.byDID[did] < l.limits.PerAuthor && slices.ContainsFunc(o.sponsors, func(s string) bool { return l.bySponsor[s] < l.limits.Records }) {
 			if under == nil {
 				under = map[string]int{}
 			}
