@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bluesky-social/indigo/events"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // StreamError is an error frame sent by the source, for example
@@ -30,6 +32,13 @@ func (e *StreamError) Error() string {
 }
 
 var errRewind = errors.New("a subscription needs events the connection has passed")
+
+// ErrPrivateUnreachable marks a failed connection to a source at a
+// loopback, private or shared address (netpolicy.Private): what it found
+// there (a closed port, a silent host, a certificate that does not
+// verify, a failed handshake) is for the provider's log only, so a
+// caller reports all of them alike (R17).
+var ErrPrivateUnreachable = errors.New("the source could not be reached")
 
 // stream is one source's connection and its subscriptions.
 type stream struct {
@@ -200,7 +209,8 @@ func (s *stream) wsURL(cursor int64) string {
 // connect runs one connection until it fails or ctx ends.
 func (s *stream) connect(ctx context.Context) error {
 	cursor := s.connectCursor()
-	con, resp, err := s.hub.opts.Dialer.DialContext(ctx, s.wsURL(cursor), nil)
+	var private atomic.Bool
+	con, resp, err := s.hub.opts.Dialer.DialContext(netpolicy.TracePrivate(ctx, &private), s.wsURL(cursor), nil)
 	if resp != nil && resp.Body != nil {
 		_ = resp.Body.Close()
 	}
@@ -210,6 +220,9 @@ func (s *stream) connect(ctx context.Context) error {
 			err = fmt.Errorf("%w (HTTP %s)", err, resp.Status)
 		}
 		err = fmt.Errorf("connecting to %s: %w", s.source, err)
+		if private.Load() && !errors.Is(err, netpolicy.ErrDenied) {
+			err = fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
+		}
 		s.mu.Lock()
 		s.lastErr = err
 		s.mu.Unlock()

@@ -1,0 +1,86 @@
+package atprotorecordwatch
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+
+	"github.com/knotless-dev/knotless/internal/backoff"
+	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
+)
+
+// TestPrivateSourceFailuresLookAlike (R17, from review): an
+// AtprotoRecordWatch whose source is an address inside the operator's
+// allowed private ranges must not tell a closed port from a certificate
+// that does not verify: otherwise any workspace user scans the operator's
+// networks with watches, as TenantClusters and AtprotoRepos no longer
+// can. Both are SourceUnreachable with one message; the cause is in the
+// provider's log.
+func TestPrivateSourceFailuresLookAlike(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	untrusted := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(untrusted.Close)
+	m, err := firehose.NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := firehose.NewHub(firehose.Options{
+		Directory: identity.NewMockDirectory(), Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil), Metrics: m,
+		Gather: 10 * time.Millisecond, Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		_ = h.Start(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	var msgs []string
+	for _, hostport := range []string{closedAddr, strings.TrimPrefix(untrusted.URL, "https://")} {
+		w := watchOf("https://"+hostport, "app.bsky.feed.post")
+		sub, err := h.Subscribe(w.Spec.Source.URL, firehose.Filter{Collections: w.Spec.Collections}, 10, firehose.State{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, health, _ := sub.Snapshot()
+			if health.Err != nil {
+				c := buildStatus(w, &w.Status, firehose.State{}, health).Conditions[0]
+				msgs = append(msgs, c.Reason+": "+strings.ReplaceAll(c.Message, hostport, "HOST"))
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no connection error", hostport)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if msgs[0] != msgs[1] {
+		t.Errorf("a closed port and a bad certificate differ:\n%s\n%s", msgs[0], msgs[1])
+	}
+	for _, m := range msgs {
+		if !strings.HasPrefix(m, "SourceUnreachable: ") || strings.Contains(m, "refused") || strings.Contains(m, "x509") {
+			t.Errorf("message %q: want SourceUnreachable without the cause", m)
+		}
+	}
+}
