@@ -400,11 +400,54 @@ func (f *Feeds) rebuildInterest() {
 		}
 	}
 	f.interest.Store(next)
+	left, ops := forsaken(prev, next)
 	for _, fd := range f.feeds {
-		for _, did := range fresh {
+		for _, did := range slices.Concat(fresh, left, fd.vouchedBy(ops)) {
 			fd.sub.Refresh(did)
 		}
 	}
+}
+
+// forsaken returns the DIDs a sponsor no longer vouches for (a follower
+// gone, an approval withdrawn) and the operators no follower's network
+// names any more: their records stay charged to a sponsor that is gone
+// until their repos are listed again (and kept, if still of interest,
+// for a sponsor that vouches for them now), so a follower that changes
+// what it vouches for leaves no records behind.
+func forsaken(prev, next *interest) (dids, operators []string) {
+	for d := range prev.participants {
+		if !next.participants[d] {
+			dids = append(dids, d)
+		}
+	}
+	for role, m := range prev.approved {
+		for d, sponsors := range m {
+			if slices.ContainsFunc(sponsors, func(s string) bool { return !slices.Contains(next.approved[role][d], s) }) {
+				dids = append(dids, d)
+			}
+		}
+	}
+	for op := range prev.operators {
+		if !next.operators[op] {
+			operators = append(operators, op)
+		}
+	}
+	return slices.Concat(dids, operators), operators
+}
+
+// vouchedBy returns the DIDs the associations of operators in the feed
+// name (O(associations), only when an operator is gone).
+func (fd *feed) vouchedBy(operators []string) []string {
+	if len(operators) == 0 {
+		return nil
+	}
+	var out []string
+	for subject, recs := range fd.idx.Load().vouchers {
+		if slices.ContainsFunc(recs, func(r *Rec) bool { return slices.Contains(operators, r.DID) }) {
+			out = append(out, subject)
+		}
+	}
+	return out
 }
 
 // sponsors are who vouch for did in role, whose quota its records are

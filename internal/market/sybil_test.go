@@ -1,6 +1,7 @@
 package market
 
 import (
+	"slices"
 	"time"
 
 	"fmt"
@@ -95,5 +96,43 @@ func TestOperatorsSybilsStayInTheirOperatorsPool(t *testing.T) {
 			members, _ := fd.ledger.counts()
 			t.Errorf("%s's %s refused: sybils vouched by mallory and her operator hold the pool (%d members' records)", c.did, c.col, members)
 		}
+	}
+}
+
+// TestSponsorsThatLeaveFreeTheirPool: a follower that stops vouching (it
+// is gone, withdraws an approval, or its network names another operator)
+// has the repos it vouched for listed again, and a record listed again is
+// charged to who vouches for it now, so churning followers or operators
+// leaves no records charged to sponsors that are gone.
+func TestSponsorsThatLeaveFreeTheirPool(t *testing.T) {
+	prev, next := newInterest(), newInterest()
+	prev.participants["did:plc:mallory"] = true
+	prev.operators["did:plc:evilop"] = true
+	prev.approved[RoleBidder]["did:plc:bob"] = []string{"did:plc:mallory", "did:plc:alice"}
+	prev.approved[RoleBidder]["did:plc:carol"] = []string{"did:plc:alice"}
+	next.participants["did:plc:alice"] = true
+	next.approved[RoleBidder]["did:plc:bob"] = []string{"did:plc:alice"}
+	next.approved[RoleBidder]["did:plc:carol"] = []string{"did:plc:alice"}
+	dids, ops := forsaken(prev, next)
+	slices.Sort(dids)
+	if want := []string{"did:plc:bob", "did:plc:evilop", "did:plc:mallory"}; !slices.Equal(dids, want) || !slices.Equal(ops, []string{"did:plc:evilop"}) {
+		t.Errorf("forsaken: %v and operators %v, want %v and did:plc:evilop", dids, ops, want)
+	}
+	fd := (&Feeds{}).newFeed("wss://relay.example")
+	assoc, err := NewRec(URI("did:plc:evilop", lexicon.Association, "did:plc:sybil"), "c", "", []byte(`{"subject":"did:plc:sybil","roles":["bidder"]}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd.idx.Store(&index{vouchers: map[string][]*Rec{"did:plc:sybil": {assoc}}})
+	if got := fd.vouchedBy(ops); !slices.Equal(got, []string{"did:plc:sybil"}) {
+		t.Errorf("the gone operator's subjects: %v", got)
+	}
+	l := newLedger(quotas{Records: 1, PerAuthor: 10, Strangers: 1, PerStranger: 1}, nil)
+	uri := URI("did:plc:bob", lexicon.Lease, "l")
+	if !l.admit(uri, "did:plc:bob", []string{"did:plc:mallory"}) || !l.admit(uri, "did:plc:bob", []string{"did:plc:alice"}) {
+		t.Fatal("bob's lease refused")
+	}
+	if !l.admit(URI("did:plc:sybil", lexicon.Bid, "b"), "did:plc:sybil", []string{"did:plc:mallory"}) {
+		t.Error("bob's lease, listed again, is still charged to mallory, who no longer vouches for bob")
 	}
 }
