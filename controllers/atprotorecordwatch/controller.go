@@ -280,24 +280,26 @@ func buildStatus(obj *atprotov1alpha1.AtprotoRecordWatch, prev *atprotov1alpha1.
 // failure is the Ready reason and message of a connection or listing
 // error: AddressNotAllowed when the address policy refused it,
 // ListingTooLarge when a listing passed the provider's limits, otherwise
-// reason. A source at a loopback, private or shared address that could
-// not be reached has one message whatever the cause (R17): the firehose
-// logged it in the provider's log.
+// reason. A source, or a PDS a listing reads, at a loopback, private or
+// shared address that could not be reached has one message whatever the
+// cause (R17): the firehose logged it in the provider's log.
 func failure(reason string, err error) (string, string) {
 	switch {
 	case errors.Is(err, netpolicy.ErrDenied):
 		reason = atprotov1alpha1.ReasonAddressNotAllowed
+	case errors.Is(err, firehose.ErrPrivateUnreachable) && reason == atprotov1alpha1.ReasonResyncing:
+		return reason, "a listing could not reach its server " + privateUnreachable
 	case errors.Is(err, firehose.ErrPrivateUnreachable):
-		return reason, privateUnreachable
+		return reason, "the source could not be reached " + privateUnreachable
 	case errors.Is(err, firehose.ErrListingTooLarge):
 		reason = atprotov1alpha1.ReasonListingTooLarge
 	}
 	return reason, err.Error()
 }
 
-// privateUnreachable is the message of every failed connection to a
-// source at a loopback, private or shared address.
-const privateUnreachable = "the source could not be reached (the provider's log says why)"
+// privateUnreachable ends the message of every failed connection to a
+// source or PDS at a loopback, private or shared address.
+const privateUnreachable = "(the provider's log says why)"
 
 // stateFromStatus is the state a status was written from.
 func stateFromStatus(s *atprotov1alpha1.AtprotoRecordWatchStatus) firehose.State {

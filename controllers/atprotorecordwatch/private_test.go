@@ -2,6 +2,8 @@ package atprotorecordwatch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -77,6 +79,13 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 	}
 	if msgs[0] != msgs[1] {
 		t.Errorf("a closed port and a bad certificate differ:\n%s\n%s", msgs[0], msgs[1])
+	}
+	// A listing from a private PDS (firehose TestPrivatePDSListingsFailAlike)
+	// reads alike too.
+	w := watchOf("https://source.example", "app.bsky.feed.post")
+	listing := firehose.Health{Connected: true, Resyncing: true, ResyncErr: fmt.Errorf("%w: %w", firehose.ErrPrivateUnreachable, errors.New("x509: certificate signed by unknown authority"))}
+	if c := buildStatus(w, &w.Status, firehose.State{}, listing).Conditions[0]; c.Reason != "Resyncing" || strings.Contains(c.Message, "x509") {
+		t.Errorf("a failed listing from a private PDS: %s: %s", c.Reason, c.Message)
 	}
 	for _, m := range msgs {
 		if !strings.HasPrefix(m, "SourceUnreachable: ") || strings.Contains(m, "refused") || strings.Contains(m, "x509") {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bluesky-social/indigo/api/agnostic"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/knotless-dev/knotless/internal/backoff"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // resyncQueue holds owed listings, one per (subscription, DID); DID ""
@@ -252,11 +255,27 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, 
 }
 
 // api is a client of host for listings: every response body is capped
-// at the limits' PageBytes.
+// at the limits' PageBytes, and a request that fails on its way to a
+// loopback, private or shared address fails with ErrPrivateUnreachable.
 func (s *stream) api(host string) *atclient.APIClient {
 	c := *s.hub.opts.HTTPClient
-	c.Transport = bodylimit.Transport(c.Transport, s.hub.opts.Listing.PageBytes)
+	c.Transport = privateFailures{bodylimit.Transport(c.Transport, s.hub.opts.Listing.PageBytes)}
 	return &atclient.APIClient{Client: &c, Host: host}
+}
+
+// privateFailures marks with ErrPrivateUnreachable the errors of requests
+// that tried to connect to a private address (netpolicy.Private), except
+// the address policy's refusals, so that a listing from such a host
+// reads alike whatever went wrong (R17).
+type privateFailures struct{ next http.RoundTripper }
+
+func (p privateFailures) RoundTrip(req *http.Request) (*http.Response, error) {
+	var private atomic.Bool
+	resp, err := p.next.RoundTrip(req.WithContext(netpolicy.TracePrivate(req.Context(), &private)))
+	if err != nil && private.Load() && !errors.Is(err, netpolicy.ErrDenied) {
+		return nil, fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
+	}
+	return resp, err
 }
 
 // client returns a client of did's own PDS, from its DID document. A DID

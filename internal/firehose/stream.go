@@ -33,12 +33,12 @@ func (e *StreamError) Error() string {
 
 var errRewind = errors.New("a subscription needs events the connection has passed")
 
-// ErrPrivateUnreachable marks a failed connection to a source at a
-// loopback, private or shared address (netpolicy.Private): what it found
-// there (a closed port, a silent host, a certificate that does not
-// verify, a failed handshake) is for the provider's log only, so a
-// caller reports all of them alike (R17).
-var ErrPrivateUnreachable = errors.New("the source could not be reached")
+// ErrPrivateUnreachable marks a failed connection to a source, or a
+// listing's request to a PDS, at a loopback, private or shared address
+// (netpolicy.Private): what it found there (a closed port, a silent host,
+// a certificate that does not verify, a failed handshake) is for the
+// provider's log only, so a caller reports all of them alike (R17).
+var ErrPrivateUnreachable = errors.New("unreachable at a private address")
 
 // stream is one source's connection and its subscriptions.
 type stream struct {
