@@ -57,11 +57,12 @@ func (a *authRecorder) seen() []string {
 // another TenantCluster. She also updates the contract's TenantCluster,
 // Ready on its own server with the Secret labelled for it, to her URL and
 // CA. Through the real kcp, provider and mount proxy, none resolves
-// (InvalidSpec / CredentialNotFound, the message naming only what she
-// wrote) and her server never receives their tokens: the contract's
-// Secret is bound to its URL, not only to the TenantCluster's name. A
-// Secret labelled for a TenantCluster and bound to its URL is sent to
-// that server (the controls: the recording works).
+// (InvalidSpec / CredentialNotFound, for the contract Revoked, the
+// message naming only what she wrote) and her server never receives
+// their tokens: the contract's Secret is bound to its URL, not only to
+// the TenantCluster's name. A Secret labelled for a TenantCluster and
+// bound to its URL is sent to that server (the controls: the recording
+// works).
 func TestMountCredentialReferences(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -128,7 +129,9 @@ func TestMountCredentialReferences(t *testing.T) {
 	if err := mallory.Update(ctx, contract); err != nil {
 		t.Fatalf("mallory updates the contract's TenantCluster: %v", err)
 	}
-	got := waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonCredentialNotFound, time.Minute)
+	// It was Ready, so the credential it no longer resolves is a
+	// revocation (the message a missing Secret's).
+	got := waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonRevoked, time.Minute)
 	t.Logf("TenantCluster contract after mallory's update: phase %s, %s", got.Status.Phase, readyText(got))
 
 	// The control is Ready: the provider's probe and the shim reach the
