@@ -160,6 +160,8 @@ dockerbuild() {
 build_images() {
   local out=$cache/images-$key_images work name bin tag
   work=$(mktemp -d "${TMPDIR:-/tmp}/knotless-images.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" EXIT
   mkdir -p "$out.tmp"
   docker_image_from_rootfs "$cache/rootfs-proxy-$key_rootfs_proxy.tar" "knotless.dev/kube-proxy-base:$key_rootfs_proxy"
   # Control plane: FROM scratch, the binary where kubeadm's manifests call it.
@@ -211,6 +213,8 @@ DOCKERFILE
 build_node() {
   local work base build c tar missing
   work=$(mktemp -d "${TMPDIR:-/tmp}/knotless-node.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" EXIT
   base=knotless.dev/node-base:$key_rootfs_node
   build=knotless.dev/node-build:$key_node
   docker_image_from_rootfs "$cache/rootfs-node-$key_rootfs_node.tar" "$base"
@@ -250,7 +254,7 @@ DOCKERFILE
   docker rm -f "$c" >/dev/null 2>&1 || true
   docker run -d --name "$c" --entrypoint=sleep --security-opt seccomp=unconfined "$build" infinity >/dev/null
   # shellcheck disable=SC2064
-  trap "docker rm -f $c >/dev/null 2>&1 || true" EXIT
+  trap "docker rm -f $c >/dev/null 2>&1 || true; rm -rf '$work'" EXIT
   docker exec "$c" bash -c 'nohup containerd >/tmp/containerd.log 2>&1 &'
   docker exec "$c" bash -c 'for i in $(seq 1 30); do [ -S /run/containerd/containerd.sock ] && ctr version >/dev/null 2>&1 && exit 0; sleep 1; done; cat /tmp/containerd.log; exit 1'
   for tar in "$cache/images-$key_images"/*.tar; do
