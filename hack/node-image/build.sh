@@ -65,7 +65,6 @@ PROXY_PACKAGES="iptables nftables conntrack"
 # --- keys -------------------------------------------------------------------
 gover=$(go version)
 hash() { sha256sum | cut -c1-16; }
-filekey() { cat "$@" | hash; }
 treekey() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum; find . -type f -perm -u+x | sort) | hash; }
 
 k8s_ldflags="-s -w"
@@ -74,15 +73,8 @@ for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   k8s_ldflags+=" -X $p.gitMinor=$(cut -d. -f2 <<<"$K8S_VERSION") -X $p.gitTreeState=clean"
 done
 K8S_BINS="kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy"
-key_k8s=$( (cat "$root"/hack/tools/kubernetes/go.{mod,sum}; echo "$gover $k8s_ldflags $K8S_BINS") | hash)
-key_etcd=$( (cat "$root"/hack/tools/etcd/go.{mod,sum}; echo "$gover -s -w") | hash)
-key_coredns=$( (cat "$root"/hack/tools/coredns/go.{mod,sum}; echo "$gover -s -w") | hash)
-key_nodenet=$( (find "$here/nodenet" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover -s -w") | hash)
 gccver=$(gcc --version 2>/dev/null | head -n1 || echo none)
-key_pause=$( ( [ -n "$k8s_src" ] && cat "$k8s_src/build/pause/linux/pause.c"; echo "$gccver $PAUSE_VERSION -Os -static") | hash)
-key_rootfs_node=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $NODE_PACKAGES) | hash)
-key_rootfs_proxy=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $PROXY_PACKAGES) | hash)
-# The recipes of the images and the node are this file's functions below.
+# A part's recipe is the text of the functions below that build it.
 recipe() { declare -f "$@"; }
 
 # --- helpers ------------------------------------------------------------------
@@ -284,6 +276,13 @@ DOCKERFILE
   rm -rf "$work"
 }
 
+key_k8s=$( (cat "$root"/hack/tools/kubernetes/go.{mod,sum}; echo "$gover $k8s_ldflags $K8S_BINS"; recipe gobuild build_k8s) | hash)
+key_etcd=$( (cat "$root"/hack/tools/etcd/go.{mod,sum}; echo "$gover"; recipe gobuild build_etcd) | hash)
+key_coredns=$( (cat "$root"/hack/tools/coredns/go.{mod,sum}; echo "$gover"; recipe gobuild build_coredns) | hash)
+key_nodenet=$( (find "$here/nodenet" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover"; recipe gobuild build_nodenet) | hash)
+key_pause=$( ( [ -n "$k8s_src" ] && cat "$k8s_src/build/pause/linux/pause.c"; echo "$gccver $PAUSE_VERSION"; recipe build_pause) | hash)
+key_rootfs_node=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $NODE_PACKAGES) | hash)
+key_rootfs_proxy=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $PROXY_PACKAGES) | hash)
 NODENET_IMAGE=knotless.dev/nodenet:$key_nodenet
 PRELOAD=(
   "registry.k8s.io/kube-apiserver:$K8S_VERSION" "registry.k8s.io/kube-controller-manager:$K8S_VERSION"

@@ -98,8 +98,8 @@ func appendTo(t *testing.T, path, text string) (restore func()) {
 
 // TestEveryInputChangesTheTag: the tag is stable for the same inputs and
 // changes when any input changes: a node file, the root filesystem recipe,
-// a tool module's pins, nodenet's source, the kube-proxy image's wrapper.
-// A test file of nodenet is not an input.
+// a tool module's pins, nodenet's source, the kube-proxy image's wrapper,
+// the way a Go part is built. A test file of nodenet is not an input.
 func TestEveryInputChangesTheTag(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go")
@@ -137,6 +137,23 @@ func TestEveryInputChangesTheTag(t *testing.T) {
 	}
 	if again := buildSh(t, dir, cache, "--print-image"); again != base {
 		t.Errorf("inputs restored, tag %s, want %s", again, base)
+	}
+
+	// The recipe is an input too: how the Go parts are built.
+	script := filepath.Join(dir, "hack/node-image/build.sh")
+	b, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := strings.Replace(string(b), "CGO_ENABLED=0 nice", "CGO_ENABLED=1 nice", 1)
+	if changed == string(b) {
+		t.Fatal("build.sh has no CGO_ENABLED=0 go build any more; update this test")
+	}
+	if err := os.WriteFile(script, []byte(changed), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := buildSh(t, dir, cache, "--print-image"); got == base {
+		t.Errorf("a different go build recipe gave the same tag %s", got)
 	}
 }
 
