@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -17,6 +14,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/backoff"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/netpolicy/nettest"
 )
 
 // TestPrivateSourceFailuresLookAlike (R17, from review): an
@@ -27,14 +25,6 @@ import (
 // can. Both are SourceUnreachable with one message; the cause is in the
 // provider's log.
 func TestPrivateSourceFailuresLookAlike(t *testing.T) {
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedAddr := closed.Addr().String()
-	closed.Close()
-	untrusted := httptest.NewTLSServer(http.NotFoundHandler())
-	t.Cleanup(untrusted.Close)
 	m, err := firehose.NewMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +47,7 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 		<-done
 	})
 	var msgs []string
-	for _, hostport := range []string{closedAddr, strings.TrimPrefix(untrusted.URL, "https://")} {
+	for _, hostport := range []string{nettest.ClosedAddr(t), strings.TrimPrefix(nettest.UntrustedURL(t), "https://")} {
 		w := watchOf("https://"+hostport, "app.bsky.feed.post")
 		sub, err := h.Subscribe(w.Spec.Source.URL, firehose.Filter{Collections: w.Spec.Collections}, 10, firehose.State{})
 		if err != nil {

@@ -2,12 +2,11 @@ package firehose
 
 import (
 	"errors"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy/nettest"
 )
 
 // TestPrivatePDSListingsFailAlike (R17, from review): a listing from a
@@ -16,15 +15,7 @@ import (
 // ErrPrivateUnreachable whether the port is closed or the certificate
 // does not verify, so a watch's Resyncing message cannot tell them apart.
 func TestPrivatePDSListingsFailAlike(t *testing.T) {
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedURL := "https://" + closed.Addr().String()
-	closed.Close()
-	untrusted := httptest.NewTLSServer(http.NotFoundHandler())
-	t.Cleanup(untrusted.Close)
-	for name, pds := range map[string]string{"closed port": closedURL, "untrusted certificate": untrusted.URL} {
+	for name, pds := range map[string]string{"closed port": "https://" + nettest.ClosedAddr(t), "untrusted certificate": nettest.UntrustedURL(t)} {
 		t.Run(name, func(t *testing.T) {
 			r := newTestRepo(t, "did:plc:alice")
 			dir := identity.NewMockDirectory()
