@@ -112,7 +112,17 @@ func (s *stream) reject(subs []*Subscription, did string, seq int64, err error) 
 // prevData matches the inverted tree, the commit is signed by the DID's
 // current key) and extracts the ops of the wanted collections with their
 // values.
-func verifyCommit(ctx context.Context, dir identity.Directory, msg *comatproto.SyncSubscribeRepos_Commit, wanted func(string) bool) (*commitUpdate, error) {
+//
+// indigo's verifier dereferences what a hostile source can leave out (a
+// CAR whose MST lacks an op's record panicked it: FuzzFrame's corpus
+// d060f44225fda9b0); a panic while verifying is an invalid commit of that
+// source, never a crash of the process every workspace shares (R21).
+func verifyCommit(ctx context.Context, dir identity.Directory, msg *comatproto.SyncSubscribeRepos_Commit, wanted func(string) bool) (up *commitUpdate, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			up, err = nil, fmt.Errorf("invalid commit: its blocks do not hold what its ops name (%v)", p)
+		}
+	}()
 	r, err := repo.VerifyCommitMessage(ctx, msg)
 	if err != nil {
 		return nil, fmt.Errorf("invalid commit: %w", err)
