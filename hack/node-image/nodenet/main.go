@@ -140,6 +140,8 @@ func apiClient() (*http.Client, string, error) {
 	client := &http.Client{
 		Timeout:   10 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}},
+		// No client of knotless follows a redirect (R18), this one included.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return client, "https://" + hostPort, nil
 }
