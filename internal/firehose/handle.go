@@ -32,7 +32,13 @@ func (s *stream) handle(ctx context.Context, j job) {
 		if len(subs) == 0 {
 			return
 		}
-		if _, err := repo.VerifySyncMessage(ctx, s.hub.opts.Directory, ev.RepoSync); err != nil {
+		commit, err := repo.VerifySyncMessage(ctx, s.hub.opts.Directory, ev.RepoSync)
+		if err == nil && commit.DID != ev.RepoSync.Did {
+			// indigo checks the signature of the DID inside the CAR only:
+			// another repo's signed commit must not relist this one.
+			err = fmt.Errorf("invalid #sync: signed for %s, sent for %s", commit.DID, ev.RepoSync.Did)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return // stopping: the event is replayed
 			}
