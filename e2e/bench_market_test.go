@@ -60,6 +60,7 @@ func TestMarketThroughput(t *testing.T) {
 	}
 	events0 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
 	cpu0, _ := env.provider.CPU()
+	writes0 := readKCPWrites(ctx, t)
 
 	start := time.Now()
 	names := make([]string, nReq)
@@ -95,6 +96,7 @@ func TestMarketThroughput(t *testing.T) {
 	cpu1, _ := env.provider.CPU()
 	rss, _ := env.provider.RSS()
 	events1 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
+	writes1 := readKCPWrites(ctx, t)
 
 	// Request made → agreed, and bid deadline → agreed, from the request
 	// records (the requester's own clock, which is this machine's).
@@ -152,6 +154,13 @@ func TestMarketThroughput(t *testing.T) {
 	t.Logf("FIGURE %.2f contracts/s (%d in %s from the first create)", float64(nReq)/total.Seconds(), nReq, total.Round(time.Millisecond))
 	t.Logf("FIGURE %.1f PDS commits per contract (%v commits on the PDS: requests, bids, accepts, leases, withdrawn bids, presences)",
 		(events1-events0)/float64(nReq), events1-events0)
+	if writes0 != nil && writes1 != nil {
+		// Per contract: both sides' (a requester's and a bidder's), and
+		// this test's own creates of the MarketRequesters
+		// (marketrequesters POST 1.00).
+		lines, total := writes1.since(writes0, nReq)
+		t.Logf("FIGURE %.1f kcp writes per contract (every client's, by resource and verb, per contract):\n\t%s", total, strings.Join(lines, "\n\t"))
+	}
 	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(nReq)).Round(time.Millisecond),
 		(cpu1 - cpu0).Round(time.Millisecond), rss>>20)
 }

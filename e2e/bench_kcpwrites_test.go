@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// kcpWrites are the write requests kcp served, by resource (with its
+// subresource) and verb, read from kcp's apiserver_request_total: every
+// client's, the provider's and the test's alike.
+type kcpWrites map[string]float64
+
+// writeVerbs are the verbs of apiserver_request_total that change an
+// object.
+var writeVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "APPLY": true, "DELETE": true, "DELETECOLLECTION": true}
+
+// readKCPWrites scrapes kcp's /metrics as the shard's admin (the
+// kubeconfig's shard-base context, else its current one).
+func readKCPWrites(ctx context.Context, t *testing.T) kcpWrites {
+	t.Helper()
+	cfg := rest.CopyConfig(env.admin)
+	if raw, err := clientcmd.LoadFromFile(env.kcp.Kubeconfig); err == nil {
+		if c, err := clientcmd.NewNonInteractiveClientConfig(*raw, "shard-base", &clientcmd.ConfigOverrides{}, nil).ClientConfig(); err == nil {
+			cfg = c
+		}
+	}
+	cfg.Host = env.kcp.BaseURL
+	if cfg.Host == "" {
+		cfg.Host = env.admin.Host
+	}
+	if i := strings.Index(cfg.Host, "/clusters/"); i >= 0 {
+		cfg.Host = cfg.Host[:i]
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Logf("kcp /metrics: %v (kcp writes not counted)", err)
+		return nil
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Logf("kcp /metrics: %s %v (kcp writes not counted)", resp.Status, err)
+		return nil
+	}
+	out := kcpWrites{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		labels := parseLabels(line[len("apiserver_request_total{"):strings.LastIndexByte(line, '}')])
+		if !writeVerbs[labels["verb"]] || labels["resource"] == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		res := labels["resource"]
+		if labels["subresource"] != "" {
+			res += "/" + labels["subresource"]
+		}
+		out[res+" "+labels["verb"]] += v
+	}
+	return out
+}
+
+// parseLabels parses a Prometheus label set (a="x",b="y").
+func parseLabels(s string) map[string]string {
+	out := map[string]string{}
+	for s != "" {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			break
+		}
+		name := s[:eq]
+		rest := s[eq+2:]
+		end := 0
+		for end < len(rest) && rest[end] != '"' {
+			if rest[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(rest) {
+			break
+		}
+		out[name] = rest[:end]
+		s = strings.TrimPrefix(rest[end+1:], ",")
+	}
+	return out
+}
+
+// since is what was written after before, by resource and verb, per n.
+func (w kcpWrites) since(before kcpWrites, n int) (lines []string, total float64) {
+	for k, v := range w {
+		if d := v - before[k]; d > 0 {
+			lines = append(lines, fmt.Sprintf("%s %.2f", k, d/float64(n)))
+			total += d
+		}
+	}
+	sort.Strings(lines)
+	return lines, total / float64(n)
+}
