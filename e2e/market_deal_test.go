@@ -20,6 +20,7 @@ import (
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // deal is a market for the deal tests: an operator that vouches for the
@@ -351,7 +352,7 @@ func TestMarketDeal(t *testing.T) {
 		b := decodeRecord[market.Bid](t, bid)
 		l := decodeRecord[market.Lease](t, lease)
 		if a.Bid.URI != bid.URI || a.Bid.CID != bid.CID || a.Request.URI != req.URI || b.Request.URI != req.URI || b.Request.CID != req.CID ||
-			l.Accept.URI != acc.URI || l.Accept.CID != acc.CID || l.State != market.LeaseConfirmed {
+			l.Accept.URI != acc.URI || l.Accept.CID != acc.CID || l.State != mdeal.LeaseConfirmed {
 			t.Errorf("the chain does not hold together:\nrequest %s\nbid %s\naccept %s\nlease %s", req.Value, bid.Value, acc.Value, lease.Value)
 		}
 		for _, rec := range []pdsRecord{req, acc, bid, lease} {
@@ -439,11 +440,11 @@ func TestMarketDeal(t *testing.T) {
 			var states []string
 			for _, r := range listCollection(ctx, t, env.pds, did("last"), lexicon.Lease) {
 				l := decodeRecord[market.Lease](t, r)
-				states = append(states, l.State+"/"+l.Reason)
+				states = append(states, string(l.State)+"/"+string(l.Reason))
 				switch {
-				case l.State == market.LeaseConfirmed:
+				case l.State == mdeal.LeaseConfirmed:
 					confirmed++
-				case l.State == market.LeaseDeclined && l.Reason == market.DeclineNoCapacity:
+				case l.State == mdeal.LeaseDeclined && l.Reason == mdeal.NoCapacity:
 					declined++
 				}
 			}
@@ -593,7 +594,7 @@ func TestMarketDeal(t *testing.T) {
 		mr := getMR(ctx, t, d.app, "shop")
 		mergePatch(ctx, t, d.app, mr, map[string]any{"replicas": 0})
 		contractOf(ctx, t, d.bid, "fit", "fit's contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
-			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReplicasLowered
+			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReplicasLowered)
 		})
 		contractOf(ctx, t, d.app, "shop", "shop's contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
 			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Records.Release != nil
@@ -615,7 +616,7 @@ func TestMarketDeal(t *testing.T) {
 			}
 		}
 		contractOf(ctx, t, d.bid, "last", "last's contract Completed by the deletion", func(cc *marketv1alpha1.ComputeContract) bool {
-			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseRequesterDeleted
+			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.RequesterDeleted)
 		})
 		waitPDS(ctx, t, "the deleted requesters gone", func() (bool, string) {
 			errA := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: "race-a"}, &marketv1alpha1.MarketRequester{})
@@ -642,7 +643,7 @@ func TestMarketDeal(t *testing.T) {
 		})
 		mergePatch(ctx, t, d.app, app, map[string]any{"suspend": true})
 		contractOf(ctx, t, d.bid, "fit", "fit (suspended) completes the release of the suspended Application", func(cc *marketv1alpha1.ComputeContract) bool {
-			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseSuspended
+			return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReleaseSuspended)
 		})
 		waitMarket(ctx, t, d.app, &marketv1alpha1.MarketRequester{}, "vms", "the Application's requester Suspended", func(o client.Object) (bool, string) {
 			mr := o.(*marketv1alpha1.MarketRequester)
@@ -750,7 +751,7 @@ func TestMarketDealSurvivesProviderKills(t *testing.T) {
 	})
 	kill("after the release")
 	contractOf(ctx, t, d.bid, "kbid", "the bidder's contract Completed after the restart", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReplicasLowered
+		return cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReplicasLowered)
 	})
 	contractOf(ctx, t, d.app, "k", "the requester's contract Completed after the restart", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Phase == marketv1alpha1.ContractCompleted

@@ -18,7 +18,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/driver/process"
-	"github.com/knotless-dev/knotless/internal/market"
+	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // TestMarketTenantMigrates: a tenant moves from one bidder to another.
@@ -148,7 +148,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	start := time.Now()
 	a.start(t)
 	contractOf(ctx, t, d.app, "vms", "the first contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReplicasLowered
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReplicasLowered)
 	})
 	released := time.Since(start)
 	mr := getMR(ctx, t, d.app, "vms")

@@ -22,6 +22,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver/process"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // requesterWorkspace makes another requester's workspace of the deal:
@@ -171,7 +172,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 		t.Errorf("carol's tenant 3 s before the notice ran out: %v", err)
 	}
 	contractOf(ctx, t, carolApp, "vms", "carol's contract Completed (reclaimed)", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.LeaseReclaimed
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.Reclaimed)
 	})
 	if err := framework.Eventually(ctx, time.Minute, "carol's VM process gone", func(ctx context.Context) (bool, string, error) {
 		return !process.Alive(pidC), "", nil
@@ -192,7 +193,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	// Given back by alice's side (a release record), not ended by acme
 	// when the notice ran out.
 	contractOf(ctx, t, d.app, "vms", "alice's reclaimed contract given back", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == ra.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseReclaimed && cc.Status.Records.Release != nil
+		return cc.Name == ra.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReleaseReclaimed) && cc.Status.Records.Release != nil
 	})
 	t.Logf("FIGURE reclaim -> alice's next tenant mounted: %s (notice 180 s)", mounted.Round(time.Millisecond))
 	if err := framework.Eventually(ctx, time.Minute, "acme's VM of alice gone", func(ctx context.Context) (bool, string, error) {

@@ -24,6 +24,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver/process"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // tenantDeal is a deal (requester buyer, the given bidders) whose
@@ -109,7 +110,7 @@ func TestMarketTenantMounted(t *testing.T) {
 	leases := listCollection(ctx, t, env.pds, d.accounts["acme"].DID, lexicon.Lease)
 	for _, l := range leases {
 		rec := decodeRecord[market.Lease](t, l)
-		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != market.LeaseRunning {
+		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != mdeal.LeaseRunning {
 			t.Errorf("lease %s: state %s fingerprint %q, want running with the VM's %q", l.URI, rec.State, rec.CAFingerprint, vm.Status.CAFingerprint)
 		}
 	}
@@ -198,7 +199,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	contractOf(ctx, t, d.app, "vms", "the unresponsive contract released", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == rc.Name && cc.Status.Reason == market.ReleaseProviderUnresponsive
+		return cc.Name == rc.Name && cc.Status.Reason == string(mdeal.ProviderUnresponsive)
 	})
 	t.Logf("FIGURE tenant stopped -> released as provider-unresponsive: %s (grace 20 s)", time.Since(start).Round(time.Millisecond))
 	rc2 := contractOf(ctx, t, d.app, "vms", "a new contract Active", func(cc *marketv1alpha1.ComputeContract) bool {
@@ -249,7 +250,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		}
 	}
 	contractOf(ctx, t, d.bid, "acme", "the bidder's contract Completed", func(cc *marketv1alpha1.ComputeContract) bool {
-		return cc.Name == bc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == market.ReleaseRequesterDeleted
+		return cc.Name == bc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.RequesterDeleted)
 	})
 }
 

@@ -21,6 +21,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
@@ -45,9 +46,6 @@ const (
 	// (spec.maxNoticeSeconds), and maxNoticeCap the most it can promise.
 	defaultMaxNotice = 24 * 60 * 60
 	maxNoticeCap     = 30 * 24 * 60 * 60
-	// reasonAcceptWithdrawn ends a lease whose accept the requester
-	// withdrew.
-	reasonAcceptWithdrawn = "accept-withdrawn"
 )
 
 // trader is one reconcile of one MarketBidder's trading: its bids, the
@@ -419,7 +417,7 @@ func (t *trader) lease(ol *ownLease) {
 	// Once found withdrawn it stays so (the VM is stopped over several
 	// passes; an absence is proved once).
 	withdrawn := acc == nil && (t.absent.Gone(t.view, requester, acceptKey, t.now) ||
-		(cc != nil && cc.Status.Phase == marketv1alpha1.ContractReleasing && cc.Status.Reason == reasonAcceptWithdrawn))
+		(cc != nil && cc.Status.Phase == marketv1alpha1.ContractReleasing && cc.Status.Reason == string(deal.AcceptWithdrawn)))
 	if acc != nil {
 		t.absent.Present(acceptKey)
 	}
@@ -428,7 +426,7 @@ func (t *trader) lease(ol *ownLease) {
 		offer = ol.bid.offer
 	}
 	switch l.State {
-	case market.LeaseConfirmed, market.LeaseRunning:
+	case deal.LeaseConfirmed, deal.LeaseRunning:
 		release := t.releaseOf(ol, requester)
 		name := market.ChildName(t.b.Name, l.Accept.URI)
 		vm := t.vms[name]
@@ -451,25 +449,25 @@ func (t *trader) lease(ol *ownLease) {
 			case vm != nil && (vm.Status.Phase == computev1alpha1.VMLost || vm.Status.Phase == computev1alpha1.VMFailed):
 				// The VM is gone: the lease ends, the requester goes back to
 				// the market.
-				reason := "vm-lost"
+				reason := deal.VMLost
 				if vm.Status.Phase == computev1alpha1.VMFailed {
-					reason = market.DeclineDriverFailed
+					reason = deal.DriverFailed
 				}
 				done := *l
-				done.State, done.Reason, done.CAFingerprint, done.UpdatedAt = market.LeaseCompleted, reason, "", market.Time(t.now)
+				done.State, done.Reason, done.CAFingerprint, done.UpdatedAt = deal.LeaseCompleted, reason, "", market.Time(t.now)
 				t.do(action{
 					pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); return err },
 					kcp: func() error {
 						t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "VMLost", "Lease", "the VM of %s is %s (%s): the lease ends", name, vm.Status.Phase, vm.Status.Reason)
-						return errors.Join(t.contract(ol, acc, cc, marketv1alpha1.ContractFailed, reason), t.deleteVM(vm))
+						return errors.Join(t.contract(ol, acc, cc, marketv1alpha1.ContractFailed, deal.Of(reason)), t.deleteVM(vm))
 					},
 				})
 				return
-			case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != market.LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint):
+			case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != deal.LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint):
 				// The VM runs: the lease says so, with the CA's fingerprint
 				// (never the CA or a credential).
 				up := *l
-				up.State, up.CAFingerprint, up.UpdatedAt = market.LeaseRunning, vm.Status.CAFingerprint, market.Time(t.now)
+				up.State, up.CAFingerprint, up.UpdatedAt = deal.LeaseRunning, vm.Status.CAFingerprint, market.Time(t.now)
 				t.do(action{
 					pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &up); return err },
 					kcp: func() error { return t.contract(ol, acc, cc, marketv1alpha1.ContractActive, "") },
@@ -477,7 +475,7 @@ func (t *trader) lease(ol *ownLease) {
 				return
 			}
 			phase := marketv1alpha1.ContractProvisioning
-			if l.State == market.LeaseRunning {
+			if l.State == deal.LeaseRunning {
 				phase = marketv1alpha1.ContractActive
 			}
 			t.do(action{kcp: func() error {
@@ -488,12 +486,12 @@ func (t *trader) lease(ol *ownLease) {
 		// Released, the requester withdrew its accept, or the notice of
 		// the bidder's reclaim ran out: the VM stops first, then the lease
 		// ends.
-		reason := reasonAcceptWithdrawn
+		reason := deal.AcceptWithdrawn
 		switch {
 		case release != nil:
-			reason = release.Release.Reason
+			reason = deal.Of(release.Release.Reason)
 		case !withdrawn:
-			reason = market.LeaseReclaimed
+			reason = deal.Of(deal.Reclaimed)
 		}
 		if vm != nil && t.exporting(vm, release) {
 			// The tenant's objects are exported before the VM stops.
@@ -509,9 +507,9 @@ func (t *trader) lease(ol *ownLease) {
 			return
 		}
 		done := *l
-		done.State, done.UpdatedAt = market.LeaseCompleted, market.Time(t.now)
-		if reason == market.LeaseReclaimed {
-			done.Reason = reason
+		done.State, done.UpdatedAt = deal.LeaseCompleted, market.Time(t.now)
+		if reason == deal.Of(deal.Reclaimed) {
+			done.Reason = deal.Reclaimed
 		}
 		t.do(action{
 			pds: func() error { _, err := t.inv.Put(t.ctx, lexicon.Lease, ol.rkey, &done); return err },
@@ -521,11 +519,11 @@ func (t *trader) lease(ol *ownLease) {
 			},
 		})
 		t.due(t.now.Add(5 * time.Second))
-	case market.LeaseCompleted, market.LeaseDeclined:
+	case deal.LeaseCompleted, deal.LeaseDeclined:
 		if cc != nil && live(cc) {
-			phase, reason := marketv1alpha1.ContractCompleted, cc.Status.Reason
-			if l.State == market.LeaseDeclined {
-				phase, reason = marketv1alpha1.ContractFailed, l.Reason
+			phase, reason := marketv1alpha1.ContractCompleted, deal.ContractReason(cc.Status.Reason)
+			if l.State == deal.LeaseDeclined {
+				phase, reason = marketv1alpha1.ContractFailed, deal.Of(l.Reason)
 			}
 			t.do(action{kcp: func() error { return t.contract(ol, acc, cc, phase, reason) }})
 		}
@@ -611,7 +609,7 @@ func (t *trader) reclaim(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Compu
 	if cur := t.inv.Get(lexicon.Lease, ol.rkey); cur != nil {
 		cid = cur.CID
 	}
-	rc := &market.Reclaim{Type: lexicon.Reclaim, Lease: market.StrongRef{URI: ol.uri, CID: cid}, Reason: string(why),
+	rc := &market.Reclaim{Type: lexicon.Reclaim, Lease: market.StrongRef{URI: ol.uri, CID: cid}, Reason: why,
 		TerminateAfter: market.Time(by), CreatedAt: market.Time(t.now)}
 	t.do(action{
 		pds: func() error {
@@ -620,7 +618,7 @@ func (t *trader) reclaim(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Compu
 		},
 		kcp: func() error {
 			t.events.Eventf(cc, nil, corev1.EventTypeNormal, "Reclaiming", "Reclaim", "reclaim published (%s): the VM stops after %s", why, rc.TerminateAfter)
-			return t.contract(ol, acc, cc, cc.Status.Phase, cc.Status.Reason)
+			return t.contract(ol, acc, cc, cc.Status.Phase, deal.ContractReason(cc.Status.Reason))
 		},
 	})
 	t.due(by)
@@ -642,7 +640,7 @@ func (t *trader) releaseOf(ol *ownLease, requester string) *market.Rec {
 
 // contract applies the bidder's ComputeContract of a lease and its
 // status.
-func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.ComputeContract, phase marketv1alpha1.ContractPhase, reason string) error {
+func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.ComputeContract, phase marketv1alpha1.ContractPhase, reason deal.ContractReason) error {
 	name := market.ChildName(t.b.Name, ol.lease.Accept.URI)
 	if cc == nil {
 		if acc == nil || acc.Accept == nil || ol.bid == nil {
@@ -683,7 +681,7 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 	}
 	st := cc.Status.DeepCopy()
 	st.ObservedGeneration = cc.Generation
-	st.Phase, st.Reason = phase, reason
+	st.Phase, st.Reason = phase, string(reason)
 	st.Records.Request, st.Records.Bid, st.Records.Accept = refPtr(cc.Spec.Request), refPtr(cc.Spec.Bid), refPtr(cc.Spec.Accept)
 	st.Records.Lease = &marketv1alpha1.RecordRef{URI: ol.uri, CID: ol.cid}
 	if cur := t.inv.Get(lexicon.Lease, ol.rkey); cur != nil {
@@ -696,7 +694,7 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 	if rc, rec := t.reclaimOf(ol); rc != nil {
 		st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
 		// To the second, as status holds it (else every pass rewrites it).
-		st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rc.Reason, TerminateAfter: *market.MetaTime(market.ParseTime(rc.TerminateAfter))}
+		st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: string(rc.Reason), TerminateAfter: *market.MetaTime(market.ParseTime(rc.TerminateAfter))}
 		if at := market.MetaTime(market.ParseTime(rc.CreatedAt)); at != nil {
 			st.Reclaim.Seen = *at
 		}
@@ -707,9 +705,9 @@ func (t *trader) contract(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Comp
 	case marketv1alpha1.ContractActive:
 		status, msg = metav1.ConditionTrue, "the VM runs"+reclaimed
 	case marketv1alpha1.ContractCompleted:
-		msg = "the lease is over: " + reason
+		msg = "the lease is over: " + string(reason)
 	case marketv1alpha1.ContractFailed:
-		msg = "the lease failed: " + reason
+		msg = "the lease failed: " + string(reason)
 	}
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: string(phase), Message: msg, ObservedGeneration: cc.Generation})
 	err := ssa.WriteStatus(t.ctx, t.c, cc, &cc.Status, st, ssa.StatusOptions{
@@ -805,7 +803,7 @@ func (t *trader) openBid(ob *ownBid) {
 func (t *trader) leased(acc *market.Rec) bool {
 	bidder, _, _ := market.SplitURI(acc.Accept.Bid.URI)
 	for _, l := range t.view.Children(acc.URI, lexicon.Lease) {
-		if l.DID == bidder && l.Lease != nil && l.Lease.Accept.CID == acc.CID && (l.Lease.State == market.LeaseConfirmed || l.Lease.State == market.LeaseRunning) {
+		if l.DID == bidder && l.Lease != nil && l.Lease.Accept.CID == acc.CID && (l.Lease.State == deal.LeaseConfirmed || l.Lease.State == deal.LeaseRunning) {
 			return true
 		}
 	}
@@ -818,19 +816,19 @@ func (t *trader) leased(acc *market.Rec) bool {
 func (t *trader) answer(ob *ownBid, acc, req *market.Rec, name string) {
 	confirmBy := market.ParseTime(acc.Accept.ConfirmBy)
 	validUntil := market.ParseTime(ob.bid.ValidUntil)
-	reason := ""
+	var reason deal.LeaseReason
 	switch {
 	case t.stop != "":
-		reason = market.DeclineSuspended
+		reason = deal.Suspended
 	case confirmBy.IsZero() || acc.FirstSeen.After(confirmBy) || !t.now.Before(confirmBy) || acc.FirstSeen.After(validUntil):
-		reason = market.DeclineExpired
+		reason = deal.Expired
 	case ob.offer < 0 || t.used[ob.offer]+t.unknown+1 > t.capacity(ob.offer):
-		reason = market.DeclineNoCapacity
+		reason = deal.NoCapacity
 	}
-	lease := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), Bid: &market.StrongRef{URI: ob.uri, CID: ob.cid}, State: market.LeaseConfirmed, Reason: reason,
+	lease := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), Bid: &market.StrongRef{URI: ob.uri, CID: ob.cid}, State: deal.LeaseConfirmed, Reason: reason,
 		CreatedAt: market.Time(t.now), UpdatedAt: market.Time(t.now)}
 	if reason != "" {
-		lease.State = market.LeaseDeclined
+		lease.State = deal.LeaseDeclined
 	}
 	rkey := market.LeaseKey(t.owner, acc.URI)
 	ol := &ownLease{uri: market.URI(t.st.DID, lexicon.Lease, rkey), rkey: rkey, lease: lease, bid: ob}
@@ -843,7 +841,7 @@ func (t *trader) answer(ob *ownBid, acc, req *market.Rec, name string) {
 	if reason != "" {
 		t.do(action{pds: put, failed: held, kcp: func() error {
 			t.events.Eventf(t.b, nil, corev1.EventTypeWarning, "Declined", "Lease", "declined the accept %s: %s", acc.URI, reason)
-			return t.recordBid(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+reason)
+			return t.recordBid(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+string(reason))
 		}})
 		t.due(t.now.Add(30 * time.Second))
 		return

@@ -54,6 +54,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -326,7 +327,8 @@ type session struct {
 	network string
 	// stop is why no new request is made ("" when one may be); release
 	// is the reason code of releases.
-	stop, release string
+	stop    string
+	release deal.ReleaseReason
 
 	bids      map[string]*marketv1alpha1.Bid             // by name
 	contracts map[string]*marketv1alpha1.ComputeContract // by name
@@ -395,11 +397,11 @@ func (s *session) run() error {
 	suspend.SetCondition(&s.st.Conditions, state, mr.Generation)
 	switch {
 	case s.deleting:
-		s.stop, s.release = "the MarketRequester is being deleted", market.ReleaseRequesterDeleted
+		s.stop, s.release = "the MarketRequester is being deleted", deal.RequesterDeleted
 	case state.Suspended:
-		s.stop, s.release = "suspended by "+state.By, market.ReleaseSuspended
+		s.stop, s.release = "suspended by "+state.By, deal.ReleaseSuspended
 	default:
-		s.release = market.ReleaseReplicasLowered
+		s.release = deal.ReplicasLowered
 	}
 
 	fl := market.Follower{Role: market.RoleRequester, DID: s.st.DID, Request: s.req, Operator: s.net.Spec.OperatorDID, Vouches: market.Approved(id, marketv1alpha1.RoleBidder)}

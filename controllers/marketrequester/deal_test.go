@@ -20,6 +20,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/market/markettest"
 )
 
@@ -242,7 +243,7 @@ func TestFittingBidderWins(t *testing.T) {
 	for range 3 {
 		m.round()
 	}
-	if cc := contracts(t, m.shop); len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != market.ReleaseReplicasLowered {
+	if cc := contracts(t, m.shop); len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != string(deal.ReplicasLowered) {
 		t.Errorf("requester's contract after release: %+v", cc)
 	}
 	if cc := contracts(t, m.bidders["fit"]); len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted {
@@ -358,9 +359,9 @@ func TestRaceForTheLastCapacity(t *testing.T) {
 	confirmed, declined := 0, 0
 	for _, l := range leases {
 		switch {
-		case l.State == market.LeaseConfirmed:
+		case l.State == deal.LeaseConfirmed:
 			confirmed++
-		case l.State == market.LeaseDeclined && l.Reason == market.DeclineNoCapacity:
+		case l.State == deal.LeaseDeclined && l.Reason == deal.NoCapacity:
 			declined++
 		}
 	}
@@ -525,7 +526,7 @@ func TestForgedRecordsAreIgnored(t *testing.T) {
 	m.clock.advance(11 * time.Second)
 	m.reconcileRequester()
 	acc := m.repos["did:plc:shop"].Records(lexicon.Accept)[0]
-	l, _ := json.Marshal(market.Lease{Type: lexicon.Lease, Accept: market.StrongRef{URI: acc.URI, CID: acc.CID}, State: market.LeaseConfirmed, CreatedAt: market.Time(m.clock.t)})
+	l, _ := json.Marshal(market.Lease{Type: lexicon.Lease, Accept: market.StrongRef{URI: acc.URI, CID: acc.CID}, State: deal.LeaseConfirmed, CreatedAt: market.Time(m.clock.t)})
 	mallory.Put(lexicon.Lease, "lforged", l)
 	m.reconcileRequester()
 	mr := m.requester()
@@ -559,7 +560,7 @@ func TestSuspendReleasesAndASuspendedBidderStillCompletes(t *testing.T) {
 		t.Errorf("Suspended: %+v", c)
 	}
 	cc := contracts(t, m.bidders["fit"])
-	if len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != market.ReleaseSuspended {
+	if len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != string(deal.ReleaseSuspended) {
 		t.Errorf("bidder's contract: %+v", cc)
 	}
 	if n := m.records("did:plc:shop", lexicon.Request); n != 0 {
@@ -628,7 +629,7 @@ func TestDeletionReleases(t *testing.T) {
 		t.Fatalf("the requester is still there: %+v", mr.Status)
 	}
 	cc := contracts(t, m.bidders["fit"])
-	if len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != market.ReleaseRequesterDeleted {
+	if len(cc) != 1 || cc[0].Status.Phase != marketv1alpha1.ContractCompleted || cc[0].Status.Reason != string(deal.RequesterDeleted) {
 		t.Errorf("bidder's contract: %+v", cc)
 	}
 	for _, col := range []string{lexicon.Request, lexicon.Accept, lexicon.Release} {

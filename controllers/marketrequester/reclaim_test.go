@@ -20,6 +20,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/pds"
 )
 
@@ -172,7 +173,7 @@ func TestReclaimWithSuccessor(t *testing.T) {
 	for range 3 {
 		m.round()
 	}
-	if done := contractNamed(t, m.shop, old.Name); done == nil || done.Status.Phase != marketv1alpha1.ContractCompleted || done.Status.Reason != market.ReleaseReclaimed {
+	if done := contractNamed(t, m.shop, old.Name); done == nil || done.Status.Phase != marketv1alpha1.ContractCompleted || done.Status.Reason != string(deal.ReleaseReclaimed) {
 		t.Fatalf("the reclaimed contract: %+v", done)
 	}
 	if vmCount(t, fit) != 0 || vmCount(t, next) != 1 {
@@ -254,7 +255,7 @@ func TestReclaimNoticeRunsOut(t *testing.T) {
 			ended = &cc
 		}
 	}
-	if ended == nil || ended.Status.Phase != marketv1alpha1.ContractCompleted || ended.Status.Reason != market.LeaseReclaimed {
+	if ended == nil || ended.Status.Phase != marketv1alpha1.ContractCompleted || ended.Status.Reason != string(deal.Reclaimed) {
 		t.Fatalf("the reclaimed contract: %+v", ended)
 	}
 	if rs := m.requester().Status.Requests; len(rs) != 1 || rs[0].State == marketv1alpha1.RequestContracted {
@@ -266,12 +267,12 @@ func TestReclaimNoticeRunsOut(t *testing.T) {
 	cc.Status.Phase, cc.Status.Reason = marketv1alpha1.ContractActive, ""
 	st := cc.Status.DeepCopy()
 	s := &session{r: m.req, now: cc.Status.Reclaim.Seen.Add(time.Minute)}
-	lease := &market.Rec{Lease: &market.Lease{State: market.LeaseCompleted, Reason: market.LeaseReclaimed}, FirstSeen: s.now}
-	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractFailed || reason != market.ReclaimedEarly {
+	lease := &market.Rec{Lease: &market.Lease{State: deal.LeaseCompleted, Reason: deal.Reclaimed}, FirstSeen: s.now}
+	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractFailed || reason != string(deal.ReclaimedEarly) {
 		t.Errorf("ended a minute after the notice began: %s %s", phase, reason)
 	}
 	lease.FirstSeen = cc.Status.Reclaim.Seen.Add(600 * time.Second)
-	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractCompleted || reason != market.LeaseReclaimed {
+	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractCompleted || reason != string(deal.Reclaimed) {
 		t.Errorf("ended after the notice: %s %s", phase, reason)
 	}
 }
@@ -322,12 +323,12 @@ func TestReclaimHostileRecords(t *testing.T) {
 	if err := json.Unmarshal(lrec.Value, &l); err != nil {
 		t.Fatal(err)
 	}
-	l.State, l.Reason, l.UpdatedAt = market.LeaseCompleted, market.LeaseReclaimed, market.Time(m.clock.t)
+	l.State, l.Reason, l.UpdatedAt = deal.LeaseCompleted, deal.Reclaimed, market.Time(m.clock.t)
 	raw, _ := json.Marshal(l)
 	_, _, rkey := market.SplitURI(lrec.URI)
 	m.repos["did:plc:fit"].Put(lexicon.Lease, rkey, raw)
 	m.reconcileRequester()
-	if ended := contractNamed(t, m.shop, cc.Name); ended == nil || ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != market.ReclaimedEarly {
+	if ended := contractNamed(t, m.shop, cc.Name); ended == nil || ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != string(deal.ReclaimedEarly) {
 		t.Fatalf("a lease ended a second after it began, 120 s of notice owed: %+v", ended)
 	}
 	m.repos["did:plc:fit"].Delete(lexicon.Reclaim, "chand")
@@ -479,7 +480,7 @@ func (m *marketFixture) plantBid(did string, req *marketv1alpha1.PublishedRecord
 
 // endLease rewrites did's only lease to state (with reason), or deletes
 // it when state is "".
-func (m *marketFixture) endLease(did, state, reason string) {
+func (m *marketFixture) endLease(did string, state deal.LeaseState, reason deal.LeaseReason) {
 	m.t.Helper()
 	lrec := m.repos[did].Records(lexicon.Lease)[0]
 	_, _, rkey := market.SplitURI(lrec.URI)
@@ -503,16 +504,18 @@ func (m *marketFixture) endLease(did, state, reason string) {
 // lease completed as vm-lost is just that.
 func TestReclaimEndedEarlyWhateverTheReason(t *testing.T) {
 	for _, tc := range []struct {
-		name, state, reason string
-		after               time.Duration
-		want                string
+		name   string
+		state  deal.LeaseState
+		reason deal.LeaseReason
+		after  time.Duration
+		want   deal.ContractReason
 	}{
-		{"reclaimed", market.LeaseCompleted, market.LeaseReclaimed, time.Second, market.ReclaimedEarly},
-		{"vm-lost", market.LeaseCompleted, "vm-lost", time.Second, market.ReclaimedEarly},
-		{"no reason", market.LeaseCompleted, "", time.Second, market.ReclaimedEarly},
-		{"declined", market.LeaseDeclined, "invalid", time.Second, market.ReclaimedEarly},
-		{"lease deleted", "", "", time.Second, market.ReclaimedEarly},
-		{"vm-lost after the notice", market.LeaseCompleted, "vm-lost", 601 * time.Second, "vm-lost"},
+		{"reclaimed", deal.LeaseCompleted, deal.Reclaimed, time.Second, deal.ReclaimedEarly},
+		{"vm-lost", deal.LeaseCompleted, deal.VMLost, time.Second, deal.ReclaimedEarly},
+		{"no reason", deal.LeaseCompleted, "", time.Second, deal.ReclaimedEarly},
+		{"declined", deal.LeaseDeclined, deal.Invalid, time.Second, deal.ReclaimedEarly},
+		{"lease deleted", "", "", time.Second, deal.ReclaimedEarly},
+		{"vm-lost after the notice", deal.LeaseCompleted, deal.VMLost, 601 * time.Second, deal.Of(deal.VMLost)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMarket(t, bidderObj("fit", 30, 2))
@@ -531,10 +534,10 @@ func TestReclaimEndedEarlyWhateverTheReason(t *testing.T) {
 			m.clock.advance(time.Minute) // a listing proves a deleted lease gone
 			m.reconcileRequester()
 			ended := contractNamed(t, m.shop, cc.Name)
-			if ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != tc.want {
+			if ended.Status.Phase != marketv1alpha1.ContractFailed || ended.Status.Reason != string(tc.want) {
 				t.Fatalf("ended %s/%s, want Failed/%s", ended.Status.Phase, ended.Status.Reason, tc.want)
 			}
-			if tc.want != market.ReclaimedEarly {
+			if tc.want != deal.ReclaimedEarly {
 				return
 			}
 			// fit's own controller does not run again: a bid of its, by

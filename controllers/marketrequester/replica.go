@@ -19,6 +19,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -35,7 +36,7 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 		for i, cc := range ccs[:len(ccs)-1] {
 			keep, reason := wanted && !anyActive(ccs[i+1:]), s.release
 			if wanted {
-				reason = market.ReleaseReclaimed
+				reason = deal.ReleaseReclaimed
 			}
 			if _, err := s.contracted(rr, cc, accepts, keep, reason, &marketv1alpha1.RequestStatus{}); err != nil {
 				return rs, true, err
@@ -273,7 +274,7 @@ func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) 
 	// owed, for as long after.
 	early := map[string]time.Time{}
 	for _, cc := range s.contracts {
-		if cc.Status.Reason != market.ReclaimedEarly || cc.Status.Reclaim == nil {
+		if cc.Status.Reason != string(deal.ReclaimedEarly) || cc.Status.Reclaim == nil {
 			continue
 		}
 		// Until avoidFor after the notice it owed would have run out.
@@ -459,10 +460,10 @@ func (s *session) answered(rr *replicaRecords, cur *ownRecord, acc *ownAccept, b
 	confirmBy := market.ParseTime(acc.accept.ConfirmBy)
 	obj := s.bids[name]
 	switch {
-	case lease != nil && (lease.Lease.State == market.LeaseConfirmed || lease.Lease.State == market.LeaseRunning):
+	case lease != nil && (lease.Lease.State == deal.LeaseConfirmed || lease.Lease.State == deal.LeaseRunning):
 		return true, s.contract(rr, cur, acc, lease, bids, rs)
-	case lease != nil && lease.Lease.State == market.LeaseDeclined:
-		reason := cmp.Or(lease.Lease.Reason, "unspecified")
+	case lease != nil && lease.Lease.State == deal.LeaseDeclined:
+		reason := string(cmp.Or(lease.Lease.Reason, "unspecified"))
 		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Declined", "Accept", "bidder %s declined replica %d: %s", bidderDID, rr.index, reason)
 		if obj != nil {
 			if err := s.bidState(obj, marketv1alpha1.BidDeclined, "the bidder declined: "+reason); err != nil {
@@ -659,7 +660,7 @@ func (s *session) reclaiming(did string) bool {
 // the replica is wanted, through a release (with relReason) when it no
 // longer is. When the deal is over (Completed or Failed) the requester's
 // records of it are deleted and it reports finished.
-func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, relReason string, rs *marketv1alpha1.RequestStatus) (bool, error) {
+func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, relReason deal.ReleaseReason, rs *marketv1alpha1.RequestStatus) (bool, error) {
 	if _, _, akey := market.SplitURI(cc.Spec.Accept.URI); s.inv.Get(lexicon.Accept, akey) == nil {
 		// The requester deleted the accept when the deal ended: a contract
 		// that looks live is a cache behind that write; it is not judged
@@ -704,7 +705,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	// A mounted tenant that stops answering is given back after the
 	// grace, and the replica goes back to the market.
 	unresponsive := ""
-	if wanted && release == nil && lease != nil && lease.Lease.State == market.LeaseRunning && cc.Status.Phase == marketv1alpha1.ContractActive {
+	if wanted && release == nil && lease != nil && lease.Lease.State == deal.LeaseRunning && cc.Status.Phase == marketv1alpha1.ContractActive {
 		tc := &computev1alpha1.TenantCluster{}
 		if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil && tc.Status.Phase != computev1alpha1.PhaseReady {
 			since := s.now
@@ -713,7 +714,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			}
 			grace := time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second
 			if !s.now.Before(since.Add(grace)) {
-				wanted, relReason = false, market.ReleaseProviderUnresponsive
+				wanted, relReason = false, deal.ProviderUnresponsive
 				s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(since))
 			} else {
 				unresponsive = "the tenant has not answered since " + market.Time(since) + "; it is released at " + market.Time(since.Add(grace)) + " unless it answers"
@@ -730,9 +731,9 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			st.Phase, st.Reason = s.endedByBidder(cc, st, nil)
 		case lease == nil:
 			// not read yet: keep the phase
-		case lease.Lease.State == market.LeaseConfirmed:
+		case lease.Lease.State == deal.LeaseConfirmed:
 			st.Phase = marketv1alpha1.ContractProvisioning
-		case lease.Lease.State == market.LeaseRunning:
+		case lease.Lease.State == deal.LeaseRunning:
 			// Active only once the tenant is mounted.
 			ready, reason, why, err := s.deliver(cc, lease)
 			if err != nil {
@@ -744,7 +745,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			} else {
 				s.due(s.now.Add(2 * time.Second))
 			}
-		case lease.Lease.State == market.LeaseDeclined, lease.Lease.State == market.LeaseCompleted:
+		case lease.Lease.State == deal.LeaseDeclined, lease.Lease.State == deal.LeaseCompleted:
 			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 		}
 		if st.Phase == "" {
@@ -758,20 +759,20 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			return false, err
 		}
 		switch {
-		case gone || (lease != nil && lease.Lease.State == market.LeaseCompleted):
+		case gone || (lease != nil && lease.Lease.State == deal.LeaseCompleted):
 			if release != nil {
-				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, release.release.Reason
+				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, string(release.release.Reason)
 			} else {
 				st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 			}
-		case lease != nil && lease.Lease.State == market.LeaseDeclined:
+		case lease != nil && lease.Lease.State == deal.LeaseDeclined:
 			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
 		case lease == nil:
 			st.Phase = marketv1alpha1.ContractReleasing
 		case release == nil:
 			// An export is asked for before the release, so that the
 			// bidder's side finds it when it sees the release.
-			if lease.Lease.State == market.LeaseRunning && s.exportWanted(relReason) {
+			if lease.Lease.State == deal.LeaseRunning && s.exportWanted(relReason) {
 				ready, err := s.startExport(cc)
 				if err != nil {
 					return false, err
@@ -788,7 +789,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 				return false, err
 			}
 			st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, relReason
+			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(relReason)
 			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
 			s.due(s.now.Add(s.confirm()))
 		default:
@@ -804,10 +805,10 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			}
 			by := market.ParseTime(release.release.CreatedAt).Add(wait)
 			if s.now.Before(by) {
-				st.Phase, st.Reason = marketv1alpha1.ContractReleasing, release.release.Reason
+				st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(release.release.Reason)
 				s.due(by)
 			} else {
-				st.Phase, st.Reason = marketv1alpha1.ContractFailed, "bidder-unresponsive"
+				st.Phase, st.Reason = marketv1alpha1.ContractFailed, string(deal.BidderUnresponsive)
 			}
 		}
 	}
@@ -890,7 +891,7 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 	short := by.Before(seen.Add(notice - noticeSlack))
 	st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
 	// Kept to the second, as status holds it (else every pass rewrites it).
-	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: rec.Reclaim.Reason, TerminateAfter: *market.MetaTime(by), Seen: *market.MetaTime(seen), ShortNotice: short}
+	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: string(rec.Reclaim.Reason), TerminateAfter: *market.MetaTime(by), Seen: *market.MetaTime(seen), ShortNotice: short}
 	if len(st.Reclaim.Reason) > 64 {
 		st.Reclaim.Reason = st.Reclaim.Reason[:64]
 	}
@@ -906,10 +907,9 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 
 // knownReclaim is a reclaim's reason when it is one of the lexicon's known
 // values (a bidder's free text is not repeated).
-func knownReclaim(reason string) string {
-	switch marketv1alpha1.ReclaimReason(reason) {
-	case marketv1alpha1.ReclaimMaintenance, marketv1alpha1.ReclaimCapacity, marketv1alpha1.ReclaimBidderLeaving:
-		return reason
+func knownReclaim(reason deal.ReclaimReason) string {
+	if slices.Contains(deal.ReclaimReasons, reason) {
+		return string(reason)
 	}
 	return "other"
 }
@@ -921,23 +921,23 @@ func knownReclaim(reason string) string {
 // meanwhile included; a lease completed as reclaimed after it is
 // Completed (reclaimed). Otherwise the contract failed.
 func (s *session) endedByBidder(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec) (marketv1alpha1.ContractPhase, string) {
-	reason, at := "lease-withdrawn", s.now
+	reason, at := deal.LeaseWithdrawn, s.now
 	if lease != nil {
-		reason, at = cmp.Or(lease.Lease.Reason, "ended-by-bidder"), cmp.Or(lease.FirstSeen, s.now)
-		if lease.Lease.State == market.LeaseDeclined {
-			reason = cmp.Or(lease.Lease.Reason, "declined")
+		reason, at = cmp.Or(deal.Of(lease.Lease.Reason), deal.EndedByBidder), cmp.Or(lease.FirstSeen, s.now)
+		if lease.Lease.State == deal.LeaseDeclined {
+			reason = cmp.Or(deal.Of(lease.Lease.Reason), deal.DeclinedNoReason)
 		}
 	}
 	if st.Reclaim != nil {
 		owed := st.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
 		switch {
 		case at.Before(owed.Add(-noticeSlack)):
-			return marketv1alpha1.ContractFailed, market.ReclaimedEarly
-		case lease != nil && lease.Lease.State == market.LeaseCompleted && reason == market.LeaseReclaimed:
-			return marketv1alpha1.ContractCompleted, market.LeaseReclaimed
+			return marketv1alpha1.ContractFailed, string(deal.ReclaimedEarly)
+		case lease != nil && lease.Lease.State == deal.LeaseCompleted && reason == deal.Of(deal.Reclaimed):
+			return marketv1alpha1.ContractCompleted, string(deal.Reclaimed)
 		}
 	}
-	return marketv1alpha1.ContractFailed, reason
+	return marketv1alpha1.ContractFailed, string(reason)
 }
 
 type ownRelease struct {

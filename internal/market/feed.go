@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 )
@@ -803,11 +804,11 @@ func (r *Rec) Ref() StrongRef { return StrongRef{URI: r.URI, CID: r.CID} }
 
 // Reclaim is the content of a dev.knotless.market.reclaim record.
 type Reclaim struct {
-	Type           string    `json:"$type"`
-	Lease          StrongRef `json:"lease"`
-	Reason         string    `json:"reason"`
-	TerminateAfter string    `json:"terminateAfter"`
-	CreatedAt      string    `json:"createdAt"`
+	Type           string                       `json:"$type"`
+	Lease          StrongRef                    `json:"lease"`
+	Reason         marketv1alpha1.ReclaimReason `json:"reason"`
+	TerminateAfter string                       `json:"terminateAfter"`
+	CreatedAt      string                       `json:"createdAt"`
 }
 
 // NewRec decodes a market record (already validated against its

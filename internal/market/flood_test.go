@@ -128,7 +128,7 @@ func TestFloodOfStrangersBidsKeepsTheDeal(t *testing.T) {
 			BidDeadline: Time(now.Add(time.Hour)), CreatedAt: Time(now)})},
 		{URI: bidURI, CID: cid, Value: value(Bid{Type: lexicon.Bid, Request: StrongRef{reqURI, cid}, PricePerHour: Price{5, "credits"}, ValidUntil: Time(now.Add(time.Hour)), CreatedAt: Time(now)})},
 		{URI: accURI, CID: cid, Value: value(Accept{Type: lexicon.Accept, Bid: StrongRef{bidURI, cid}, Request: StrongRef{reqURI, cid}, ConfirmBy: Time(now.Add(time.Hour)), CreatedAt: Time(now)})},
-		{URI: leaseURI, CID: cid, Value: value(Lease{Type: lexicon.Lease, Accept: StrongRef{accURI, cid}, State: LeaseRunning, CreatedAt: Time(now)})},
+		{URI: leaseURI, CID: cid, Value: value(Lease{Type: lexicon.Lease, Accept: StrongRef{accURI, cid}, State: "running", CreatedAt: Time(now)})},
 	}
 	fs := &floodSource{repos: []string{op, shop, acme, stranger}, fixed: map[string][]firehose.Record{}, flooder: stranger, n: 200_000}
 	for _, r := range recs {

@@ -13,40 +13,17 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 )
 
-// Record states and reason codes of the market's lease and release
-// records (docs/lexicons.md). Reason codes of a lease (a decline) are the
-// bidder's; those of a release are the requester's.
-const (
-	LeaseConfirmed = "confirmed"
-	LeaseDeclined  = "declined"
-	LeaseRunning   = "running"
-	LeaseCompleted = "completed"
-
-	// Bidder-side reasons (lease.reason).
-	DeclineNoCapacity = "no-capacity"
-	DeclineExpired    = "expired"
-	DeclineSuspended  = "suspended"
-	DeclineInvalid    = "invalid"
-	// DeclineDriverFailed also ends a lease whose VM could not be run.
-	DeclineDriverFailed = "driver-failed"
-	// LeaseReclaimed ends a lease the bidder reclaimed, once the notice
-	// ran out.
-	LeaseReclaimed = "reclaimed"
-	// ReclaimedEarly is the requester's reason for a reclaimed lease the
-	// bidder ended before the notice it owed.
-	ReclaimedEarly = "reclaimed-early"
-
-	// Requester-side reasons (release.reason).
-	ReleaseReplicasLowered  = "replicas-lowered"
-	ReleaseRequesterDeleted = "requester-deleted"
-	ReleaseSuspended        = "suspended"
-	ReleaseContractFailed   = "contract-failed"
-	// ReleaseProviderUnresponsive: the tenant did not answer for the
-	// requester's grace.
-	ReleaseProviderUnresponsive = "provider-unresponsive"
-	// ReleaseReclaimed: the bidder reclaimed the VM and the requester's
-	// next one runs.
-	ReleaseReclaimed = "reclaimed"
+// The types of the market records' state and reason fields. Their values
+// are declared once, in package deal, next to the lexicons' knownValues
+// (deal.LeaseRunning, deal.VMLost, deal.ReplicasLowered, ...): a record
+// read from a repo may carry any other string, which none of them equals.
+type (
+	// LeaseState is lease.state.
+	LeaseState string
+	// LeaseReason is lease.reason: the bidder's.
+	LeaseReason string
+	// ReleaseReason is release.reason: the requester's.
+	ReleaseReason string
 )
 
 // StrongRef is com.atproto.repo.strongRef: a record's at-URI and the CID
@@ -90,22 +67,22 @@ type Accept struct {
 
 // Lease is the content of a dev.knotless.market.lease record.
 type Lease struct {
-	Type          string     `json:"$type"`
-	Accept        StrongRef  `json:"accept"`
-	Bid           *StrongRef `json:"bid,omitempty"`
-	State         string     `json:"state"`
-	Reason        string     `json:"reason,omitempty"`
-	CAFingerprint string     `json:"caFingerprint,omitempty"`
-	UpdatedAt     string     `json:"updatedAt,omitempty"`
-	CreatedAt     string     `json:"createdAt"`
+	Type          string      `json:"$type"`
+	Accept        StrongRef   `json:"accept"`
+	Bid           *StrongRef  `json:"bid,omitempty"`
+	State         LeaseState  `json:"state"`
+	Reason        LeaseReason `json:"reason,omitempty"`
+	CAFingerprint string      `json:"caFingerprint,omitempty"`
+	UpdatedAt     string      `json:"updatedAt,omitempty"`
+	CreatedAt     string      `json:"createdAt"`
 }
 
 // Release is the content of a dev.knotless.market.release record.
 type Release struct {
-	Type      string    `json:"$type"`
-	Lease     StrongRef `json:"lease"`
-	Reason    string    `json:"reason"`
-	CreatedAt string    `json:"createdAt"`
+	Type      string        `json:"$type"`
+	Lease     StrongRef     `json:"lease"`
+	Reason    ReleaseReason `json:"reason"`
+	CreatedAt string        `json:"createdAt"`
 }
 
 // Decode validates a record value against the lexicon of collection and
