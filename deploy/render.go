@@ -54,11 +54,17 @@ type Workload struct {
 // and values (marshalled to a file after them, so they win) and returns
 // the Deployments by name.
 func Render(ctx context.Context, root string, values map[string]any, files ...string) (map[string]*Workload, error) {
+	return RenderChart(ctx, root, filepath.Join(root, Chart), values, files...)
+}
+
+// RenderChart is Render of another chart: a directory or a packaged
+// chart (the .tgz of make release).
+func RenderChart(ctx context.Context, root, chart string, values map[string]any, files ...string) (map[string]*Workload, error) {
 	helm, err := Helm(root)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"template", "knotless", filepath.Join(root, Chart), "--namespace", "knotless-system"}
+	args := []string{"template", "knotless", chart, "--namespace", "knotless-system"}
 	for _, f := range files {
 		args = append(args, "-f", f)
 	}

@@ -29,13 +29,20 @@ import (
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
-// The images make images builds (hack/images.sh) and the tag the chart
-// defaults to.
-const imageTag = "dev"
+// installed is what TestContainerImages installs: the chart and the tag
+// of its images.
+type installed struct{ chart, tag string }
 
-// dockerAvailable skips the test when docker or the images are missing,
-// unless KNOTLESS_E2E_IMAGES=required (CI), where that fails it.
-func dockerAvailable(t *testing.T, root string) {
+// install returns the chart and images to test, and skips the test when
+// docker or the images are missing, unless KNOTLESS_E2E_IMAGES=required
+// (CI), where that fails it. Without KNOTLESS_E2E_DIST those are the
+// chart of the work tree and the images make images tags dev. With
+// KNOTLESS_E2E_DIST=<dist>/<version> (CI, after make release) they come
+// from the release only, as a new operator gets them: its SHA256SUMS are
+// checked, the images' tags are removed and loaded again from the saved
+// tarballs, and the chart is the packaged one (its default tag is the
+// version).
+func install(t *testing.T, root string) installed {
 	t.Helper()
 	required := os.Getenv("KNOTLESS_E2E_IMAGES") == "required"
 	skip := func(format string, args ...any) {
@@ -51,16 +58,41 @@ func dockerAvailable(t *testing.T, root string) {
 	if _, err := deploy.Helm(root); err != nil {
 		skip("the chart cannot be rendered: %v", err)
 	}
+	in := installed{chart: filepath.Join(root, deploy.Chart), tag: "dev"}
+	if dist := os.Getenv("KNOTLESS_E2E_DIST"); dist != "" {
+		in = fromRelease(t, dist)
+	}
 	commit := strings.TrimPrefix(framework.LDFlags(t.Context(), root), "-X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=")
 	for _, name := range []string{"knotless-provider", "knotless-mountproxy"} {
-		out, err := exec.CommandContext(t.Context(), "docker", "image", "inspect", "-f", `{{index .Config.Labels "org.opencontainers.image.revision"}}`, name+":"+imageTag).Output()
+		out, err := exec.CommandContext(t.Context(), "docker", "image", "inspect", "-f", `{{index .Config.Labels "org.opencontainers.image.revision"}}`, name+":"+in.tag).Output()
 		if err != nil {
-			skip("no image %s:%s: build it with make images", name, imageTag)
+			skip("no image %s:%s: build it with make images", name, in.tag)
 		}
 		if got := strings.TrimSpace(string(out)); got != commit {
-			t.Logf("image %s:%s was built from %s, the work tree is %s (make images builds it again)", name, imageTag, got, commit)
+			t.Logf("image %s:%s was built from %s, the work tree is %s (make images builds it again)", name, in.tag, got, commit)
 		}
 	}
+	return in
+}
+
+// fromRelease checks and loads the release in dir (make release's
+// dist/<version>).
+func fromRelease(t *testing.T, dir string) installed {
+	t.Helper()
+	version := filepath.Base(dir)
+	check := exec.CommandContext(t.Context(), "sha256sum", "--check", "--strict", "SHA256SUMS")
+	check.Dir = dir
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("release %s: sha256sum --check: %v: %s", dir, err, out)
+	}
+	for _, name := range []string{"knotless-provider", "knotless-mountproxy"} {
+		_ = exec.CommandContext(t.Context(), "docker", "rmi", name+":"+version).Run()
+		if out, err := exec.CommandContext(t.Context(), "docker", "load", "-i", filepath.Join(dir, name+"-"+version+".image.tar.gz")).CombinedOutput(); err != nil {
+			t.Fatalf("docker load of the release's %s: %v: %s", name, err, out)
+		}
+	}
+	t.Logf("installing release %s from %s only (its chart and saved images)", version, dir)
+	return installed{chart: filepath.Join(dir, "knotless-"+version+".tgz"), tag: version}
 }
 
 // argValue returns the value of --name in args (the suite's flags).
@@ -238,7 +270,7 @@ func TestContainerImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dockerAvailable(t, repo)
+	rel := install(t, repo)
 	if env.frontProxy == nil || env.vault == nil || env.mountProxy == nil || env.mountProxy.Process == nil {
 		t.Skip("the container test runs in the topology the suite starts (kcp-front-proxy, Vault, the mount proxy)")
 	}
@@ -298,7 +330,7 @@ func TestContainerImages(t *testing.T) {
 		"shim-serving":          {"tls.crt": readFile(t, m.ShimServing.Cert), "tls.key": readFile(t, m.ShimServing.Key)},
 		"shim-requestheader-ca": {"ca.crt": readFile(t, m.ShimRequestCAFile)},
 	}
-	ws, err := deploy.Render(ctx, repo, values)
+	ws, err := deploy.RenderChart(ctx, repo, rel.chart, values)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,8 +360,8 @@ func TestContainerImages(t *testing.T) {
 	commit := strings.TrimPrefix(framework.LDFlags(ctx, repo), "-X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=")
 	for _, c := range []*container{pc, sc} {
 		tail := c.logs.Tail(200)
-		if !strings.Contains(tail, "version") || !strings.Contains(tail, imageTag) {
-			t.Errorf("%s: no version %s in its start-up line", c.name, imageTag)
+		if !strings.Contains(tail, "version") || !strings.Contains(tail, rel.tag) {
+			t.Errorf("%s: no version %s in its start-up line", c.name, rel.tag)
 		}
 		if !strings.Contains(tail, commit) {
 			t.Logf("%s: its start-up line does not name the work tree's commit %s (an image of another commit)", c.name, commit)
@@ -397,7 +429,7 @@ func TestContainerImages(t *testing.T) {
 	// request after its /readyz turned 200 reaches the tenant.
 	port2 := freePort(t)
 	values["mountproxy"].(map[string]any)["ports"] = map[string]any{"https": port2, "health": freePort(t), "metrics": freePort(t)}
-	ws2, err := deploy.Render(ctx, repo, values)
+	ws2, err := deploy.RenderChart(ctx, repo, rel.chart, values)
 	if err != nil {
 		t.Fatal(err)
 	}

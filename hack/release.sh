@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# make release VERSION=x.y.z: the versioned artifacts of knotless under
+# dist/<VERSION>/ (docs/install.md#releases), built here offline:
+#
+#   knotless-provider-<V>.image.tar.gz    docker save of the image (tag <V>)
+#   knotless-mountproxy-<V>.image.tar.gz  the same for the mount proxy
+#   knotless-<V>.tgz                      the chart (helm package; version and
+#                                         appVersion <V>, so its images default
+#                                         to tag <V>)
+#   knotless-agent-<V>-linux-amd64.tar.gz the agent, its pinned kcp (the
+#                                         process driver's tenants), a systemd
+#                                         unit and its settings file
+#   sbom/<binary>.cdx.json                CycloneDX SBOM of each binary's Go
+#                                         modules (pinned cyclonedx-gomod)
+#   SHA256SUMS                            sha256sum -c checks every file above
+#
+# The binaries are static (CGO_ENABLED=0, -trimpath) and stamped with the
+# version and the commit. KNOTLESS_DIST puts dist/ elsewhere (the tests).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+version=${VERSION:-}
+if ! [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
+  echo "hack/release.sh: VERSION must be a semantic version such as 0.3.0 or 0.3.0-rc.1 (got '${version}')" >&2
+  exit 1
+fi
+out=${KNOTLESS_DIST:-$root/dist}/$version
+commit=$(git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+case $commit in *-dirty) echo "hack/release.sh: warning: the work tree has uncommitted changes ($commit)" >&2 ;; esac
+rm -rf "$out"
+mkdir -p "$out/sbom"
+start=$(date +%s)
+
+# Pinned tools: helm (chart), kcp (the agent's tenants), cyclonedx-gomod.
+hack/tool.sh helm helm.sh/helm/v3/cmd/helm
+hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
+hack/tool.sh cyclonedx-gomod github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod
+
+# Images, tagged <V>, saved.
+KNOTLESS_IMAGE_TAG=$version KNOTLESS_VERSION=$version hack/images.sh
+for name in knotless-provider knotless-mountproxy; do
+  docker save "${KNOTLESS_IMAGE_REPOSITORY:+$KNOTLESS_IMAGE_REPOSITORY/}$name:$version" | gzip -n >"$out/$name-$version.image.tar.gz"
+  bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/$name.cdx.json" "bin/images/$name/$name"
+done
+
+# The chart, with the release as its version and default image tag.
+bin/helm package deploy/charts/knotless --version "$version" --app-version "$version" -d "$out" >/dev/null
+
+# The agent's tarball.
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+pkg=$stage/knotless-agent-$version
+mkdir -p "$pkg/bin" "$pkg/systemd"
+CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath \
+  -ldflags "-s -w -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Version=$version -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$commit" \
+  -o "$pkg/bin/knotless-agent" ./cmd/knotless-agent
+cp -L bin/kcp "$pkg/bin/kcp"
+cp deploy/agent/knotless-agent.service deploy/agent/agent.env "$pkg/systemd/"
+cat >"$pkg/INSTALL" <<TXT
+knotless-agent $version ($commit), linux/amd64 — docs/compute.md#knotless-agent
+
+  install -m 0755 bin/knotless-agent /usr/local/bin/
+  install -D -m 0755 bin/kcp /usr/local/lib/knotless-agent/kcp
+  install -D -m 0600 systemd/agent.env /etc/knotless-agent/agent.env
+  install -m 0600 <bidder workspace kubeconfig> /etc/knotless-agent/kubeconfig
+  install -m 0644 systemd/knotless-agent.service /etc/systemd/system/
+  systemctl daemon-reload && systemctl enable --now knotless-agent
+TXT
+bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/knotless-agent.cdx.json" "$pkg/bin/knotless-agent"
+bin/cyclonedx-gomod bin -json -output "$out/sbom/kcp.cdx.json" "$pkg/bin/kcp"
+tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$out/knotless-agent-$version-linux-amd64.tar.gz" "knotless-agent-$version"
+
+(cd "$out" && find . -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
+echo "release $version ($commit) in $out in $(( $(date +%s) - start ))s:"
+(cd "$out" && du -h -- * | sed 's/^/  /')
