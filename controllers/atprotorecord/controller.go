@@ -45,6 +45,7 @@ import (
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/inventory"
@@ -232,7 +233,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if s.suspended = state; state.Suspended {
 		// Resume reaches the record through its Component; the resync is
 		// a backstop should that event be missed.
-		return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
+		return reconcile.Result{RequeueAfter: clock.Resync(s.r.Resync)}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
 	}
 	if !repo.DeletionTimestamp.IsZero() {
 		// A repo being deleted deletes its records; nothing new is written
@@ -290,13 +291,8 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 	if !res.Wrote && res.After.CID == rec.Status.CID && rec.Status.Rev != "" {
 		rev = rec.Status.Rev
 	}
-	return reconcile.Result{RequeueAfter: s.resync()}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
+	return reconcile.Result{RequeueAfter: clock.Resync(s.r.Resync)}, s.status(ctx, metav1.ConditionTrue, atprotov1alpha1.ReasonSynced,
 		"the record on the PDS equals spec", &atprotov1alpha1.AtprotoRecordStatus{URI: res.After.URI, CID: res.After.CID, Rev: rev})
-}
-
-// resync is the Reconciler's Resync or its default.
-func (s *syncer) resync() time.Duration {
-	return cmp.Or(s.r.Resync, 2*time.Minute)
 }
 
 // failed reports a PDS or connection error and backs off.
@@ -409,7 +405,7 @@ func (s *syncer) status(ctx context.Context, cond metav1.ConditionStatus, reason
 		st.ObservedGeneration = s.rec.Generation
 		// Ready mirrors Synced, for kubectl wait and GitOps health checks.
 		for _, typ := range []string{atprotov1alpha1.ConditionSynced, atprotov1alpha1.ConditionReady} {
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: cond, Reason: reason, Message: msg, ObservedGeneration: s.rec.Generation})
+			conditions.Set(&st.Conditions, typ, s.rec.Generation, cond, reason, msg)
 		}
 	}
 	suspend.SetCondition(&st.Conditions, s.suspended, s.rec.Generation)

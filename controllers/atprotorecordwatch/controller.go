@@ -32,6 +32,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
@@ -91,10 +92,6 @@ func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
 		Complete(r)
 }
 
-func key(req mcreconcile.Request) string {
-	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
-}
-
 // Reconcile implements mcreconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 	cl, err := r.GetCluster(ctx, req.ClusterName)
@@ -104,20 +101,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	c := cl.GetClient()
 	obj := &atprotov1alpha1.AtprotoRecordWatch{}
 	if err := c.Get(ctx, req.NamespacedName, obj); err != nil || obj.DeletionTimestamp != nil {
-		r.drop(key(req))
+		r.drop(engage.Key(req))
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if err := Validate(&obj.Spec); err != nil {
-		r.drop(key(req))
+		r.drop(engage.Key(req))
 		st := obj.Status.DeepCopy()
 		st.ObservedGeneration = obj.Generation
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: atprotov1alpha1.ConditionReady, Status: metav1.ConditionFalse,
-			Reason: atprotov1alpha1.ReasonInvalidSpec, Message: err.Error(), ObservedGeneration: obj.Generation,
-		})
+		conditions.SetReady(&st.Conditions, obj.Generation, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, err.Error())
 		return reconcile.Result{}, ssa.WriteStatus(ctx, c, obj, &obj.Status, st, ssa.StatusOptions{Manager: FieldManager})
 	}
-	w, err := r.ensure(key(req), c, obj)
+	w, err := r.ensure(engage.Key(req), c, obj)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

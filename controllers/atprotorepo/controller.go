@@ -18,7 +18,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/util/workqueue"
@@ -176,7 +175,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	switch {
 	case errors.As(err, &sce):
 		st.ObservedGeneration = repo.Generation
-		setReady(st, repo.Generation, metav1.ConditionFalse, sce.Reason, sce.Message)
+		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, sce.Reason, sce.Message)
 		return reconcile.Result{}, ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{Manager: FieldManager})
 	case err != nil:
 		return reconcile.Result{}, err
@@ -185,7 +184,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		// Not Ready while suspended: records and market objects that are
 		// not suspended themselves must not log in through it either.
 		st.ObservedGeneration = repo.Generation
-		setReady(st, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
+		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
 		if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
 			Manager:  FieldManager,
 			Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, suspend.ConditionType),
@@ -224,10 +223,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	var ce *conditions.Error
 	switch {
 	case err == nil:
-		setReady(st, repo.Generation, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
+		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
 		result.RequeueAfter = resync
 	case errors.As(err, &ce):
-		setReady(st, repo.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
 		var rl *pds.RateLimitedError
 		if errors.As(err, &rl) {
 			result.RequeueAfter = max(time.Until(rl.Reset), 0) + time.Second
@@ -236,7 +235,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			cause = err
 		}
 	default:
-		setReady(st, repo.Generation, metav1.ConditionFalse, "Error", err.Error())
+		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, "Error", err.Error())
 		cause = err
 	}
 	if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
@@ -254,10 +253,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, pruneErr
 	}
 	return result, nil
-}
-
-func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: atprotov1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }
 
 // finalize deletes the repo's AtprotoRecords and the MarketIdentities

@@ -66,7 +66,7 @@ func (p *pruner) reportDeletion(ctx context.Context, repo *atprotov1alpha1.Atpro
 		return err
 	}
 	st := repo.Status.DeepCopy()
-	setReady(st, repo.Generation, metav1.ConditionFalse, reason, "the repo goes once the records it wrote are deleted from the PDS: "+err.Error())
+	conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, reason, "the repo goes once the records it wrote are deleted from the PDS: "+err.Error())
 	if werr := ssa.WriteStatus(ctx, p.cl.GetClient(), repo, &repo.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
 		Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, atprotov1alpha1.ConditionReady),

@@ -332,7 +332,7 @@ func (r *Reconciler) status(ctx context.Context, c client.Client, rec events.Eve
 	if child != nil {
 		st.Child = child
 	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: appsv1alpha1.ConditionReady, Status: cond, Reason: reason, Message: msg, ObservedGeneration: comp.Generation})
+	conditions.SetReady(&st.Conditions, comp.Generation, cond, reason, msg)
 	suspend.SetCondition(&st.Conditions, state, comp.Generation)
 	return ssa.WriteStatus(ctx, c, comp, &comp.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -178,7 +179,7 @@ func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, pha
 	if phase == computev1alpha1.VMRunning {
 		status = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: computev1alpha1.ConditionRunning, Status: status, Reason: reason, Message: msg, ObservedGeneration: vm.Generation})
+	conditions.Set(&st.Conditions, computev1alpha1.ConditionRunning, vm.Generation, status, reason, msg)
 }
 
 func (r *Reconciler) write(ctx context.Context, vm *computev1alpha1.ComputeVM, st *computev1alpha1.ComputeVMStatus) error {

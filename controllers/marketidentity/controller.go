@@ -42,6 +42,7 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketnetwork"
+	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/firehose"
@@ -86,7 +87,7 @@ type Reconciler struct {
 	Invalid prometheus.Counter
 	// Connect returns the Publisher of a repo (default market.Client with
 	// Pool); tests replace it.
-	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	Connect market.Connector
 
 	mu sync.Mutex
 	// published is when each identity (by key) last published its
@@ -139,23 +140,12 @@ func enqueueByNetwork() mchandler.TypedEventHandlerFunc[client.Object, mcreconci
 	return mapping.ByClusterIndex(func() client.ObjectList { return &marketv1alpha1.MarketIdentityList{} }, byNetwork, client.Object.GetName)
 }
 
-func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
-	if r.Connect != nil {
-		return r.Connect(ctx, c, lc, repo)
-	}
-	return market.Client(ctx, r.Pool, c, lc, repo)
-}
-
-func key(req mcreconcile.Request) string {
-	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
-}
-
 // Reconcile implements mcreconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 	cl, err := r.GetCluster(ctx, req.ClusterName)
 	if err != nil {
 		if errors.Is(err, multicluster.ErrClusterNotFound) {
-			r.drop(key(req)) // the workspace is no longer engaged
+			r.drop(engage.Key(req)) // the workspace is no longer engaged
 		}
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
@@ -163,12 +153,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	id := &marketv1alpha1.MarketIdentity{}
 	if err := c.Get(ctx, req.NamespacedName, id); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.drop(key(req))
+			r.drop(engage.Key(req))
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !id.DeletionTimestamp.IsZero() {
-		r.drop(key(req))
+		r.drop(engage.Key(req))
 		return r.finalize(ctx, cl, string(req.ClusterName), id)
 	}
 	if !controllerutil.ContainsFinalizer(id, Finalizer) {
@@ -179,8 +169,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 
 	st := id.Status.DeepCopy()
 	st.ObservedGeneration = id.Generation
-	resync := cmp.Or(r.Resync, 2*time.Minute)
-	result, cause := r.sync(ctx, c, string(req.ClusterName), key(req), id, st)
+	resync := clock.Resync(r.Resync)
+	result, cause := r.sync(ctx, c, string(req.ClusterName), engage.Key(req), id, st)
 	var ce *conditions.Error
 	switch {
 	case cause == nil:
@@ -189,7 +179,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		if ce.Reason == marketv1alpha1.ReasonInvalidSpec || ce.Reason == marketv1alpha1.ReasonInvalidRecord || ce.Reason == marketv1alpha1.ReasonPDSNotInNetwork {
 			st.Phase = marketv1alpha1.PhaseFailed
 		}
-		r.notReady(key(req), id, st, ce.Reason, ce.Message)
+		r.notReady(engage.Key(req), id, st, ce.Reason, ce.Message)
 		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || st.Phase == marketv1alpha1.PhaseFailed {
 			// Waiting for a reference (its watch brings the identity back)
 			// or for a spec edit: look again at the resync, no retry storm.
@@ -197,7 +187,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		}
 	default:
 		st.Phase = marketv1alpha1.PhasePending
-		r.notReady(key(req), id, st, "Error", cause.Error())
+		r.notReady(engage.Key(req), id, st, "Error", cause.Error())
 	}
 	if err := ssa.WriteStatus(ctx, c, id, &id.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
@@ -221,7 +211,7 @@ func (r *Reconciler) notReady(k string, id *marketv1alpha1.MarketIdentity, st *m
 	r.unfollow(k, nil)
 	st.VouchedBy, st.InvalidRecords = nil, 0
 	for _, typ := range []string{marketv1alpha1.ConditionReady, marketv1alpha1.ConditionPublished, marketv1alpha1.ConditionVouched} {
-		setCondition(st, id.Generation, typ, metav1.ConditionFalse, reason, msg)
+		conditions.Set(&st.Conditions, typ, id.Generation, metav1.ConditionFalse, reason, msg)
 	}
 }
 
@@ -253,13 +243,13 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id
 	}
 	st.DID = repo.Status.DID
 
-	resync := cmp.Or(r.Resync, 2*time.Minute)
+	resync := clock.Resync(r.Resync)
 	r.mu.Lock()
 	last := r.published[k]
 	r.mu.Unlock()
 	if last.uid != id.UID || last.gen != id.Generation || time.Since(last.time) > resync ||
 		!meta.IsStatusConditionTrue(id.Status.Conditions, marketv1alpha1.ConditionPublished) {
-		pc, err := r.connect(ctx, c, lc, repo)
+		pc, err := market.Connect(ctx, r.Connect, r.Pool, c, lc, repo)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -276,9 +266,9 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id
 		r.mu.Unlock()
 	}
 	st.Phase = marketv1alpha1.PhaseReady
-	setCondition(st, id.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionTrue, marketv1alpha1.ReasonPublished,
+	conditions.Set(&st.Conditions, marketv1alpha1.ConditionPublished, id.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonPublished,
 		fmt.Sprintf("%d association record(s) published", len(st.Associations)))
-	setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "participant "+st.DID)
+	conditions.SetReady(&st.Conditions, id.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "participant "+st.DID)
 	if r.vouch(k, id, net, st) {
 		return reconcile.Result{RequeueAfter: cmp.Or(r.Poll, 3*time.Second)}, nil
 	}
@@ -441,7 +431,7 @@ func neverConnected(ctx context.Context, c client.Client, id *marketv1alpha1.Mar
 // records of the MarketPresences that name it and the records of every
 // deal made in its repo.
 func (r *Reconciler) deleteRecords(ctx context.Context, c client.Client, lc string, id *marketv1alpha1.MarketIdentity, repo *atprotov1alpha1.AtprotoRepo) error {
-	pc, err := r.connect(ctx, c, lc, repo)
+	pc, err := market.Connect(ctx, r.Connect, r.Pool, c, lc, repo)
 	if err != nil {
 		return err
 	}
@@ -486,14 +476,10 @@ func (r *Reconciler) deleteRecords(ctx context.Context, c client.Client, lc stri
 func (r *Reconciler) deleting(ctx context.Context, cl cluster.Cluster, id *marketv1alpha1.MarketIdentity, err error) error {
 	st := id.Status.DeepCopy()
 	st.Phase = marketv1alpha1.PhaseDeleting
-	setCondition(st, id.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"),
+	conditions.SetReady(&st.Conditions, id.Generation, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"),
 		"deleting the identity's records: "+err.Error())
 	if werr := ssa.WriteStatus(ctx, cl.GetClient(), id, &id.Status, st, ssa.StatusOptions{Manager: FieldManager, Replace: true}); werr != nil {
 		return werr
 	}
 	return err
-}
-
-func setCondition(st *marketv1alpha1.MarketIdentityStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }

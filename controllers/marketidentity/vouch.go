@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -36,9 +37,9 @@ func (r *Reconciler) vouch(k string, id *marketv1alpha1.MarketIdentity, net *mar
 		r.unfollow(k, nil)
 		st.VouchedBy, st.InvalidRecords = nil, 0
 		if op != "" && op == st.DID {
-			setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "this identity is the network's operator")
+			conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "this identity is the network's operator")
 		} else {
-			setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonNoOperator, "MarketNetwork "+net.Name+" names no operator")
+			conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, marketv1alpha1.ReasonNoOperator, "MarketNetwork "+net.Name+" names no operator")
 		}
 		return false
 	}
@@ -80,13 +81,13 @@ func (r *Reconciler) vouch(k string, id *marketv1alpha1.MarketIdentity, net *mar
 	st.InvalidRecords = invalid
 	switch {
 	case len(st.VouchedBy) > 0:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "vouched for by the operator "+op)
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "vouched for by the operator "+op)
 	case failure != nil:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, failureReason(failure), "reading the operator's association records: "+failure.Error())
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, failureReason(failure), "reading the operator's association records: "+failure.Error())
 	case !connected || listing:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonConnecting, "reading the operator's association records from the network's firehoses")
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, marketv1alpha1.ReasonConnecting, "reading the operator's association records from the network's firehoses")
 	default:
-		setCondition(st, id.Generation, marketv1alpha1.ConditionVouched, metav1.ConditionFalse, marketv1alpha1.ReasonNotVouched, "no association record of the operator "+op+" names this identity")
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, marketv1alpha1.ReasonNotVouched, "no association record of the operator "+op+" names this identity")
 	}
 	return true
 }

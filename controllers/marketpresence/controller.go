@@ -9,7 +9,6 @@ package marketpresence
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,6 +33,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/lexicon"
@@ -64,7 +64,7 @@ type Reconciler struct {
 	Resync time.Duration
 	// Connect returns the Publisher of a repo (default market.Client with
 	// Pool); tests replace it.
-	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -85,20 +85,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 			ReconciliationTimeout: time.Minute,
 		}).
 		Complete(r)
-}
-
-func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
-	if r.Connect != nil {
-		return r.Connect(ctx, c, lc, repo)
-	}
-	return market.Client(ctx, r.Pool, c, lc, repo)
-}
-
-func (r *Reconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
 }
 
 // Reconcile implements mcreconcile.Reconciler.
@@ -124,29 +110,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 
 	st := p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
-	result := reconcile.Result{RequeueAfter: cmp.Or(r.Resync, 2*time.Minute)}
+	result := reconcile.Result{RequeueAfter: clock.Resync(r.Resync)}
 	cause := r.publish(ctx, c, lc, p, st)
 	var ce *conditions.Error
 	switch {
 	case cause == nil:
 		st.Phase = marketv1alpha1.PhaseReady
-		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionTrue, marketv1alpha1.ReasonPublished, "published as "+st.Record.URI)
-		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "published as "+st.Record.URI)
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionPublished, p.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonPublished, "published as "+st.Record.URI)
+		conditions.SetReady(&st.Conditions, p.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, "published as "+st.Record.URI)
 	case errors.As(cause, &ce):
 		st.Phase = marketv1alpha1.PhasePending
 		if ce.Reason == marketv1alpha1.ReasonInvalidRecord {
 			st.Phase = marketv1alpha1.PhaseFailed
 		}
-		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionFalse, ce.Reason, ce.Message)
-		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, ce.Reason, ce.Message)
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionPublished, p.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		conditions.SetReady(&st.Conditions, p.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
 		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || ce.Reason == marketv1alpha1.ReasonInvalidRecord {
 			// The identity's watch or a spec edit brings it back.
 			cause, result = nil, reconcile.Result{}
 		}
 	default:
 		st.Phase = marketv1alpha1.PhasePending
-		setCondition(st, p.Generation, marketv1alpha1.ConditionPublished, metav1.ConditionFalse, "Error", cause.Error())
-		setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, "Error", cause.Error())
+		conditions.Set(&st.Conditions, marketv1alpha1.ConditionPublished, p.Generation, metav1.ConditionFalse, "Error", cause.Error())
+		conditions.SetReady(&st.Conditions, p.Generation, metav1.ConditionFalse, "Error", cause.Error())
 	}
 	if err := ssa.WriteStatus(ctx, c, p, &p.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
@@ -169,11 +155,11 @@ func (r *Reconciler) publish(ctx context.Context, c client.Client, lc string, p 
 	if err != nil {
 		return err
 	}
-	pub, err := r.connect(ctx, c, lc, repo)
+	pub, err := market.Connect(ctx, r.Connect, r.Pool, c, lc, repo)
 	if err != nil {
 		return err
 	}
-	now := r.now()
+	now := clock.Now(r.Now)
 	desired := market.PresenceOf(&p.Spec, p.CreationTimestamp.Time, now)
 	current, err := pub.Get(ctx, lexicon.Presence, p.Name)
 	if err != nil {
@@ -267,7 +253,7 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, lc string
 		if err := r.unpublish(ctx, c, lc, p, repo); err != nil {
 			st := p.Status.DeepCopy()
 			st.Phase = marketv1alpha1.PhaseDeleting
-			setCondition(st, p.Generation, marketv1alpha1.ConditionReady, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"), "deleting the presence record: "+err.Error())
+			conditions.SetReady(&st.Conditions, p.Generation, metav1.ConditionFalse, conditions.ReasonOf(err, "Error"), "deleting the presence record: "+err.Error())
 			if werr := ssa.WriteStatus(ctx, c, p, &p.Status, st, ssa.StatusOptions{Manager: FieldManager}); werr != nil {
 				return reconcile.Result{}, werr
 			}
@@ -287,7 +273,7 @@ func (r *Reconciler) unpublish(ctx context.Context, c client.Client, lc string, 
 	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
 		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "AtprotoRepo %s is not Ready", repo.Name)
 	}
-	pub, err := r.connect(ctx, c, lc, repo)
+	pub, err := market.Connect(ctx, r.Connect, r.Pool, c, lc, repo)
 	if err != nil {
 		return err
 	}
@@ -325,8 +311,4 @@ func recordURI(p *marketv1alpha1.MarketPresence) string {
 		return ""
 	}
 	return p.Status.Record.URI
-}
-
-func setCondition(st *marketv1alpha1.MarketPresenceStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }

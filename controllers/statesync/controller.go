@@ -266,7 +266,7 @@ func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, pha
 	if phase == computev1alpha1.SyncCompleted {
 		status = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: computev1alpha1.ConditionSynced, Status: status, Reason: reason, Message: msg, ObservedGeneration: ss.Generation})
+	conditions.Set(&st.Conditions, computev1alpha1.ConditionSynced, ss.Generation, status, reason, msg)
 }
 
 func (r *Reconciler) write(ctx context.Context, ss *computev1alpha1.StateSync, st *computev1alpha1.StateSyncStatus) error {

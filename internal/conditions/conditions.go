@@ -7,7 +7,10 @@ Licensed under the Apache License, Version 2.0.
 // Package conditions holds the one error type that carries a condition
 // reason from where a failure is understood (resolving a reference,
 // walking an owner chain, talking to a PDS) to the controller that writes
-// it into a condition, and the reasons more than one API group uses.
+// it into a condition, the reasons and condition types more than one API
+// group uses, and the setters every controller writes its conditions
+// with (Set, SetReady: apimachinery's meta.SetStatusCondition, which
+// keeps LastTransitionTime unless the status changes).
 //
 // An *Error's message goes into a condition and an Event as it is: it must
 // name only what the user wrote (a field, an object of their workspace),
@@ -18,6 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // ReasonInvalidSpec is the reason of a spec that the schema accepts but
@@ -25,6 +31,24 @@ import (
 // (appsv1alpha1, atprotov1alpha1, computev1alpha1 ReasonInvalidSpec);
 // packages that serve several groups use this one.
 const ReasonInvalidSpec = "InvalidSpec"
+
+// TypeReady is the Ready condition's type. Every API group declares it
+// with this value (its ConditionReady).
+const TypeReady = "Ready"
+
+// Set sets the condition typ of conds to status, reason and msg, observed
+// at generation gen, and reports whether that changed conds. The
+// condition's LastTransitionTime changes only when its status does
+// (meta.SetStatusCondition), so a status written when Set reports no
+// change, and nothing else changed, is the one already stored.
+func Set(conds *[]metav1.Condition, typ string, gen int64, status metav1.ConditionStatus, reason, msg string) bool {
+	return meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
+}
+
+// SetReady is Set of the Ready condition.
+func SetReady(conds *[]metav1.Condition, gen int64, status metav1.ConditionStatus, reason, msg string) bool {
+	return Set(conds, TypeReady, gen, status, reason, msg)
+}
 
 // Error is a failure with the condition reason it maps to. Its Error()
 // is Message; Err, when set, is the cause (for errors.Is and errors.As),
