@@ -89,8 +89,12 @@ func TestMarketThroughput(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	if len(agreed) == 0 {
+		t.Fatalf("none of %d requesters got a contract in 10 minutes", nReq)
+	}
 	if len(agreed) < nReq {
-		t.Fatalf("%d of %d requesters got a contract in 10 minutes", len(agreed), nReq)
+		// The figures below are of those that did.
+		t.Errorf("%d of %d requesters got a contract in 10 minutes", len(agreed), nReq)
 	}
 	total := time.Since(start)
 	cpu1, _ := env.provider.CPU()
@@ -102,6 +106,9 @@ func TestMarketThroughput(t *testing.T) {
 	// records (the requester's own clock, which is this machine's).
 	var withWindow, afterWindow, toAccept, toLease, toSeen []time.Duration
 	for _, name := range names {
+		if _, ok := agreed[name]; !ok {
+			continue
+		}
 		mr := getMR(ctx, t, d.app, name)
 		rs := mr.Status.Requests
 		if len(rs) != 1 || rs[0].Record == nil {
@@ -151,16 +158,16 @@ func TestMarketThroughput(t *testing.T) {
 		t.Logf("FIGURE where the time goes (p50/p99): deadline -> accept written %s/%s; accept -> lease written %s/%s; lease -> requester's contract seen %s/%s",
 			pct(toAccept, 0.5), pct(toAccept, 0.99), pct(toLease, 0.5), pct(toLease, 0.99), pct(toSeen, 0.5), pct(toSeen, 0.99))
 	}
-	t.Logf("FIGURE %.2f contracts/s (%d in %s from the first create)", float64(nReq)/total.Seconds(), nReq, total.Round(time.Millisecond))
+	t.Logf("FIGURE %.2f contracts/s (%d in %s from the first create)", float64(len(agreed))/total.Seconds(), len(agreed), total.Round(time.Millisecond))
 	t.Logf("FIGURE %.1f PDS commits per contract (%v commits on the PDS: requests, bids, accepts, leases, withdrawn bids, presences)",
-		(events1-events0)/float64(nReq), events1-events0)
+		(events1-events0)/float64(len(agreed)), events1-events0)
 	if writes0 != nil && writes1 != nil {
 		// Per contract: both sides' (a requester's and a bidder's), and
 		// this test's own creates of the MarketRequesters
 		// (marketrequesters POST 1.00).
-		lines, total := writes1.since(writes0, nReq)
+		lines, total := writes1.since(writes0, len(agreed))
 		t.Logf("FIGURE %.1f kcp writes per contract (every client's, by resource and verb, per contract):\n\t%s", total, strings.Join(lines, "\n\t"))
 	}
-	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(nReq)).Round(time.Millisecond),
+	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(len(agreed))).Round(time.Millisecond),
 		(cpu1 - cpu0).Round(time.Millisecond), rss>>20)
 }
