@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,21 +29,54 @@ import (
 // Authorization header of every request and answers /version.
 type authRecorder struct {
 	*httptest.Server
-	mu   sync.Mutex
-	auth []string
+	mu    sync.Mutex
+	auth  []string
+	conns int
 }
 
 func newAuthRecorder(t *testing.T) *authRecorder {
 	a := &authRecorder{}
-	a.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		a.auth = append(a.auth, r.Header.Get("Authorization"))
-		a.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"major":"1","minor":"32","gitVersion":"v1.32.0-hostile"}`)
-	}))
+	a.Server = httptest.NewTLSServer(http.HandlerFunc(a.serve))
 	t.Cleanup(a.Close)
 	return a
+}
+
+// newAuthRecorderOf is an authRecorder whose serving certificate (for
+// 127.0.0.1) ca issued; it also counts the connections it accepts.
+func newAuthRecorderOf(t *testing.T, ca *framework.CA) *authRecorder {
+	t.Helper()
+	cert, err := ca.Issue("tenant", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &authRecorder{}
+	a.Server = httptest.NewUnstartedServer(http.HandlerFunc(a.serve))
+	a.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	a.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			a.mu.Lock()
+			a.conns++
+			a.mu.Unlock()
+		}
+	}
+	a.StartTLS()
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *authRecorder) serve(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.auth = append(a.auth, r.Header.Get("Authorization"))
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprint(w, `{"major":"1","minor":"32","gitVersion":"v1.32.0-hostile"}`)
+}
+
+// connections is how many connections an authRecorderOf accepted.
+func (a *authRecorder) connections() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conns
 }
 
 func (a *authRecorder) seen() []string {
@@ -81,7 +117,7 @@ func TestMountCredentialReferences(t *testing.T) {
 	// market contract), which mallory may not read.
 	secret := func(name, token, url string, labels map[string]string) *corev1.Secret {
 		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "victims", Name: name, Labels: labels},
-			Data: map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialURLKey: []byte(url)}}
+			Data: map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialURLKey: []byte(url), computev1alpha1.MountCredentialCAKey: []byte(caPEM)}}
 	}
 	create(ctx, t, c,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "victims"}},
@@ -155,6 +191,102 @@ func TestMountCredentialReferences(t *testing.T) {
 	} {
 		got := waitTenant(ctx, t, c, name, reason, 30*time.Second)
 		t.Logf("TenantCluster %s: phase %s, %s", name, got.Status.Phase, readyText(got))
+	}
+}
+
+// TestMountCASwapIsRefused (R22, from review): mallory, a member who may
+// update TenantClusters and create ConfigMaps but not read Secrets, holds
+// the network path to the address of the contract's Ready TenantCluster
+// (a forwarder on loopback that she routes to her TLS server). Her server
+// does not pass the tenant's CA, so she keeps spec.url (the credential
+// Secret stays bound to it) and points spec.caBundle at a ConfigMap of her
+// own CA. Through the real kcp, provider and mount proxy, the TenantCluster
+// becomes CABundleNotBound (the CA that verifies a tenant is the one bound
+// in its credential Secret, key ca.crt) and her server, which the shim and
+// the probe do reach, never sees an Authorization header.
+func TestMountCASwapIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer failWithLogs(t)
+	if env.frontProxy == nil {
+		t.Skip("no mount topology: the suite starts one with its own kcp; for an existing kcp set KNOTLESS_E2E_FRONT_PROXY_URL and the shim's settings (e2e/framework/external.go)")
+	}
+	tenantCA, err := framework.NewCA("tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	malloryCA, err := framework.NewCA("mallory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, hostile := newAuthRecorderOf(t, tenantCA), newAuthRecorderOf(t, malloryCA)
+	path := framework.NewPath(t, own.Listener.Addr().String())
+	url := "https://" + path.Addr()
+	ws := env.prefix + "-mount-ca"
+	c, _ := appWorkspace(ctx, t, ws)
+	mallory := malloryClient(ctx, t, c, ws)
+
+	// The contract's mount as the market writes it (deliver): the token,
+	// the URL and the CA in one Secret labelled for the TenantCluster.
+	create(ctx, t, c,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "contract-tenant", Labels: map[string]string{computev1alpha1.LabelMountCredential: "contract"}},
+			Data: map[string][]byte{"token": []byte("token-of-the-contract"), computev1alpha1.MountCredentialURLKey: []byte(url), computev1alpha1.MountCredentialCAKey: tenantCA.PEM}},
+		&computev1alpha1.TenantCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: "contract"},
+			Spec: computev1alpha1.TenantClusterSpec{
+				URL:        url,
+				CABundle:   computev1alpha1.KeyRef{Kind: "Secret", Namespace: "default", Name: "contract-tenant", Key: computev1alpha1.MountCredentialCAKey},
+				Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: "contract-tenant"}},
+			},
+		})
+	waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonReady, 2*time.Minute)
+	if !slices.Contains(own.seen(), "Bearer token-of-the-contract") {
+		t.Fatalf("the contract's token never reached its own server (%q)", own.seen())
+	}
+
+	// mallory takes the path: the probe reaches her server, whose
+	// certificate the tenant's CA does not verify.
+	path.Route(hostile.Listener.Addr().String())
+	if err := framework.Eventually(ctx, time.Minute, "a connection to mallory's server", func(context.Context) (bool, string, error) {
+		n := hostile.connections()
+		return n > 0, fmt.Sprint(n), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// She swaps the CA and keeps the URL.
+	create(ctx, t, mallory, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory-ca"}, Data: map[string]string{"ca.crt": string(malloryCA.PEM)}})
+	contract := &computev1alpha1.TenantCluster{}
+	if err := mallory.Get(ctx, client.ObjectKey{Name: "contract"}, contract); err != nil {
+		t.Fatal(err)
+	}
+	contract.Spec.CABundle = computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "mallory-ca", Key: "ca.crt"}
+	if err := mallory.Update(ctx, contract); err != nil {
+		t.Fatalf("mallory updates the contract's TenantCluster: %v", err)
+	}
+	before := hostile.connections()
+	var got *computev1alpha1.TenantCluster
+	err = framework.Eventually(ctx, time.Minute, "TenantCluster contract "+computev1alpha1.ReasonCABundleNotBound, func(ctx context.Context) (bool, string, error) {
+		if a := hostile.seen(); len(a) > 0 {
+			return false, "", fmt.Errorf("mallory's server got Authorization %q", a)
+		}
+		got = &computev1alpha1.TenantCluster{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "contract"}, got); err != nil {
+			return false, err.Error(), nil
+		}
+		return strings.HasPrefix(readyText(got), computev1alpha1.ReasonCABundleNotBound+":"), readyText(got), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("TenantCluster contract after mallory's CA swap: phase %s, %s", got.Status.Phase, readyText(got))
+	if strings.Contains(readyText(got), "contract-tenant") {
+		t.Errorf("the condition names the credential Secret: %s", readyText(got))
+	}
+	// Three more probe intervals.
+	time.Sleep(6 * time.Second)
+	t.Logf("mallory's server: %d connections (%d after the swap), Authorization headers %q", hostile.connections(), hostile.connections()-before, hostile.seen())
+	if a := hostile.seen(); len(a) > 0 {
+		t.Errorf("mallory's server got Authorization %q", a)
 	}
 }
 

@@ -259,7 +259,7 @@ func TestMountLoop(t *testing.T) {
 	create(ctx, t, c,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "loop-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(fpCA)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "loop-credential", Namespace: "default", Labels: map[string]string{computev1alpha1.LabelMountCredential: "loop"}},
-			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, computev1alpha1.MountCredentialURLKey: []byte(loopURL)}},
+			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, computev1alpha1.MountCredentialCAKey: fpCA, computev1alpha1.MountCredentialURLKey: []byte(loopURL)}},
 		&computev1alpha1.TenantCluster{
 			ObjectMeta: metav1.ObjectMeta{Name: "loop"},
 			Spec: computev1alpha1.TenantClusterSpec{

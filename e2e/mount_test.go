@@ -112,7 +112,7 @@ func tenantAccess(t *testing.T, k *framework.KCP) (caPEM []byte, token string) {
 }
 
 // tenantCluster creates the CA ConfigMap, the credential Secret (bound to
-// url) and the TenantCluster in a workspace, and lets alice enter the workspace (the
+// url and the CA) and the TenantCluster in a workspace, and lets alice enter the workspace (the
 // shim forwards only callers kcp lets in).
 func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url string, caPEM []byte, token string) {
 	t.Helper()
@@ -120,7 +120,7 @@ func tenantCluster(ctx context.Context, t *testing.T, c client.Client, name, url
 	create(ctx, t, c,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(caPEM)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-credential", Namespace: "default", Labels: map[string]string{computev1alpha1.LabelMountCredential: name}},
-			Data: map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialURLKey: []byte(url)}},
+			Data: map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: caPEM, computev1alpha1.MountCredentialURLKey: []byte(url)}},
 		&computev1alpha1.TenantCluster{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: computev1alpha1.TenantClusterSpec{

@@ -334,13 +334,13 @@ kcp as the tenant, in another shell:
   cd $root && bin/kcp start --root-directory $dev/tenant --bind-address 127.0.0.1 --secure-port 7443 \
     --embedded-etcd-client-port 2391 --embedded-etcd-peer-port 2392
 
-Then, in the shop workspace, its CA, a credential the shim uses on it (the
-tenant's kcp-admin token, which may impersonate) and the TenantCluster:
+Then, in the shop workspace, a credential the shim uses on it (the
+tenant's kcp-admin token, which may impersonate, bound to its URL and CA)
+and the TenantCluster:
 
   kubectl ws use :root:shop
-  kubectl create configmap tenant-ca -n default --from-file=ca.crt=$dev/tenant/apiserver.crt
   kubectl create secret generic tenant-credential -n default \
-    --from-literal=url=https://127.0.0.1:7443/clusters/root \
+    --from-literal=url=https://127.0.0.1:7443/clusters/root --from-file=ca.crt=$dev/tenant/apiserver.crt \
     --from-literal=token=\$(kubectl --kubeconfig $dev/tenant/admin.kubeconfig config view --raw -o jsonpath='{.users[?(@.name=="kcp-admin")].user.token}')
   kubectl label secret tenant-credential -n default compute.knotless.dev/mount-credential=tenant
   kubectl apply -f $examples/tenantcluster.yaml

@@ -132,8 +132,9 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 // mount writes the contract's TenantCluster (first, so that the
 // credential never exists beside a TenantCluster of another URL) and the
 // Secret it reads, labelled for it alone and bound to the VM's endpoint
-// (computev1alpha1.MountCredentialURLKey): whoever changes the
-// TenantCluster's URL afterwards does not get the token sent there.
+// (computev1alpha1.MountCredentialURLKey) and CA
+// (computev1alpha1.MountCredentialCAKey): whoever changes the
+// TenantCluster's URL or CA afterwards does not get the token sent there.
 func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.ComputeVM, token string) (bool, string, error) {
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
@@ -144,7 +145,7 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.
 		}
 		metav1.SetMetaDataLabel(&tc.ObjectMeta, LabelContract, string(cc.UID))
 		tc.Spec.URL = vm.Status.Endpoint
-		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: "ca.crt"}
+		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: computev1alpha1.MountCredentialCAKey}
 		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}}
 		return nil
 	}); errors.Is(err, errMountNameTaken) {
@@ -156,7 +157,7 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), "ca.crt": []byte(vm.Status.CABundle), computev1alpha1.MountCredentialURLKey: []byte(vm.Status.Endpoint)}
+		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: []byte(vm.Status.CABundle), computev1alpha1.MountCredentialURLKey: []byte(vm.Status.Endpoint)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", fmt.Errorf("the tenant's Secret: %w", err)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -22,7 +24,9 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -154,7 +158,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": string(ts.ca.PEM)}}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}},
-		Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialURLKey: []byte(ts.URL)}}
+		Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialCAKey: ts.ca.PEM, computev1alpha1.MountCredentialURLKey: []byte(ts.URL)}}
 	ws := clustertest.New(tc, cm, sec)
 	reg := mountproxy.NewRegistry(t.Context(), mountproxy.RegistryOptions{Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil)})
 	return &fixture{
@@ -276,5 +280,76 @@ func TestUnknownWorkspaceIsAnError(t *testing.T) {
 	}
 	if f.reg.Len() != 0 {
 		t.Fatal("registered a tenant of an unknown workspace")
+	}
+}
+
+// TestCAIsBoundToTheCredential (R22, from review): mallory, a member who
+// may update TenantClusters and create ConfigMaps but not read Secrets,
+// keeps the contract's TenantCluster's spec.url (so the credential Secret,
+// bound to that URL, still matches) and points spec.caBundle at a
+// ConfigMap of her own CA. Holding the network path to the tenant's
+// address, her TLS server then passes for the tenant. The CA that
+// verifies the tenant is the one bound in the credential Secret (its key
+// ca.crt), so the shim refuses the tenant and her server never sees an
+// Authorization header; the tenant's condition names neither the Secret
+// nor its keys.
+func TestCAIsBoundToTheCredential(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	mitm := startTenant(t) // mallory's server, with a certificate of her CA
+	path := framework.NewPath(t, f.tenant.Listener.Addr().String())
+	url := "https://" + path.Addr()
+
+	// The contract's mount as the market writes it: the CA bound in the
+	// credential Secret beside the token and the URL.
+	tc := &computev1alpha1.TenantCluster{}
+	if err := f.ws.Client.Get(ctx, client.ObjectKey{Name: "tenant"}, tc); err != nil {
+		t.Fatal(err)
+	}
+	tc.Spec.URL = url
+	tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: "default", Name: "cred", Key: "ca.crt"}
+	if err := f.ws.Client.Update(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	sec := &corev1.Secret{}
+	if err := f.ws.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "cred"}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data[computev1alpha1.MountCredentialURLKey] = []byte(url)
+	sec.Data[computev1alpha1.MountCredentialCAKey] = f.tenant.ca.PEM
+	if err := f.ws.Client.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	f.registered(t)
+
+	// mallory takes the network path and swaps the CA, keeping the URL.
+	path.Route(mitm.Listener.Addr().String())
+	if err := f.ws.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mine"}, Data: map[string]string{"ca.crt": string(mitm.ca.PEM)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ws.Client.Get(ctx, client.ObjectKey{Name: "tenant"}, tc); err != nil {
+		t.Fatal(err)
+	}
+	tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "mine", Key: "ca.crt"}
+	if err := f.ws.Client.Update(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	for range 3 {
+		f.shim.get("/api")
+	}
+	if got := mitm.authorizations(); len(got) != 0 {
+		t.Fatalf("mallory's server saw Authorization %q: the token was sent to a server her CA verifies", got)
+	}
+	f.revoked(t)
+
+	_, err := tenant.Resolve(ctx, f.ws.Client, lc, tc)
+	var ce *conditions.Error
+	if !errors.As(err, &ce) || ce.Reason != computev1alpha1.ReasonCABundleNotBound {
+		t.Fatalf("Resolve: %v, want reason %s", err, computev1alpha1.ReasonCABundleNotBound)
+	}
+	if strings.Contains(ce.Message, "default/cred") || strings.Contains(ce.Message, computev1alpha1.MountCredentialCAKey) {
+		t.Errorf("the condition names the credential Secret: %s", ce.Message)
 	}
 }

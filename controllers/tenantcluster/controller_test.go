@@ -98,7 +98,7 @@ func refs(t *testing.T) (*corev1.ConfigMap, *corev1.Secret) {
 	}
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ca"}, Data: map[string]string{"ca.crt": string(ca.PEM)}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cred", Labels: map[string]string{computev1alpha1.LabelMountCredential: "tenant"}},
-			Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialURLKey: []byte("https://127.0.0.1:6443")}}
+			Data: map[string][]byte{"token": []byte("tenant-token"), computev1alpha1.MountCredentialCAKey: ca.PEM, computev1alpha1.MountCredentialURLKey: []byte("https://127.0.0.1:6443")}}
 }
 
 type fixture struct {

@@ -5,10 +5,13 @@
 package tenant
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"net/url"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -91,6 +94,9 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 	if err != nil {
 		return t, err
 	}
+	if !boundCA(tc, pemCA, data[computev1alpha1.MountCredentialCAKey]) {
+		return t, conditions.Errorf(computev1alpha1.ReasonCABundleNotBound, nil, "spec.caBundle does not hold the CA bundle the credential is bound to: the tenant is not used")
+	}
 	crt, key, token := data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey], data["token"]
 	switch {
 	case len(token) > 0 && len(crt) == 0 && len(key) == 0:
@@ -105,6 +111,53 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
 	}
 	return t, nil
+}
+
+// boundCA says whether the CA bundle pemCA that spec.caBundle names may
+// verify the tenant: it holds the same certificates as the CA bundle
+// bound in the credential Secret (bound), or, for a Secret written
+// before MountCredentialCAKey existed (no bound CA), it was read from a
+// Secret that is itself labelled for tc and bound to its URL. A CA of a
+// ConfigMap is never trusted on its own: whoever may update the
+// TenantCluster could name one of theirs and, holding the network path
+// to spec.url, receive the token (R22). Both refusals are one, so a
+// TenantCluster does not tell whether the Secret binds a CA.
+func boundCA(tc *computev1alpha1.TenantCluster, pemCA, bound []byte) bool {
+	if len(bound) == 0 {
+		return tc.Spec.CABundle.Kind == "Secret"
+	}
+	a, b := certificates(pemCA), certificates(bound)
+	if len(a) == 0 || len(a) != len(b) {
+		return false
+	}
+	slices.SortFunc(a, bytes.Compare)
+	slices.SortFunc(b, bytes.Compare)
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// certificates returns the DER of every CERTIFICATE block of a PEM
+// bundle, the way x509.CertPool.AppendCertsFromPEM reads it.
+func certificates(pemCA []byte) [][]byte {
+	var ders [][]byte
+	for len(pemCA) > 0 {
+		var b *pem.Block
+		b, pemCA = pem.Decode(pemCA)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" || len(b.Headers) != 0 {
+			continue
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err == nil {
+			ders = append(ders, b.Bytes)
+		}
+	}
+	return ders
 }
 
 // caBundle reads the PEM the CA bundle reference names: a key of a

@@ -37,7 +37,7 @@ func TestResolve(t *testing.T) {
 	const tenantURL = "https://127.0.0.1:6443/clusters/root"
 	// secretFor is a Secret labelled for the TenantCluster, bound to url.
 	secretFor := func(url string, data map[string][]byte) *corev1.Secret {
-		d := map[string][]byte{computev1alpha1.MountCredentialURLKey: []byte(url)}
+		d := map[string][]byte{computev1alpha1.MountCredentialURLKey: []byte(url), computev1alpha1.MountCredentialCAKey: ca.PEM}
 		for k, v := range data {
 			d[k] = v
 		}
@@ -57,6 +57,12 @@ func TestResolve(t *testing.T) {
 	caSecret := tc.DeepCopy()
 	caSecret.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: "default", Name: "cred", Key: "ca.crt"}
 	token := map[string][]byte{"token": []byte("t")}
+	other, err := framework.NewCA("mallory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacyCA := tc.DeepCopy()
+	legacyCA.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: "default", Name: "cred", Key: "ca.pem"}
 	withCA := map[string][]byte{"token": []byte("t"), "ca.crt": ca.PEM}
 	for _, tt := range []struct {
 		name   string
@@ -83,9 +89,14 @@ func TestResolve(t *testing.T) {
 		{"plain http", badURL, nil, computev1alpha1.ReasonInvalidSpec, nil},
 		{"CA and credential in one labelled Secret", caSecret, []client.Object{secret(withCA)}, "", nil},
 		{"CA Secret not labelled", caSecret, []client.Object{relabel(secret(withCA), nil)}, computev1alpha1.ReasonCABundleNotFound, nil},
-		{"CA Secret without the key", caSecret, []client.Object{secret(token)}, computev1alpha1.ReasonCABundleNotFound, nil},
+		{"CA Secret without the key", caSecret, []client.Object{withoutCA(secret(token))}, computev1alpha1.ReasonCABundleNotFound, nil},
 		{"credential without a URL", tc, []client.Object{cm(string(ca.PEM)), unbound(secret(token))}, computev1alpha1.ReasonCredentialNotFound, nil},
 		{"credential for the URL with a slash more", tc, []client.Object{cm(string(ca.PEM)), secretFor(tenantURL+"/", token)}, computev1alpha1.ReasonCredentialNotFound, nil},
+		{"CA ConfigMap of another CA than the bound one", tc, []client.Object{cm(string(other.PEM)), secret(token)}, computev1alpha1.ReasonCABundleNotBound, nil},
+		{"CA ConfigMap of the bound CA and another", tc, []client.Object{cm(string(ca.PEM) + string(other.PEM)), secret(token)}, computev1alpha1.ReasonCABundleNotBound, nil},
+		{"CA ConfigMap of the bound CA, written otherwise", tc, []client.Object{cm("# the tenant's CA\n" + string(ca.PEM) + "\n\n"), secret(token)}, "", nil},
+		{"credential binds no CA, CA in a ConfigMap", tc, []client.Object{cm(string(ca.PEM)), withoutCA(secret(token))}, computev1alpha1.ReasonCABundleNotBound, nil},
+		{"credential binds no CA, CA in the bound Secret", legacyCA, []client.Object{withoutCA(secret(map[string][]byte{"token": []byte("t"), "ca.pem": ca.PEM}))}, "", nil},
 		{"CA Secret for another URL", caSecret, []client.Object{secretFor("https://127.0.0.1:6444/clusters/root", withCA)}, computev1alpha1.ReasonCABundleNotFound, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,6 +119,12 @@ func TestResolve(t *testing.T) {
 // unbound returns s without the key that binds it to a URL.
 func unbound(s *corev1.Secret) *corev1.Secret {
 	delete(s.Data, computev1alpha1.MountCredentialURLKey)
+	return s
+}
+
+// withoutCA returns s without the CA bundle bound in it.
+func withoutCA(s *corev1.Secret) *corev1.Secret {
+	delete(s.Data, computev1alpha1.MountCredentialCAKey)
 	return s
 }
 

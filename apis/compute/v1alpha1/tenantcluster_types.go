@@ -28,11 +28,15 @@ const (
 	// exists.
 	ConditionMounted = "Mounted"
 
-	ReasonReady                    = "Ready"
-	ReasonMounted                  = "Mounted"
-	ReasonInvalidSpec              = "InvalidSpec"
-	ReasonCredentialNotFound       = "CredentialNotFound"
-	ReasonCABundleNotFound         = "CABundleNotFound"
+	ReasonReady              = "Ready"
+	ReasonMounted            = "Mounted"
+	ReasonInvalidSpec        = "InvalidSpec"
+	ReasonCredentialNotFound = "CredentialNotFound"
+	ReasonCABundleNotFound   = "CABundleNotFound"
+	// ReasonCABundleNotBound: spec.caBundle is not the CA bundle bound in
+	// the credential Secret (MountCredentialCAKey), or that Secret binds
+	// none and spec.caBundle is not read from a Secret bound to spec.url.
+	ReasonCABundleNotBound         = "CABundleNotBound"
 	ReasonRevoked                  = "Revoked"
 	ReasonRegistering              = "Registering"
 	ReasonTenantUnreachable        = "TenantUnreachable"
@@ -65,6 +69,17 @@ const LabelMountCredential = "compute.knotless.dev/mount-credential"
 // the labelled TenantCluster still cannot point the Secret's token at a
 // server of their choosing (R22).
 const MountCredentialURLKey = "url"
+
+// MountCredentialCAKey is the data key of a mount credential Secret that
+// holds the PEM CA bundle which verifies the tenant at its URL, written
+// by whoever writes the Secret beside the token and the URL. The CA that
+// verifies the tenant is this one: spec.caBundle must hold the same
+// certificates (or name this key), so whoever may update the
+// TenantCluster but not the Secret cannot swap in a CA of their own and
+// have the token sent to a server that CA verifies (R22). A Secret
+// without it (written before it existed) is used only with a
+// spec.caBundle read from a Secret that is itself bound to spec.url.
+const MountCredentialCAKey = "ca.crt"
 
 // KeyRef names one key of a ConfigMap or Secret in a namespace of the
 // TenantCluster's own workspace (a workspace can only use its own objects).
