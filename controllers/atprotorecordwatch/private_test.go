@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/gorilla/websocket"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
 	"github.com/knotless-dev/knotless/internal/firehose"
@@ -29,8 +32,10 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	policy := netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil)
 	h, err := firehose.NewHub(firehose.Options{
-		Directory: identity.NewMockDirectory(), Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil), Metrics: m,
+		Directory: identity.NewMockDirectory(), Policy: policy, Metrics: m,
+		Dialer: &websocket.Dialer{NetDialContext: policy.Dialer(time.Second).DialContext, HandshakeTimeout: time.Second},
 		Gather: 10 * time.Millisecond, Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	})
 	if err != nil {
@@ -46,9 +51,18 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 		cancel()
 		<-done
 	})
+	answering := func(code int) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(code)
+			_, _ = w.Write([]byte("ok"))
+		}))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
 	var msgs []string
-	for _, hostport := range []string{nettest.ClosedAddr(t), strings.TrimPrefix(nettest.UntrustedURL(t), "https://")} {
-		w := watchOf("https://"+hostport, "app.bsky.feed.post")
+	for _, source := range []string{"https://" + nettest.ClosedAddr(t), nettest.UntrustedURL(t), "https://" + nettest.SilentAddr(t), answering(http.StatusNotFound), answering(http.StatusOK)} {
+		hostport := strings.TrimPrefix(strings.TrimPrefix(source, "https://"), "http://")
+		w := watchOf(source, "app.bsky.feed.post")
 		sub, err := h.Subscribe(w.Spec.Source.URL, firehose.Filter{Collections: w.Spec.Collections}, 10, firehose.State{})
 		if err != nil {
 			t.Fatal(err)
@@ -67,8 +81,10 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	if msgs[0] != msgs[1] {
-		t.Errorf("a closed port and a bad certificate differ:\n%s\n%s", msgs[0], msgs[1])
+	for i := range msgs[1:] {
+		if msgs[i+1] != msgs[0] {
+			t.Errorf("failures at private sources differ:\n%s\n%s", msgs[0], msgs[i+1])
+		}
 	}
 	// A listing from a private PDS (firehose TestPrivatePDSListingsFailAlike)
 	// reads alike too.

@@ -143,11 +143,14 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		}
 		started := time.Now()
 		var err error
+		var private atomic.Bool
+		lctx := netpolicy.TracePrivate(ctx, &private)
 		if req.did == "" {
-			err = s.resyncAll(ctx, req.sub, req.reason)
+			err = s.resyncAll(lctx, req.sub, req.reason)
 		} else {
-			err = s.resyncRepo(ctx, req.sub, req.did, nil)
+			err = s.resyncRepo(lctx, req.sub, req.did, nil)
 		}
+		err = privateFailure(err, &private)
 		if err == nil {
 			schedule = backoff.NewSchedule(s.hub.opts.Backoff)
 			req.sub.resynced(req.did, req.reason)
@@ -276,6 +279,22 @@ func (p privateFailures) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
 	}
 	return resp, err
+}
+
+// privateFailure marks with ErrPrivateUnreachable the error of a listing
+// any of whose requests (to the source, a PDS or a DID document's host)
+// went to a loopback, private or shared address: whatever went wrong, a
+// refused or silent port, a certificate, any HTTP status or a body that
+// does not decode, reads alike to the watch (R17), so a user cannot scan
+// the operator's networks by naming a PDS there in a DID document. The
+// address policy's refusals (AddressNotAllowed) and the listing bounds
+// (ListingTooLarge: only a server that answers page after page, or one
+// body past PageBytes, reaches them) keep their reasons.
+func privateFailure(err error, private *atomic.Bool) error {
+	if err == nil || !private.Load() || errors.Is(err, netpolicy.ErrDenied) || errors.Is(err, ErrListingTooLarge) || errors.Is(err, ErrPrivateUnreachable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
 }
 
 // client returns a client of did's own PDS, from its DID document. A DID

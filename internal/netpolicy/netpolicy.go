@@ -160,14 +160,21 @@ func (p *Policy) Check(addr netip.AddrPort) error {
 }
 
 // TracePrivate returns ctx with an HTTP client trace that sets private
-// when a request made with it attempts a connection to a Private address:
-// a caller may then report its failure without the detail that would
-// tell a closed port, a silent host and a bad certificate apart (R17).
+// when a request made with it attempts a connection to a Private address
+// or is sent on a kept-alive connection to one: a caller may then report
+// its failure without the detail that would tell a closed port, a silent
+// host, a bad certificate and a server's answer apart (R17).
 func TracePrivate(ctx context.Context, private *atomic.Bool) context.Context {
+	mark := func(addr string) {
+		if ap, err := netip.ParseAddrPort(addr); err == nil && Private(ap.Addr()) {
+			private.Store(true)
+		}
+	}
 	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		ConnectStart: func(_, addr string) {
-			if ap, err := netip.ParseAddrPort(addr); err == nil && Private(ap.Addr()) {
-				private.Store(true)
+		ConnectStart: func(_, addr string) { mark(addr) },
+		GotConn: func(info httptrace.GotConnInfo) {
+			if info.Conn != nil && info.Conn.RemoteAddr() != nil {
+				mark(info.Conn.RemoteAddr().String())
 			}
 		},
 	})
