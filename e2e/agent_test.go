@@ -37,9 +37,9 @@ type agent struct {
 }
 
 // startAgent builds and starts knotless-agent with a kubeconfig for ws as
-// the user of cfg; it kills every VM process the agent started when the
-// test ends (they outlive the agent on purpose).
-func startAgent(ctx context.Context, t *testing.T, ws string, kubeconfig string) *agent {
+// the user of cfg and the flags extra; it kills every VM process the agent
+// started when the test ends (they outlive the agent on purpose).
+func startAgent(ctx context.Context, t *testing.T, ws string, kubeconfig string, extra ...string) *agent {
 	t.Helper()
 	repoRoot, err := filepath.Abs("..")
 	if err != nil {
@@ -56,6 +56,7 @@ func startAgent(ctx context.Context, t *testing.T, ws string, kubeconfig string)
 	a := &agent{bin: bin, dir: env.dir, root: filepath.Join(env.dir, "agent-"+ws)}
 	a.args = []string{"--kubeconfig", kubeconfig, "--process-root", a.root, "--kcp", env.kcpBin,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe)}
+	a.args = append(a.args, extra...)
 	t.Cleanup(func() {
 		for _, pid := range process.PIDs(a.root) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)

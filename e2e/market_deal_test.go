@@ -149,10 +149,16 @@ func offerOf(name string, cpu, mem int64, price int64, capacity int32) marketv1a
 
 func (d *deal) bidder(ctx context.Context, t *testing.T, name string, offers ...marketv1alpha1.Offer) {
 	t.Helper()
+	d.bidderWith(ctx, t, name, "", offers...)
+}
+
+// bidderWith is bidder with a driver (empty: the default).
+func (d *deal) bidderWith(ctx context.Context, t *testing.T, name string, drv marketv1alpha1.Driver, offers ...marketv1alpha1.Offer) {
+	t.Helper()
 	b := &marketv1alpha1.MarketBidder{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: marketv1alpha1.MarketBidderSpec{IdentityRef: marketv1alpha1.LocalRef{Name: name}, NetworkRef: marketv1alpha1.ClusterRef{Name: "net"},
-			Offers: offers, BidValiditySeconds: 120},
+			Offers: offers, BidValiditySeconds: 120, Driver: drv},
 	}
 	create(ctx, t, d.bid, b)
 	waitMarket(ctx, t, d.bid, &marketv1alpha1.MarketBidder{}, name, "MarketBidder Ready", func(o client.Object) (bool, string) {

@@ -17,6 +17,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/process"
 	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
@@ -166,7 +167,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	}
 	t.Logf("FIGURE release with export: agent back -> exported, VM stopped, contract Completed: %s (%d chunk(s), %d bytes)", released.Round(time.Millisecond), len(snap.Items), size)
 	for _, pid := range pidsA {
-		if process.Alive(pid) {
+		if driver.Alive(pid) {
 			t.Errorf("tenant A's process %d still runs", pid)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/process"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -128,7 +129,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 		t.Errorf("carol's tenant answered alice's mount credential with %d, want 401", code)
 	}
 	pidA, pidC := process.PIDOf(a.root, string(vmA.UID)), process.PIDOf(a.root, string(vmC.UID))
-	if !process.Alive(pidA) || !process.Alive(pidC) {
+	if !driver.Alive(pidA) || !driver.Alive(pidC) {
 		t.Fatalf("VM processes %d and %d", pidA, pidC)
 	}
 
@@ -165,7 +166,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	if wait := time.Until(byC) - 3*time.Second; wait > 0 {
 		time.Sleep(wait)
 	}
-	if !process.Alive(pidC) {
+	if !driver.Alive(pidC) {
 		t.Fatalf("carol's VM stopped before its notice ran out (%s)", market.Time(byC))
 	}
 	if _, err := namespaceNames(ctx, csC); err != nil {
@@ -175,7 +176,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.Reclaimed)
 	})
 	if err := framework.Eventually(ctx, time.Minute, "carol's VM process gone", func(ctx context.Context) (bool, string, error) {
-		return !process.Alive(pidC), "", nil
+		return !driver.Alive(pidC), "", nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	})
 	t.Logf("FIGURE reclaim -> alice's next tenant mounted: %s (notice 180 s)", mounted.Round(time.Millisecond))
 	if err := framework.Eventually(ctx, time.Minute, "acme's VM of alice gone", func(ctx context.Context) (bool, string, error) {
-		return !process.Alive(pidA), "", nil
+		return !driver.Alive(pidA), "", nil
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/process"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -33,6 +34,12 @@ import (
 // skips without the mount topology or the token user bob.
 func tenantDeal(ctx context.Context, t *testing.T, tag string, bidders ...string) (*deal, *agent, *rest.Config) {
 	t.Helper()
+	return tenantDealWith(ctx, t, tag, nil, bidders...)
+}
+
+// tenantDealWith is tenantDeal with more flags for the agent.
+func tenantDealWith(ctx context.Context, t *testing.T, tag string, agentArgs []string, bidders ...string) (*deal, *agent, *rest.Config) {
+	t.Helper()
 	if env.frontProxy == nil {
 		t.Skip("no mount topology (kcp-front-proxy and the shim): see e2e/framework/external.go")
 	}
@@ -42,7 +49,7 @@ func tenantDeal(ctx context.Context, t *testing.T, tag string, bidders ...string
 	}
 	d := newDealAs(ctx, t, tag, "bob", []string{"buyer"}, bidders, nil)
 	t.Cleanup(func() { d.dumpOnFailure(t) })
-	return d, startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS))), bobCfg
+	return d, startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)), agentArgs...), bobCfg
 }
 
 // TestMarketTenantMounted: the whole walk as unprivileged users. bob runs
@@ -206,7 +213,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		return cc.Name != rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive
 	})
 	t.Logf("FIGURE tenant stopped -> a new tenant mounted: %s", time.Since(start).Round(time.Millisecond))
-	if process.Alive(pids[0]) {
+	if driver.Alive(pids[0]) {
 		t.Errorf("the unresponsive VM's process %d still runs", pids[0])
 	}
 	bc = contractOf(ctx, t, d.bid, "acme", "the bidder's new contract", func(cc *marketv1alpha1.ComputeContract) bool {
@@ -245,7 +252,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, pid := range pids {
-		if process.Alive(pid) {
+		if driver.Alive(pid) {
 			t.Errorf("the VM's process %d still runs", pid)
 		}
 	}

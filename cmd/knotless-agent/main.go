@@ -2,7 +2,9 @@
 // a kubeconfig for its bidder workspace only (never the provider's), it
 // runs that workspace's ComputeVMs, and the StateSyncs that export and
 // import their tenants' objects, through a driver (the process driver:
-// each VM a tenant apiserver process on this machine) and nothing else.
+// each VM a tenant apiserver process on this machine; with --node-image
+// also the kind driver: each VM a single-node Kubernetes cluster in a
+// docker container) and nothing else.
 package main
 
 import (
@@ -34,6 +36,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/statesync"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/driver/kind"
 	"github.com/knotless-dev/knotless/internal/driver/process"
 )
 
@@ -92,6 +95,14 @@ func run(ctx context.Context, o *options.Options) error {
 	}
 	drivers := map[string]driver.Driver{
 		"process": &process.Driver{Root: o.ProcessRoot, KCP: o.KCPPath(), Host: o.TenantHost},
+	}
+	if o.NodeImage != "" {
+		if err := os.MkdirAll(o.KindRoot, 0o700); err != nil {
+			return fmt.Errorf("--kind-root: %w", err)
+		}
+		drivers["kind"] = &kind.Driver{Root: o.KindRoot, Kind: o.KindPath(), Image: o.NodeImage, Host: o.TenantHost,
+			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages}
+		logger.Info("kind driver", "image", o.NodeImage, "kind", o.KindPath(), "kindRoot", o.KindRoot, "preload", o.PreloadImages)
 	}
 	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the computevm controller: %w", err)

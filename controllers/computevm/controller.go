@@ -148,6 +148,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		return reconcile.Result{}, nil
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
+	st.Enforced = enforced(s.Enforced)
 	set(st, vm, computev1alpha1.VMRunning, string(computev1alpha1.VMRunning), "the tenant apiserver answers at "+s.Endpoint)
 	return reconcile.Result{RequeueAfter: pollRunning}, nil
 }
@@ -168,12 +169,23 @@ func (r *Reconciler) credential(ctx context.Context, vm *computev1alpha1.Compute
 	return nil
 }
 
+// enforced is the status field of what the driver read back of the VM's
+// shape.
+func enforced(e *driver.Enforced) *computev1alpha1.EnforcedShape {
+	if e == nil {
+		return nil
+	}
+	return &computev1alpha1.EnforcedShape{LimitCPUMillis: e.LimitCPUMillis, LimitMemoryMiB: e.LimitMemoryMiB,
+		AllocatableCPUMillis: e.AllocatableCPUMillis, AllocatableMemoryMiB: e.AllocatableMemoryMiB}
+}
+
 func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, phase computev1alpha1.VMPhase, reason, msg string) {
 	st.Phase = phase
 	st.Reason = ""
 	if phase == computev1alpha1.VMLost || phase == computev1alpha1.VMFailed {
 		st.Reason = reason
 		st.Endpoint, st.CABundle, st.CAFingerprint = "", "", ""
+		st.Enforced = nil
 	}
 	status := metav1.ConditionFalse
 	if phase == computev1alpha1.VMRunning {

@@ -50,10 +50,14 @@ func TestVMLifecycle(t *testing.T) {
 		t.Errorf("provisioned %d times", d.Provisions)
 	}
 	d.Set("vm-uid", driver.Running)
+	d.Enforced = &driver.Enforced{LimitCPUMillis: 1000, LimitMemoryMiB: 1024, AllocatableCPUMillis: 1000, AllocatableMemoryMiB: 1020}
 	reconcileIt()
 	got := get()
 	if got.Status.Phase != computev1alpha1.VMRunning || got.Status.Endpoint == "" || got.Status.CAFingerprint == "" || got.Status.CredentialSecret != "vm-credential" {
 		t.Fatalf("running: %+v", got.Status)
+	}
+	if e := got.Status.Enforced; e == nil || *e != (computev1alpha1.EnforcedShape{LimitCPUMillis: 1000, LimitMemoryMiB: 1024, AllocatableCPUMillis: 1000, AllocatableMemoryMiB: 1020}) {
+		t.Errorf("enforced shape in the status: %+v", e)
 	}
 	sec := &corev1.Secret{}
 	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "vm-credential"}, sec); err != nil || string(sec.Data["token"]) != "tok" || !metav1.IsControlledBy(sec, got) {
@@ -64,7 +68,7 @@ func TestVMLifecycle(t *testing.T) {
 	}
 	d.Set("vm-uid", driver.Lost)
 	reconcileIt()
-	if got := get(); got.Status.Phase != computev1alpha1.VMLost || got.Status.Reason != computev1alpha1.ReasonProcessGone || got.Status.Endpoint != "" {
+	if got := get(); got.Status.Phase != computev1alpha1.VMLost || got.Status.Reason != computev1alpha1.ReasonProcessGone || got.Status.Endpoint != "" || got.Status.Enforced != nil {
 		t.Fatalf("lost: %+v", got.Status)
 	}
 	d.Set("vm-uid", driver.Absent) // even if the driver would start it

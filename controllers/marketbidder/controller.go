@@ -329,8 +329,8 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 // sync trades, applies the bidder's presence and reads its state into st.
 func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) (*trader, error) {
 	c := cl.GetClient()
-	if b.Spec.Driver != "" && b.Spec.Driver != marketv1alpha1.DriverProcess {
-		return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "spec.driver: %q is not a driver knotless has (process)", b.Spec.Driver)
+	if b.Spec.Driver != "" && b.Spec.Driver != marketv1alpha1.DriverProcess && b.Spec.Driver != marketv1alpha1.DriverKind {
+		return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "spec.driver: %q is not a driver knotless has (process, kind)", b.Spec.Driver)
 	}
 	net := &marketv1alpha1.MarketNetwork{}
 	if err := c.Get(ctx, client.ObjectKey{Name: b.Spec.NetworkRef.Name}, net); err != nil {

@@ -4,7 +4,8 @@
 // objects, and terminates it. Drivers are
 // pluggable (a cloud's VMs, k3s on bare metal); knotless ships the process
 // driver (package process), whose VMs are tenant apiserver processes on
-// the agent's machine.
+// the agent's machine, and the kind driver (package kind), whose VMs are
+// single-node Kubernetes clusters in docker containers.
 package driver
 
 import (
@@ -51,6 +52,16 @@ type Status struct {
 	Endpoint string
 	// CA is the PEM of the CA that verifies the tenant apiserver.
 	CA []byte
+	// Enforced is the shape the running VM is held to, as read back from
+	// it (nil for a driver that enforces none).
+	Enforced *Enforced
+}
+
+// Enforced is the shape a VM is held to: the limits of its machine (a
+// container's CPU quota and memory) and what its node offers pods.
+type Enforced struct {
+	LimitCPUMillis, LimitMemoryMiB             int64
+	AllocatableCPUMillis, AllocatableMemoryMiB int64
 }
 
 // ErrLost is returned by Provision for a VM that was started and is gone:

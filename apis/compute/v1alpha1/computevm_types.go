@@ -49,7 +49,7 @@ type ComputeVMSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	ContractName string `json:"contractName"`
 	// Driver runs the VM (the agent's driver of that name).
-	// +kubebuilder:validation:Enum=process
+	// +kubebuilder:validation:Enum=process;kind
 	Driver string `json:"driver"`
 	// CPUMillis is the VM's CPU in thousandths of a core.
 	// +kubebuilder:validation:Minimum=1
@@ -109,11 +109,31 @@ type ComputeVMStatus struct {
 	// tenant for this, that may impersonate and do nothing else.
 	// +optional
 	CredentialSecret string `json:"credentialSecret,omitempty"`
+	// Enforced is the shape the running VM is held to, as the agent read
+	// it back from the VM (only drivers that enforce a shape set it: kind);
+	// null when the VM does not run.
+	// +optional
+	// +nullable
+	Enforced *EnforcedShape `json:"enforced"`
 	// Conditions: Running.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// EnforcedShape is what holds a VM to its shape: the limits of its
+// machine and what its node offers pods.
+type EnforcedShape struct {
+	// LimitCPUMillis and LimitMemoryMiB are the limits of the VM's
+	// machine (kind: its node container's docker CPU quota and memory).
+	LimitCPUMillis int64 `json:"limitCPUMillis"`
+	LimitMemoryMiB int64 `json:"limitMemoryMiB"`
+	// AllocatableCPUMillis and AllocatableMemoryMiB are the node's
+	// allocatable, what its pods may request (the VM's own control plane
+	// included).
+	AllocatableCPUMillis int64 `json:"allocatableCPUMillis"`
+	AllocatableMemoryMiB int64 `json:"allocatableMemoryMiB"`
 }
 
 // ComputeVM is a VM with a tenant apiserver that a bidder runs for a

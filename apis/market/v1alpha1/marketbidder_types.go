@@ -46,12 +46,19 @@ type Offer struct {
 }
 
 // Driver is how a bidder runs VMs.
-// +kubebuilder:validation:Enum=process
+// +kubebuilder:validation:Enum=process;kind
 type Driver string
 
-// DriverProcess runs each VM as a tenant apiserver process next to the
-// bidder's agent.
-const DriverProcess Driver = "process"
+// Drivers.
+const (
+	// DriverProcess runs each VM as a tenant apiserver process next to
+	// the bidder's agent.
+	DriverProcess Driver = "process"
+	// DriverKind runs each VM as a single-node Kubernetes cluster (kind,
+	// in a docker container held to the shape) next to the bidder's
+	// agent: tenants run pods.
+	DriverKind Driver = "kind"
+)
 
 // ReclaimReason is why a bidder takes a leased VM back (the reclaim
 // record's reason).

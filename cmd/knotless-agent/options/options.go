@@ -10,12 +10,14 @@ Licensed under the Apache License, Version 2.0.
 package options
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -33,8 +35,22 @@ type Options struct {
 	// KCP is the kcp binary the process driver starts as tenant
 	// apiservers.
 	KCP string
-	// TenantHost is the address the process driver's tenants listen on.
+	// TenantHost is the address the tenants' apiservers listen on (both
+	// drivers).
 	TenantHost string
+	// NodeImage is the kind driver's node image (make node-image); the
+	// agent has the kind driver only when it is set.
+	NodeImage string
+	// Kind is the kind binary of the kind driver (the pinned v0.33.0).
+	Kind string
+	// KindRoot is where the kind driver keeps what it knows of its VMs.
+	KindRoot string
+	// KindPathPrefix is put first in the PATH of kind and docker (the
+	// docker shim hack/node-image/docker-runtime.sh prints, where needed).
+	KindPathPrefix string
+	// PreloadImages are loaded into every new kind VM (--preload-image,
+	// repeated).
+	PreloadImages stringList
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables).
 	MetricsBindAddress, HealthProbeBindAddress string
 	Logs                                       zap.Options
@@ -47,6 +63,8 @@ func NewOptions() *Options {
 		ProcessRoot:            "/var/lib/knotless-agent",
 		KCP:                    "kcp",
 		TenantHost:             "127.0.0.1",
+		Kind:                   "kind",
+		KindRoot:               "/var/lib/knotless-agent-kind",
 		MetricsBindAddress:     "127.0.0.1:8090",
 		HealthProbeBindAddress: "127.0.0.1:8091",
 	}
@@ -58,7 +76,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Context, "context", o.Context, "kubeconfig context (default: the current one)")
 	fs.StringVar(&o.ProcessRoot, "process-root", o.ProcessRoot, "directory where the process driver keeps its VMs (absolute)")
 	fs.StringVar(&o.KCP, "kcp", o.KCP, "the kcp binary the process driver runs as tenant apiservers (a path, or a name looked up in PATH)")
-	fs.StringVar(&o.TenantHost, "tenant-host", o.TenantHost, "IP address the process driver's tenant apiservers listen on")
+	fs.StringVar(&o.TenantHost, "tenant-host", o.TenantHost, "IP address the tenants' apiservers listen on (both drivers)")
+	fs.StringVar(&o.NodeImage, "node-image", o.NodeImage, "node image of the kind driver (make node-image prints it); without it the agent has no kind driver")
+	fs.StringVar(&o.Kind, "kind", o.Kind, "the kind binary of the kind driver (a path, or a name looked up in PATH)")
+	fs.StringVar(&o.KindRoot, "kind-root", o.KindRoot, "directory where the kind driver keeps its VMs (absolute)")
+	fs.StringVar(&o.KindPathPrefix, "kind-path-prefix", o.KindPathPrefix, "directory put first in the PATH of kind and docker (the docker shim hack/node-image/docker-runtime.sh prints, on machines that need it)")
+	fs.Var(&o.PreloadImages, "preload-image", "an image of the agent's docker loaded into every new kind VM before it runs (repeatable; for nodes that cannot pull)")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "host:port of the metrics endpoint (0 disables)")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "host:port of /healthz and /readyz (0 disables)")
 	o.Logs.BindFlags(fs)
@@ -73,12 +96,47 @@ func (o *Options) Validate() error {
 	if _, err := lookPath(o.KCP); err != nil {
 		errs = append(errs, fmt.Errorf("--kcp: %w", err))
 	}
+	if o.NodeImage != "" {
+		if _, err := lookPath(o.Kind); err != nil {
+			errs = append(errs, fmt.Errorf("--kind: %w", err))
+		}
+		if !filepath.IsAbs(o.KindRoot) {
+			errs = append(errs, fmt.Errorf("--kind-root: %q is not an absolute path", o.KindRoot))
+		}
+		if o.KindPathPrefix != "" && !filepath.IsAbs(o.KindPathPrefix) {
+			errs = append(errs, fmt.Errorf("--kind-path-prefix: %q is not an absolute path", o.KindPathPrefix))
+		}
+	} else if len(o.PreloadImages) > 0 {
+		errs = append(errs, errors.New("--preload-image: the agent has no kind driver (--node-image)"))
+	}
+	for _, img := range o.PreloadImages {
+		if img == "" || strings.HasPrefix(img, "-") || strings.ContainsAny(img, " \t\n") {
+			errs = append(errs, fmt.Errorf("--preload-image: %q is not an image reference", img))
+		}
+	}
 	if net.ParseIP(o.TenantHost) == nil {
 		errs = append(errs, fmt.Errorf("--tenant-host: %q is not an IP address", o.TenantHost))
 	}
 	errs = append(errs, flagcheck.BindAddress("--metrics-bind-address", o.MetricsBindAddress),
 		flagcheck.BindAddress("--health-probe-bind-address", o.HealthProbeBindAddress))
 	return flagcheck.Join(errs...)
+}
+
+// KindPath is the resolved kind binary (after Validate).
+func (o *Options) KindPath() string {
+	p, _ := lookPath(o.Kind)
+	return p
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+// Set implements flag.Value.
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }
 
 // KCPPath is the resolved kcp binary (after Validate).

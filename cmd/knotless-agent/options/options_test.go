@@ -32,8 +32,12 @@ func TestFlags(t *testing.T) {
 	fs := flag.NewFlagSet("knotless-agent", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.AddFlags(fs)
-	if err := fs.Parse([]string{"--kubeconfig", "/k", "--process-root", "/r", "--kcp", "/bin/kcp", "--tenant-host", "10.0.0.1", "--metrics-bind-address", "0", "--health-probe-bind-address", ":9"}); err != nil {
+	if err := fs.Parse([]string{"--kubeconfig", "/k", "--process-root", "/r", "--kcp", "/bin/kcp", "--tenant-host", "10.0.0.1", "--metrics-bind-address", "0", "--health-probe-bind-address", ":9",
+		"--node-image", "knotless.dev/node:v1", "--kind", "/bin/kind", "--kind-root", "/kr", "--kind-path-prefix", "/shim", "--preload-image", "a:1", "--preload-image", "b:2"}); err != nil {
 		t.Fatal(err)
+	}
+	if o.NodeImage != "knotless.dev/node:v1" || o.Kind != "/bin/kind" || o.KindRoot != "/kr" || o.KindPathPrefix != "/shim" || len(o.PreloadImages) != 2 || o.PreloadImages[1] != "b:2" {
+		t.Errorf("kind flags not bound: %+v", o)
 	}
 	if o.Kubeconfig != "/k" || o.ProcessRoot != "/r" || o.KCP != "/bin/kcp" || o.TenantHost != "10.0.0.1" || o.MetricsBindAddress != "0" || o.HealthProbeBindAddress != ":9" {
 		t.Errorf("flags not bound: %+v", o)
@@ -46,6 +50,11 @@ func TestValidate(t *testing.T) {
 	if err := valid(t).Validate(); err != nil {
 		t.Fatalf("valid options refused: %v", err)
 	}
+	withKind := valid(t)
+	withKind.NodeImage, withKind.Kind, withKind.PreloadImages = "knotless.dev/node:v1", withKind.KCP, []string{"test/server:1"}
+	if err := withKind.Validate(); err != nil {
+		t.Fatalf("valid kind options refused: %v", err)
+	}
 	for _, c := range []struct {
 		flag string
 		bad  func(*Options)
@@ -56,6 +65,11 @@ func TestValidate(t *testing.T) {
 		{"--tenant-host", func(o *Options) { o.TenantHost = "localhost" }},
 		{"--metrics-bind-address", func(o *Options) { o.MetricsBindAddress = "nope" }},
 		{"--health-probe-bind-address", func(o *Options) { o.HealthProbeBindAddress = "nope" }},
+		{"--kind", func(o *Options) { o.NodeImage, o.Kind = "img", "/no/such/kind" }},
+		{"--kind-root", func(o *Options) { o.NodeImage, o.Kind, o.KindRoot = "img", o.KCP, "relative" }},
+		{"--kind-path-prefix", func(o *Options) { o.NodeImage, o.Kind, o.KindPathPrefix = "img", o.KCP, "shim" }},
+		{"--preload-image", func(o *Options) { o.PreloadImages = []string{"a:1"} }},
+		{"--preload-image", func(o *Options) { o.NodeImage, o.Kind, o.PreloadImages = "img", o.KCP, []string{"--privileged"} }},
 	} {
 		o := valid(t)
 		c.bad(o)

@@ -36,6 +36,8 @@ type Fake struct {
 	Exported [][]schema.GroupResource
 	// Err, if set, is returned by Export and Import.
 	Err error
+	// Enforced, if set, is the shape a running VM reports.
+	Enforced *driver.Enforced
 }
 
 var _ driver.Driver = (*Fake)(nil)
@@ -62,7 +64,7 @@ func (f *Fake) Provision(_ context.Context, vm driver.VM) (driver.Status, error)
 func (f *Fake) status(vm driver.VM) driver.Status {
 	st := driver.Status{State: f.States[vm.ID]}
 	if st.State == driver.Running {
-		st.Endpoint, st.CA = "https://127.0.0.1:7443/clusters/root", f.CA
+		st.Endpoint, st.CA, st.Enforced = "https://127.0.0.1:7443/clusters/root", f.CA, f.Enforced
 	}
 	return st
 }

@@ -9,7 +9,6 @@
 package process
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -27,23 +26,16 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	rbacac "k8s.io/client-go/applyconfigurations/rbac/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/statesync"
-	"github.com/knotless-dev/knotless/mountproxy"
 )
 
 // MountUser is the tenant user the mount's credential authenticates as.
 const MountUser = "knotless-mount"
-
-// fieldManager applies the tenant's RBAC.
-const fieldManager = "knotless-agent"
 
 // Driver runs VMs as kcp processes.
 type Driver struct {
@@ -104,21 +96,6 @@ func save(dir string, st *state) error {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, "vm.json"))
-}
-
-// Alive reports whether pid is a live process (a zombie that init has not
-// reaped yet is not).
-func Alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) S ...: the state follows the last ')'.
-	i := bytes.LastIndexByte(stat, ')')
-	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
 }
 
 // Provision implements driver.Driver.
@@ -197,7 +174,7 @@ func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error
 }
 
 func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM) (driver.Status, error) {
-	if !Alive(st.PID) {
+	if !driver.Alive(st.PID) {
 		return driver.Status{State: driver.Lost, Reason: fmt.Sprintf("the VM's process %d is gone", st.PID)}, nil
 	}
 	cfg, err := d.admin(dir)
@@ -222,7 +199,7 @@ func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM
 	if resp.StatusCode != http.StatusOK {
 		return driver.Status{State: driver.Starting}, nil
 	}
-	if err := d.grant(ctx, cfg, vm); err != nil {
+	if err := driver.Grant(ctx, cfg, vm, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}); err != nil {
 		return driver.Status{State: driver.Starting, Reason: err.Error()}, nil
 	}
 	ca, err := os.ReadFile(filepath.Join(dir, "kcp", "apiserver.crt"))
@@ -239,92 +216,6 @@ func (d *Driver) base(st *state) string {
 // admin is the tenant's admin config, from the kubeconfig kcp wrote.
 func (d *Driver) admin(dir string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kcp", "admin.kubeconfig"))
-}
-
-// grant lets the mount identity impersonate on the tenant, and nothing
-// else, and gives the VM's admins every right. Every call applies both
-// (server-side apply: an unchanged role is not written again), so a VM
-// started by an older agent gets today's rules.
-func (d *Driver) grant(ctx context.Context, cfg *rest.Config, vm driver.VM) error {
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	admin := []rbacv1.PolicyRule{
-		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
-		{NonResourceURLs: []string{"*"}, Verbs: []string{"*"}},
-	}
-	var admins []rbacv1.Subject
-	for _, u := range vm.AdminUsers {
-		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "User", Name: u})
-	}
-	for _, g := range vm.AdminGroups {
-		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "Group", Name: g})
-	}
-	for _, o := range []struct {
-		role     string
-		rules    []rbacv1.PolicyRule
-		subjects []rbacv1.Subject
-	}{
-		{ImpersonatorRole, ImpersonationRules(vm), []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: MountUser}}},
-		{"knotless:tenant-admin", admin, admins},
-	} {
-		if len(o.subjects) == 0 {
-			continue
-		}
-		if err := applyRole(ctx, cs, o.role, o.rules, o.subjects); err != nil {
-			return fmt.Errorf("granting %s: %w", o.role, err)
-		}
-	}
-	return nil
-}
-
-// ImpersonatorRole is the ClusterRole of the mount identity on a tenant.
-const ImpersonatorRole = "knotless:mount-impersonator"
-
-// credentialIDExtra is the only extra the mount forwards:
-// kcp-front-proxy passes the id of the caller's credential as one.
-const credentialIDExtra = "authentication.kubernetes.io/credential-id"
-
-// ImpersonationRules are what the mount identity may do on the tenant of
-// vm: impersonate the users its admins name (and the shim's probe user),
-// with any groups, and the credential-id extra; nothing else. No other
-// user: a kcp user the tenant does not name as an admin has nothing to
-// do there, and names such as system:kube-controller-manager carry the
-// tenant's own rights. No other extra: kcp honours a warrant extra
-// (authorization.kcp.io/warrant) as a second identity, system:masters
-// included. Groups are not listed by name: the shim forwards a named
-// admin's other kcp groups, and they add nothing to the admin's every
-// right; kcp refuses system:masters and its own privileged groups to an
-// impersonator outside them (e2e TestAgentRunsComputeVMs tries both).
-func ImpersonationRules(vm driver.VM) []rbacv1.PolicyRule {
-	users := append([]string{mountproxy.ProbeUser}, vm.AdminUsers...)
-	return []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"users"}, ResourceNames: users, Verbs: []string{"impersonate"}},
-		{APIGroups: []string{""}, Resources: []string{"groups"}, Verbs: []string{"impersonate"}},
-		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"userextras/" + credentialIDExtra}, Verbs: []string{"impersonate"}},
-	}
-}
-
-// applyRole applies the ClusterRole name with rules and its binding to
-// subjects.
-func applyRole(ctx context.Context, cs kubernetes.Interface, name string, rules []rbacv1.PolicyRule, subjects []rbacv1.Subject) error {
-	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
-	role := rbacac.ClusterRole(name)
-	for _, r := range rules {
-		role.WithRules(rbacac.PolicyRule().WithAPIGroups(r.APIGroups...).WithResources(r.Resources...).
-			WithResourceNames(r.ResourceNames...).WithNonResourceURLs(r.NonResourceURLs...).WithVerbs(r.Verbs...))
-	}
-	if _, err := cs.RbacV1().ClusterRoles().Apply(ctx, role, opts); err != nil {
-		return err
-	}
-	binding := rbacac.ClusterRoleBinding(name).
-		WithRoleRef(rbacac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("ClusterRole").WithName(name))
-	for _, sub := range subjects {
-		binding.WithSubjects(rbacac.Subject().WithAPIGroup(sub.APIGroup).WithKind(sub.Kind).WithName(sub.Name))
-	}
-	_, err := cs.RbacV1().ClusterRoleBindings().Apply(ctx, binding, opts)
-	return err
 }
 
 // Credential implements driver.Driver.
@@ -354,20 +245,20 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	if err != nil {
 		return err
 	}
-	if st != nil && Alive(st.PID) {
+	if st != nil && driver.Alive(st.PID) {
 		_ = syscall.Kill(st.PID, syscall.SIGTERM)
 		// A stopped process gets its SIGTERM only once it runs again
 		// (a tenant that stopped answering may be one).
 		_ = syscall.Kill(st.PID, syscall.SIGCONT)
 		deadline := time.Now().Add(30 * time.Second)
-		for Alive(st.PID) && time.Now().Before(deadline) {
+		for driver.Alive(st.PID) && time.Now().Before(deadline) {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		if Alive(st.PID) {
+		if driver.Alive(st.PID) {
 			_ = syscall.Kill(st.PID, syscall.SIGKILL)
 		}
 	}
@@ -384,7 +275,7 @@ func (d *Driver) running(vm driver.VM) (*rest.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st == nil || !Alive(st.PID) {
+	if st == nil || !driver.Alive(st.PID) {
 		return nil, errors.New("process driver: the VM does not run")
 	}
 	return d.admin(dir)

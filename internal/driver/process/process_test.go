@@ -41,7 +41,7 @@ func TestProvisionAdoptLostTerminate(t *testing.T) {
 		t.Fatalf("Provision: %+v, %v", st, err)
 	}
 	pids := PIDs(d.Root)
-	if len(pids) != 1 || !Alive(pids[0]) {
+	if len(pids) != 1 || !driver.Alive(pids[0]) {
 		t.Fatalf("pids %v", pids)
 	}
 	// Adopted, not started twice (a fresh driver: the agent restarted).
@@ -60,7 +60,7 @@ func TestProvisionAdoptLostTerminate(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for Alive(pids[0]) && time.Now().Before(deadline) {
+	for driver.Alive(pids[0]) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if st, err := d2.Status(ctx, vm); err != nil || st.State != driver.Lost || st.Reason == "" {
@@ -92,7 +92,7 @@ func TestTerminateStopsARunningVM(t *testing.T) {
 	if err := d.Terminate(context.Background(), vm); err != nil {
 		t.Fatal(err)
 	}
-	if Alive(pid) {
+	if driver.Alive(pid) {
 		t.Error("the VM's process still runs")
 	}
 }
