@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: release clean-tools dev-plan images node-image chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit fuzz e2e dev bench-engage bench-records bench-tenant clean
+.PHONY: lexicons-publish release clean-tools dev-plan images node-image chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit fuzz e2e dev bench-engage bench-records bench-tenant clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -29,6 +29,10 @@ node-image:
 ## release: versioned artifacts in dist/$(VERSION)/ (images saved, chart packaged, agent tarball with kcp and a systemd unit, SBOMs, SHA256SUMS; hack/release.sh)
 release:
 	VERSION=$(VERSION) hack/release.sh
+
+## lexicons-publish: the lexicons as com.atproto.lexicon.schema records in the authority's repo (PDS=, IDENTIFIER=, APP_PASSWORD_FILE=; refused if breaking), then lexicons/published/ (hack/lexpublish)
+lexicons-publish:
+	go run ./hack/lexpublish --pds "$(PDS)" --identifier "$(IDENTIFIER)" --app-password-file "$(APP_PASSWORD_FILE)" $(LEXPUBLISH_FLAGS)
 
 ## chart-lint: helm lint and helm template of deploy/charts/knotless (helm pinned in hack/tools/helm)
 chart-lint:
