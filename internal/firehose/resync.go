@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -145,12 +146,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		var err error
 		var private atomic.Bool
 		lctx := netpolicy.TracePrivate(ctx, &private)
-		if req.did == "" {
-			err = s.resyncAll(lctx, req.sub, req.reason)
-		} else {
-			err = s.resyncRepo(lctx, req.sub, req.did, nil)
-		}
-		err = privateFailure(err, &private)
+		err = privateFailure(s.list(lctx, req), &private)
 		if err == nil {
 			schedule = backoff.NewSchedule(s.hub.opts.Backoff)
 			req.sub.resynced(req.did, req.reason)
@@ -173,6 +169,23 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// list runs one listing. A panic while it runs (a hostile PDS's record
+// through a subscription's check, indigo decoding what it left out) fails
+// the listing with ErrFaultyListing, tried again with backoff, instead of
+// crashing the provider every workspace shares (R21).
+func (s *stream) list(ctx context.Context, req resyncReq) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Info("a listing panicked; trying again later", "did", req.did, "reason", req.reason, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = ErrFaultyListing
+		}
+	}()
+	if req.did == "" {
+		return s.resyncAll(ctx, req.sub, req.reason)
+	}
+	return s.resyncRepo(ctx, req.sub, req.did, nil)
 }
 
 // refuse queues a listing refused as too large again after the limits'

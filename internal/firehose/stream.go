@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/bluesky-social/indigo/events"
 	"github.com/go-logr/logr"
+	"github.com/gorilla/websocket"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
@@ -39,6 +41,17 @@ var errRewind = errors.New("a subscription needs events the connection has passe
 // a certificate that does not verify, a failed handshake) is for the
 // provider's log only, so a caller reports all of them alike (R17).
 var ErrPrivateUnreachable = errors.New("unreachable at a private address")
+
+// ErrFaultyFrame marks a connection that ended because decoding or
+// handling one of the source's frames panicked (a hostile or broken
+// source): the source is reconnected after backoff like any failed one,
+// and the provider goes on (R21).
+var ErrFaultyFrame = errors.New("the source sent a frame that could not be read")
+
+// ErrFaultyListing marks a listing that failed because handling one of
+// its records panicked: the listing is tried again after backoff, and
+// the provider goes on (R21).
+var ErrFaultyListing = errors.New("a listed record could not be handled")
 
 // stream is one source's connection and its subscriptions.
 type stream struct {
@@ -256,9 +269,13 @@ func (s *stream) connect(ctx context.Context) error {
 	idle := s.hub.opts.IdleTimeout
 	_ = con.SetReadDeadline(time.Now().Add(idle))
 	sched := newScheduler(connCtx, s, gen, tracker, idle, con)
-	err = events.HandleRepoStream(connCtx, con, sched, slog.New(logr.ToSlogHandler(s.log.V(1))))
-	if c := context.Cause(connCtx); errors.Is(c, errRewind) {
+	sched.fault = cancel
+	err = s.readLoop(connCtx, con, sched)
+	switch c := context.Cause(connCtx); {
+	case errors.Is(c, errRewind):
 		err = errRewind
+	case errors.Is(c, ErrFaultyFrame):
+		err = c
 	}
 	err = frameTooLarge(err)
 
@@ -275,6 +292,22 @@ func (s *stream) connect(ctx context.Context) error {
 		sub.settle(safe, gen)
 	}
 	return err
+}
+
+// readLoop runs indigo's read loop on con until it ends. indigo decodes
+// each frame's header and body itself (cbor-gen, go-car, the MST) and
+// dereferences what a hostile source can leave out: a panic while it
+// reads a frame, or while the scheduler takes it, ends this connection
+// with ErrFaultyFrame (the source is faulty: reconnected after backoff,
+// its watches say so), never the provider every workspace shares (R21).
+func (s *stream) readLoop(ctx context.Context, con *websocket.Conn, sched *scheduler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Info("a frame of the source panicked its decoding; closing the connection", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: closed while decoding one", ErrFaultyFrame)
+		}
+	}()
+	return events.HandleRepoStream(ctx, con, sched, slog.New(logr.ToSlogHandler(s.log.V(1))))
 }
 
 // dispatch is called by the read loop for every event, in stream order.
@@ -304,6 +337,9 @@ type scheduler struct {
 	con     interface{ SetReadDeadline(time.Time) error }
 	queues  []chan job
 	wg      sync.WaitGroup
+	// fault ends the connection with the given cause (nil: nothing to
+	// end, as in the fuzz target).
+	fault func(error)
 }
 
 type job struct {
@@ -326,7 +362,9 @@ func newScheduler(ctx context.Context, s *stream, gen uint64, tracker *cursorTra
 					// and the next connection replays it.
 					continue
 				}
-				s.handle(ctx, j)
+				if !sc.handle(ctx, j) {
+					continue
+				}
 				if ctx.Err() == nil {
 					tracker.Done(j.seq)
 				}
@@ -334,6 +372,25 @@ func newScheduler(ctx context.Context, s *stream, gen uint64, tracker *cursorTra
 		}()
 	}
 	return sc
+}
+
+// handle handles one event on a worker. A panic while handling it (indigo
+// verifying a #sync's CAR, resolving a DID, ...) makes the source faulty:
+// the connection ends with ErrFaultyFrame, the event is not marked done
+// (the cursor stays before it), and the provider goes on (R21). It
+// reports whether the event was handled.
+func (sc *scheduler) handle(ctx context.Context, j job) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			sc.s.log.Info("an event of the source panicked its handling; closing the connection", "seq", j.seq, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			if sc.fault != nil {
+				sc.fault(fmt.Errorf("%w: closed while handling event %d", ErrFaultyFrame, j.seq))
+			}
+			ok = false
+		}
+	}()
+	sc.s.handle(ctx, j)
+	return true
 }
 
 // AddWork implements events.Scheduler.

@@ -1,0 +1,97 @@
+package firehose
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+)
+
+// boomCheck is noteCheck, except that a note whose text is "boom" panics
+// it: a stand-in for a validator, or a decoder of indigo's, that a
+// hostile record makes panic.
+func boomCheck(col string, v json.RawMessage) error {
+	if strings.Contains(string(v), `"boom"`) {
+		panic("boom: a record panicked its check")
+	}
+	return noteCheck(col, v)
+}
+
+// hostileAndCalm starts two sources on loopback, alice's (hostile, with
+// one note of text first) and bob's (one note), and a hub with a
+// subscription to each whose Check panics on a "boom" note.
+func hostileAndCalm(t *testing.T, first string) (hostile *fakeSource, calm *fakeSource, subA, subB *Subscription) {
+	t.Helper()
+	alice, bob := newTestRepo(t, "did:plc:alice"), newTestRepo(t, "did:plc:bob")
+	dir := identity.NewMockDirectory()
+	hostile, calm = newFakeSource(t, alice), newFakeSource(t, bob)
+	dir.Insert(alice.identityAt(hostile.srv.URL))
+	dir.Insert(bob.identityAt(calm.srv.URL))
+	hostile.write(testOp{"create", testCollection + "/" + first, note(first)})
+	calm.write(testOp{"create", testCollection + "/b", note("b")})
+	hub, _ := startHub(t, Options{Directory: dir})
+	for _, s := range []struct {
+		src *fakeSource
+		sub **Subscription
+	}{{hostile, &subA}, {calm, &subB}} {
+		sub, err := hub.Subscribe(s.src.srv.URL, Filter{Collections: []string{testCollection}, Check: boomCheck}, 100, State{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*s.sub = sub
+	}
+	return hostile, calm, subA, subB
+}
+
+func (f *fakeSource) connections() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.conns)
+}
+
+// TestPanickingFrameClosesOnlyItsSource (R21, from review): a frame whose
+// handling panics (here a record that panics the subscription's check;
+// in the field indigo's decoders and verifiers, which dereference what a
+// hostile source leaves out) must not crash the provider every workspace
+// shares. Through the real read loop over a websocket, the connection of
+// that source ends with ErrFaultyFrame, it is tried again after backoff
+// (and fails again while the source sends the frame), the record is not
+// kept, and another source of the same hub goes on.
+func TestPanickingFrameClosesOnlyItsSource(t *testing.T) {
+	hostile, calm, subA, subB := hostileAndCalm(t, "a")
+	for _, sub := range []*Subscription{subA, subB} {
+		waitState(t, sub, "the first record", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
+	}
+	hostile.write(testOp{"create", testCollection + "/boom", note("boom")})
+	waitState(t, subA, "the connection closed as faulty", func(_ State, h Health) bool { return errors.Is(h.Err, ErrFaultyFrame) })
+
+	calm.write(testOp{"create", testCollection + "/c", note("c")})
+	waitState(t, subB, "the calm source's next record", func(st State, h Health) bool { return h.Connected && len(st.Records) == 2 })
+	before := hostile.connections()
+	time.Sleep(time.Second)
+	if n := hostile.connections() - before; n > 15 {
+		t.Errorf("%d connections to the faulty source within a second", n)
+	}
+	st, h, _ := subA.Snapshot()
+	if _, ok := st.Records["at://did:plc:alice/"+testCollection+"/boom"]; ok {
+		t.Error("the record whose handling panicked is kept")
+	}
+	if len(st.Records) != 1 {
+		t.Errorf("%d records of the faulty source kept, want the first one", len(st.Records))
+	}
+	t.Logf("faulty source: %d connections, health %v", hostile.connections(), h.Err)
+}
+
+// TestPanickingListedRecordFailsTheListing (R21, from review): a record
+// that panics its check while a listing reads it (a listing runs on its
+// own goroutine, not the read loop's) fails that listing with
+// ErrFaultyListing, retried with backoff; the provider goes on, and so
+// does another source.
+func TestPanickingListedRecordFailsTheListing(t *testing.T) {
+	_, _, subA, subB := hostileAndCalm(t, "boom")
+	waitState(t, subA, "the listing failed as faulty", func(_ State, h Health) bool { return errors.Is(h.ResyncErr, ErrFaultyListing) })
+	waitState(t, subB, "the calm source's record", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
+}
