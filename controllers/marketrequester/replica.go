@@ -908,7 +908,7 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 // knownReclaim is a reclaim's reason when it is one of the lexicon's known
 // values (a bidder's free text is not repeated).
 func knownReclaim(reason deal.ReclaimReason) string {
-	if slices.Contains(deal.ReclaimReasons, reason) {
+	if slices.Contains(deal.ReclaimReasons(), reason) {
 		return string(reason)
 	}
 	return "other"

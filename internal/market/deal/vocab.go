@@ -27,7 +27,9 @@ const (
 )
 
 // LeaseStates are the lease states, as lease.json knows them.
-var LeaseStates = []LeaseState{LeaseConfirmed, LeaseDeclined, LeaseRunning, LeaseCompleted}
+func LeaseStates() []LeaseState {
+	return []LeaseState{LeaseConfirmed, LeaseDeclined, LeaseRunning, LeaseCompleted}
+}
 
 // Live reports whether a lease in state s holds a VM.
 func Live(s LeaseState) bool { return s == LeaseConfirmed || s == LeaseRunning }
@@ -56,7 +58,9 @@ const (
 )
 
 // LeaseReasons are the lease reasons, as lease.json knows them.
-var LeaseReasons = []LeaseReason{NoCapacity, Expired, Suspended, Invalid, DriverFailed, VMLost, Reclaimed}
+func LeaseReasons() []LeaseReason {
+	return []LeaseReason{NoCapacity, Expired, Suspended, Invalid, DriverFailed, VMLost, Reclaimed}
+}
 
 // ReleaseReason is why a requester releases a VM (release.json, reason).
 type ReleaseReason = market.ReleaseReason
@@ -82,7 +86,9 @@ const (
 )
 
 // ReleaseReasons are the release reasons, as release.json knows them.
-var ReleaseReasons = []ReleaseReason{ReplicasLowered, RequesterDeleted, ReleaseSuspended, ContractFailed, ReleaseExpired, ProviderUnresponsive, ReleaseReclaimed}
+func ReleaseReasons() []ReleaseReason {
+	return []ReleaseReason{ReplicasLowered, RequesterDeleted, ReleaseSuspended, ContractFailed, ReleaseExpired, ProviderUnresponsive, ReleaseReclaimed}
+}
 
 // ReclaimReason is why a bidder takes a leased VM back (reclaim.json,
 // reason): the API's type, whose enum is the same list.
@@ -96,7 +102,9 @@ const (
 )
 
 // ReclaimReasons are the reclaim reasons, as reclaim.json knows them.
-var ReclaimReasons = []ReclaimReason{ReclaimMaintenance, ReclaimCapacity, ReclaimBidderLeaving}
+func ReclaimReasons() []ReclaimReason {
+	return []ReclaimReason{ReclaimMaintenance, ReclaimCapacity, ReclaimBidderLeaving}
+}
 
 // Phase is a ComputeContract's phase (the API's type).
 type Phase = marketv1alpha1.ContractPhase

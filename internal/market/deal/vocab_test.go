@@ -53,10 +53,10 @@ func TestVocabularyMatchesLexicons(t *testing.T) {
 		file, prop string
 		consts     []string
 	}{
-		{"lease", "state", strs(LeaseStates)},
-		{"lease", "reason", strs(LeaseReasons)},
-		{"release", "reason", strs(ReleaseReasons)},
-		{"reclaim", "reason", strs(ReclaimReasons)},
+		{"lease", "state", strs(LeaseStates())},
+		{"lease", "reason", strs(LeaseReasons())},
+		{"release", "reason", strs(ReleaseReasons())},
+		{"reclaim", "reason", strs(ReclaimReasons())},
 	} {
 		known := knownValues(t, c.file, c.prop)
 		for _, v := range c.consts {
@@ -75,7 +75,7 @@ func TestVocabularyMatchesLexicons(t *testing.T) {
 // TestContractReasonsAreNotRecordValues: a reason no record carries is
 // not one a record could carry (a requester could not tell them apart).
 func TestContractReasonsAreNotRecordValues(t *testing.T) {
-	records := append(append(strs(LeaseReasons), strs(ReleaseReasons)...), strs(ReclaimReasons)...)
+	records := append(append(strs(LeaseReasons()), strs(ReleaseReasons())...), strs(ReclaimReasons())...)
 	for _, r := range []ContractReason{AcceptWithdrawn, ReclaimedEarly, BidderUnresponsive, LeaseWithdrawn, EndedByBidder} {
 		if slices.Contains(records, string(r)) {
 			t.Errorf("contract reason %q is also a record's reason", r)
