@@ -1,0 +1,431 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/driver/kind"
+)
+
+// kindParts are what the kind driver needs on this machine.
+type kindParts struct {
+	kind, shim, nodeImage, testImage string
+}
+
+// script runs one of the repository's scripts and returns the last line
+// it printed.
+func script(t *testing.T, repoRoot string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), filepath.Join(repoRoot, name), args...)
+	cmd.Dir = repoRoot
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// kindSetup skips the test when docker is unavailable; otherwise it
+// builds (or takes from the tools cache) the node image, the pinned kind
+// and the test image, and registers the docker runtime kind's nodes need
+// here.
+func kindSetup(t *testing.T) kindParts {
+	t.Helper()
+	if out, err := exec.CommandContext(t.Context(), "docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("docker is unavailable, so no kind VM can run: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	repoRoot, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p kindParts
+	p.nodeImage = script(t, repoRoot, "hack/node-image/build.sh")
+	script(t, repoRoot, "hack/tool.sh", "kind", "sigs.k8s.io/kind")
+	p.kind = filepath.Join(repoRoot, "bin", "kind")
+	cmd := exec.CommandContext(t.Context(), filepath.Join(repoRoot, "hack/node-image/docker-runtime.sh"))
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hack/node-image/docker-runtime.sh: %v", err)
+	}
+	p.shim = strings.TrimSpace(string(out))
+	p.testImage = script(t, repoRoot, "hack/testimage/build.sh")
+	return p
+}
+
+// docker runs docker and returns its output.
+func docker(ctx context.Context, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// nodeRSS is the RSS of a kind node container's processes, from its
+// cgroup (cgroup v1; 0 when it cannot be read).
+func nodeRSS(ctx context.Context, node string) int64 {
+	id, err := docker(ctx, "inspect", "-f", "{{.Id}}", node)
+	if err != nil {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/docker", id, "memory.stat"))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "total_rss "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// TestKindTenant: a requester buys a VM from a bidder whose agent runs
+// the kind driver, and as its kcp user alice, through the mount
+// (kcp-front-proxy and the mount proxy), runs a Deployment of the test
+// image (preloaded by the agent: the node cannot pull) whose pod Runs and
+// logs its cgroup limits, and a pod asking more CPU than the shape stays
+// Pending with the scheduler's reason. The ComputeVM shows the shape the
+// node container is held to (docker) and the node's allocatable. A kill
+// -9 of the agent leaves the cluster running and the agent adopts it (one
+// cluster, the same container); a docker kill of the node makes the VM
+// Lost; releasing the VM removes the node container, its volumes and its
+// network. One kind VM serves every step. Figures: setup, VM created ->
+// Running, node RSS idle and with one pod, the test's cost.
+func TestKindTenant(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	begin := time.Now()
+	k := kindSetup(t)
+	t.Logf("FIGURE kind setup (node image, kind, test image, from the cache when warm): %s", time.Since(begin).Round(time.Millisecond))
+
+	kroot := filepath.Join(t.TempDir(), "kind")
+	kd := &kind.Driver{Root: kroot, Kind: k.kind, PathPrefix: k.shim}
+	t.Cleanup(func() {
+		// The VMs outlive the agent on purpose: remove what is left.
+		for _, id := range kind.VMs(kroot) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			if err := kd.Terminate(ctx, driver.VM{ID: id}); err != nil {
+				t.Logf("removing kind VM %s: %v", id, err)
+			}
+			cancel()
+		}
+	})
+	args := []string{"--node-image", k.nodeImage, "--kind", k.kind, "--kind-root", kroot, "--preload-image", k.testImage}
+	if k.shim != "" {
+		args = append(args, "--kind-path-prefix", k.shim)
+	}
+	d, a, _ := tenantDealWith(ctx, t, "k", args, "acme")
+	d.bidderWith(ctx, t, "acme", marketv1alpha1.DriverKind, offerOf("small", 1000, 1024, 30, 1))
+
+	start := time.Now()
+	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
+	spec.TenantAdmins.Users = []string{"alice"}
+	d.requester(ctx, t, "vms", spec)
+	bc := contractOf(ctx, t, d.bid, "acme", "the bidder's contract", func(*marketv1alpha1.ComputeContract) bool { return true })
+	vmMade := time.Since(start)
+	vm := waitVM(ctx, t, d.bid, bc.Name, "the kind VM Running", 6*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+		return vm.Status.Phase == computev1alpha1.VMRunning
+	})
+	running := time.Since(start)
+	rc := contractOf(ctx, t, d.app, "vms", "the requester's contract Active (the tenant mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	t.Logf("FIGURE MarketRequester created -> kind VM Running: %s (ComputeVM made after %s; VM created -> Running %s); -> mounted %s",
+		running.Round(time.Millisecond), vmMade.Round(time.Millisecond), (running - vmMade).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+
+	// The shape: the node container's docker limits and the node's
+	// allocatable, in the status and in docker.
+	cluster := kind.ClusterName(string(vm.UID))
+	node := kind.NodeName(cluster)
+	e := vm.Status.Enforced
+	if e == nil || e.LimitCPUMillis != 1000 || e.LimitMemoryMiB != 1024 || e.AllocatableCPUMillis != 1000 || e.AllocatableMemoryMiB > 1024 || e.AllocatableMemoryMiB < 900 {
+		t.Errorf("enforced shape %+v, want limits 1000m/1024 MiB and allocatable 1000m and about 1024 MiB", e)
+	}
+	if got, err := docker(ctx, "inspect", "-f", "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.MemorySwap}}", node); err != nil || got != "1000000000 1073741824 1073741824" {
+		t.Errorf("the node container's limits: %q, %v", got, err)
+	}
+	volumes, err := docker(ctx, "inspect", "-f", `{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}`, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(vm.Status.Endpoint, "https://127.0.0.1:") {
+		t.Errorf("endpoint %q, want the tenant host", vm.Status.Endpoint)
+	}
+
+	// alice, through kcp-front-proxy, in the mounted workspace.
+	cs := mountClient(t, "alice", d.appWS, rc.Name)
+	if err := framework.Eventually(ctx, 2*time.Minute, "nodes through the mount as alice", func(ctx context.Context) (bool, string, error) {
+		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return len(nodes.Items) == 1, fmt.Sprintf("%d nodes", len(nodes.Items)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	idle := nodeRSS(ctx, node)
+	t.Logf("FIGURE kind node RSS idle: %d MiB (%d idle VMs in 24 GiB)", idle>>20, (int64(24)<<30)/max(idle, 1))
+
+	t.Run("a Deployment of the preloaded image runs and logs its limits", func(t *testing.T) {
+		pod := runTestImage(ctx, t, cs, k.testImage)
+		logs, err := cs.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(logs), "memory limit 67108864, cpu quota 10000/100000") {
+			t.Errorf("the pod's log %q does not show its limits (64Mi, 100m)", logs)
+		}
+		t.Logf("FIGURE kind node RSS with one pod: %d MiB", nodeRSS(ctx, node)>>20)
+	})
+
+	t.Run("kubectl exec and port-forward through the mount", func(t *testing.T) {
+		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams(ctx, t, cfg, cs)
+	})
+
+	t.Run("a pod asking more CPU than the shape stays Pending", func(t *testing.T) {
+		big := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "too-big", Namespace: "default"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "s", Image: k.testImage, ImagePullPolicy: corev1.PullNever,
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1001m")}}}}}}
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, big, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var msg string
+		if err := framework.Eventually(ctx, time.Minute, "the big pod unschedulable", func(ctx context.Context) (bool, string, error) {
+			p, err := cs.CoreV1().Pods("default").Get(ctx, "too-big", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					msg = c.Message
+					return strings.Contains(c.Message, "Insufficient cpu"), c.Message, nil
+				}
+			}
+			return false, string(p.Status.Phase), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the scheduler: %s", msg)
+		time.Sleep(3 * time.Second)
+		if p, err := cs.CoreV1().Pods("default").Get(ctx, "too-big", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+			t.Errorf("the big pod: %v, %v", p.Status.Phase, err)
+		}
+	})
+
+	t.Run("a kill -9 of the agent: the cluster is adopted", func(t *testing.T) {
+		before, err := docker(ctx, "inspect", "-f", "{{.Id}}", node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.proc.Kill9()
+		a.start(t)
+		time.Sleep(3 * time.Second)
+		waitVM(ctx, t, d.bid, bc.Name, "the kind VM Running after the agent restarted", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+			return vm.Status.Phase == computev1alpha1.VMRunning
+		})
+		after, err := docker(ctx, "inspect", "-f", "{{.Id}}", node)
+		if err != nil || after != before {
+			t.Errorf("the node container changed: %s -> %s (%v)", before, after, err)
+		}
+		if clusters, err := docker(ctx, "ps", "-a", "--filter", "label=io.x-k8s.kind.cluster", "--format", "{{.Label \"io.x-k8s.kind.cluster\"}}"); err != nil || strings.Count(clusters, cluster) != 1 {
+			t.Errorf("kind clusters %q (%v), want %s once", clusters, err, cluster)
+		}
+		if vms := kind.VMs(kroot); len(vms) != 1 {
+			t.Errorf("the driver knows %d VMs, want 1", len(vms))
+		}
+		if _, err := cs.AppsV1().Deployments("default").Get(ctx, "limits", metav1.GetOptions{}); err != nil {
+			t.Errorf("the tenant through the mount after the agent restarted: %v", err)
+		}
+	})
+
+	t.Run("a docker kill of the node: the VM is Lost", func(t *testing.T) {
+		if out, err := docker(ctx, "kill", node); err != nil {
+			t.Fatalf("docker kill: %v: %s", err, out)
+		}
+		lost := waitVM(ctx, t, d.bid, bc.Name, "the kind VM Lost", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+			return vm.Status.Phase == computev1alpha1.VMLost
+		})
+		if lost.Status.Reason != computev1alpha1.ReasonProcessGone || lost.Status.Endpoint != "" || lost.Status.Enforced != nil {
+			t.Errorf("lost VM status %+v", lost.Status)
+		}
+	})
+
+	// Releasing the VM (the requester is deleted) removes the node
+	// container, its volumes and its network.
+	if err := d.app.Delete(ctx, getMR(ctx, t, d.app, "vms")); err != nil {
+		t.Fatal(err)
+	}
+	if err := framework.Eventually(ctx, 4*time.Minute, "the kind VMs gone", func(ctx context.Context) (bool, string, error) {
+		var vms computev1alpha1.ComputeVMList
+		if err := d.bid.List(ctx, &vms, client.InNamespace("default")); err != nil {
+			return false, err.Error(), nil
+		}
+		left := kind.VMs(kroot)
+		return len(vms.Items) == 0 && len(left) == 0, fmt.Sprintf("%d ComputeVMs, %d kind VMs", len(vms.Items), len(left)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := docker(ctx, "ps", "-a", "-q", "--filter", "name="+node); err != nil || out != "" {
+		t.Errorf("the node container is left: %q, %v", out, err)
+	}
+	if out, err := docker(ctx, "network", "ls", "-q", "--filter", "name="+cluster); err != nil || out != "" {
+		t.Errorf("the VM's network is left: %q, %v", out, err)
+	}
+	for _, v := range strings.Fields(volumes) {
+		if _, err := docker(ctx, "volume", "inspect", v); err == nil {
+			t.Errorf("the node's volume %s is left", v)
+		}
+	}
+	if entries, _ := os.ReadDir(kroot); len(entries) != 0 {
+		t.Errorf("the kind driver kept %d directories", len(entries))
+	}
+	t.Logf("FIGURE TestKindTenant cost: %s (setup included)", time.Since(begin).Round(time.Second))
+}
+
+// streams runs what kubectl exec (WebSocket, and SPDY as older kubectls
+// do) and kubectl port-forward (SPDY) do against the pod of the
+// Deployment "limits", with the user's config cfg.
+func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface) {
+	t.Helper()
+	pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=limits"})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("the Deployment's pod: %v", err)
+	}
+	pod := pods.Items[0].Name
+	execURL := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: "server", Command: []string{"/testimage", "limits"}, Stdout: true, Stderr: true}, clientgoscheme.ParameterCodec).URL()
+	for _, proto := range []string{"websocket", "spdy"} {
+		var exe remotecommand.Executor
+		if proto == "websocket" {
+			exe, err = remotecommand.NewWebSocketExecutor(cfg, "GET", execURL.String())
+		} else {
+			exe, err = remotecommand.NewSPDYExecutor(cfg, "POST", execURL)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr strings.Builder
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+		cancel()
+		if err != nil || !strings.Contains(stdout.String(), "memory limit 67108864") {
+			t.Errorf("exec (%s) through the mount: %v; stdout %q stderr %q", proto, err, stdout.String(), stderr.String())
+		}
+	}
+
+	pfURL := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod).SubResource("portforward").URL()
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, ready := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	var pfOut, pfErr strings.Builder
+	fw, err := portforward.NewOnAddresses(spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", pfURL), []string{"127.0.0.1"}, []string{"0:8080"}, stop, ready, &pfOut, &pfErr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("port-forward through the mount: %v (%s)", err, pfErr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("port-forward through the mount: not ready in 30 s")
+	}
+	ports, err := fw.GetPorts()
+	if err != nil || len(ports) != 1 {
+		t.Fatalf("port-forward ports %v, %v", ports, err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/", ports[0].Local))
+	if err != nil {
+		t.Fatalf("GET through the port-forward: %v (%s)", err, pfErr.String())
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"memoryLimit":"67108864"`) {
+		t.Errorf("GET through the port-forward: %d %q", resp.StatusCode, body)
+	}
+}
+
+// runTestImage makes the Deployment "limits" of image (64Mi, 100m) in
+// the tenant's default namespace and returns the name of its pod once it
+// is Running and Ready.
+func runTestImage(ctx context.Context, t *testing.T, cs kubernetes.Interface, image string) string {
+	t.Helper()
+	labels := map[string]string{"app": "limits"}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "limits", Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "server", Image: image, ImagePullPolicy: corev1.PullNever,
+					Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+					Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+						Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}}}}}}}
+	if _, err := cs.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var name string
+	if err := framework.Eventually(ctx, 3*time.Minute, "the Deployment's pod Running", func(ctx context.Context) (bool, string, error) {
+		pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=limits"})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		if len(pods.Items) == 0 {
+			return false, "no pod", nil
+		}
+		p := pods.Items[0]
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.Status.Phase == corev1.PodRunning {
+				name = p.Name
+				return true, "", nil
+			}
+		}
+		msg := string(p.Status.Phase)
+		for _, s := range p.Status.ContainerStatuses {
+			if s.State.Waiting != nil {
+				msg += " " + s.State.Waiting.Reason + ": " + s.State.Waiting.Message
+			}
+		}
+		return false, msg, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("FIGURE Deployment created through the mount -> pod Running: %s", time.Since(start).Round(time.Millisecond))
+	return name
+}
