@@ -168,7 +168,9 @@ func mountTokenIsNoSuperuser(ctx context.Context, t *testing.T, vm *computev1alp
 }
 
 // TestAgentRunsComputeVMs: knotless-agent, with a kubeconfig for its
-// bidder workspace only (the unprivileged user alice), runs a ComputeVM
+// bidder workspace only and the identity it ships with (the
+// ServiceAccount and ClusterRole of deploy/agent/rbac.yaml, applied by
+// the workspace's owner alice), runs a ComputeVM
 // as a tenant kcp process with its own CA: Running with its endpoint, CA
 // and fingerprint, and a credential (owned by the VM) that may
 // impersonate on the tenant and do nothing itself: only the VM's named
@@ -183,11 +185,8 @@ func TestAgentRunsComputeVMs(t *testing.T) {
 	ctx := t.Context()
 	name := env.prefix + "-agent"
 	c := marketWorkspace(ctx, t, name)
-	cfg, err := env.kcp.UserConfig("alice")
-	if err != nil {
-		cfg = env.admin
-	}
-	a := startAgent(ctx, t, name, writeKubeconfig(t, cfg, root.Join(name)))
+	// The agent runs with the identity it ships with (deploy/agent/rbac.yaml) only.
+	a := startAgent(ctx, t, name, agentKubeconfig(ctx, t, c, name))
 
 	start := time.Now()
 	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: "vm-a", Namespace: "default"},

@@ -49,7 +49,12 @@ func tenantDealWith(ctx context.Context, t *testing.T, tag string, agentArgs []s
 	}
 	d := newDealAs(ctx, t, tag, "bob", []string{"buyer"}, bidders, nil)
 	t.Cleanup(func() { d.dumpOnFailure(t) })
-	return d, startAgent(ctx, t, d.bidWS, writeKubeconfig(t, bobCfg, root.Join(d.bidWS)), agentArgs...), bobCfg
+	bob, err := framework.ClientFor(bobCfg, root.Join(d.bidWS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent runs with the identity it ships with (deploy/agent/rbac.yaml) only.
+	return d, startAgent(ctx, t, d.bidWS, agentKubeconfig(ctx, t, bob, d.bidWS), agentArgs...), bobCfg
 }
 
 // TestMarketTenantMounted: the whole walk as unprivileged users. bob runs

@@ -9,7 +9,8 @@
 #                                         to tag <V>)
 #   knotless-agent-<V>-linux-amd64.tar.gz the agent, its pinned kcp (the
 #                                         process driver's tenants), a systemd
-#                                         unit and its settings file
+#                                         unit and its settings file, its
+#                                         identity (rbac.yaml)
 #   sbom/<binary>.cdx.json                CycloneDX SBOM of each binary's Go
 #                                         modules (pinned cyclonedx-gomod)
 #   SHA256SUMS                            sha256sum -c checks every file above
@@ -56,13 +57,14 @@ CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath \
   -o "$pkg/bin/knotless-agent" ./cmd/knotless-agent
 cp -L bin/kcp "$pkg/bin/kcp"
 cp deploy/agent/knotless-agent.service deploy/agent/agent.env "$pkg/systemd/"
+cp deploy/agent/rbac.yaml "$pkg/"
 cat >"$pkg/INSTALL" <<TXT
 knotless-agent $version ($commit), linux/amd64 — docs/compute.md#knotless-agent
 
   install -m 0755 bin/knotless-agent /usr/local/bin/
   install -D -m 0755 bin/kcp /usr/local/lib/knotless-agent/kcp
   install -D -m 0600 systemd/agent.env /etc/knotless-agent/agent.env
-  install -m 0600 <bidder workspace kubeconfig> /etc/knotless-agent/kubeconfig
+  install -m 0600 <kubeconfig of rbac.yaml's ServiceAccount in the bidder workspace> /etc/knotless-agent/kubeconfig
   install -m 0644 systemd/knotless-agent.service /etc/systemd/system/
   systemctl daemon-reload && systemctl enable --now knotless-agent
 TXT
