@@ -67,8 +67,10 @@ func startEgressServer(t *testing.T, addr string, tlsServer bool, password strin
 //     sent (InsecureURL).
 //   - https PDSes on 127.0.0.1 (verified through a caBundle ConfigMap) that
 //     answer every request with 307 to the 127.0.0.2 recorder, or with 308
-//     to the 127.0.0.1 one, are not followed (PDSRedirected): the login
-//     they received goes no further.
+//     to the 127.0.0.1 one, are not followed: the login they received goes
+//     no further. At an allowed private address a redirect reads like any
+//     other failure there (PDSUnreachable, R17); a public PDS's redirect is
+//     PDSRedirected.
 //   - https to the 127.0.0.2 recorder's address is refused at dial time
 //     (AddressNotAllowed), and so is https to kcp's own address, which the
 //     provider reserves although it lies in the allowed range.
@@ -99,8 +101,8 @@ func TestAtprotoRepoEgress(t *testing.T) {
 		reason string
 	}{
 		"plain-http":          {outside.URL, atprotov1alpha1.ReasonInsecureURL},
-		"redirect-to-outside": {toOutside.URL, atprotov1alpha1.ReasonPDSRedirected},
-		"redirect-to-inside":  {toInside.URL, atprotov1alpha1.ReasonPDSRedirected},
+		"redirect-to-outside": {toOutside.URL, atprotov1alpha1.ReasonPDSUnreachable},
+		"redirect-to-inside":  {toInside.URL, atprotov1alpha1.ReasonPDSUnreachable},
 		"not-allowed":         {"https://" + outside.Listener.Addr().String(), atprotov1alpha1.ReasonAddressNotAllowed},
 		"kcp-reserved":        {env.kcp.BaseURL, atprotov1alpha1.ReasonAddressNotAllowed},
 	}

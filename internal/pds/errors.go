@@ -44,7 +44,30 @@ const (
 	// ErrDIDUnresolvable: the account's DID document could not be read
 	// (the PLC directory or did:web host did not answer with one).
 	ErrDIDUnresolvable Error = "the account's DID document could not be resolved"
+	// ErrNotAPDSRefusal marks an ErrAuthentication of a 401 or 403 whose
+	// body names no XRPC authentication error (AuthenticationRequired,
+	// InvalidToken, ...): whatever answered, it did not refuse the
+	// credential the way a PDS does. A caller that hides what a server at
+	// a private address answered (R17) tells only a PDS's refusal apart.
+	ErrNotAPDSRefusal Error = "the answer is no PDS's refusal of the credential"
 )
+
+// authError says whether name is an XRPC error name with which a PDS
+// refuses a credential or a session.
+func authError(name string) bool {
+	switch name {
+	case "AuthenticationRequired", "AuthMissing", "InvalidToken", "ExpiredToken",
+		"AccountTakedown", "AccountDeactivated", "AuthFactorTokenRequired":
+		return true
+	}
+	return false
+}
+
+// notAPDSRefusal is an ErrAuthentication marked ErrNotAPDSRefusal; its
+// text is the error's own.
+type notAPDSRefusal struct{ error }
+
+func (e notAPDSRefusal) Unwrap() []error { return []error{e.error, ErrNotAPDSRefusal} }
 
 // RateLimitedError is returned for HTTP 429. Reset is when the PDS will accept
 // requests again, from the RateLimit-Reset header (unix seconds) or else from

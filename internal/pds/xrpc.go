@@ -144,6 +144,9 @@ func (c *Client) responseError(resp *http.Response) error {
 	case http.StatusTooManyRequests:
 		return &RateLimitedError{Reset: rateLimitReset(resp.Header, time.Now())}
 	case http.StatusUnauthorized, http.StatusForbidden:
+		if !authError(eb.Name) {
+			return notAPDSRefusal{fmt.Errorf("%w: %s", ErrAuthentication, detail)}
+		}
 		return fmt.Errorf("%w: %s", ErrAuthentication, detail)
 	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return fmt.Errorf("%w: %s", ErrUnreachable, detail)

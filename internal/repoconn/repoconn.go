@@ -144,10 +144,11 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	pc, err := pds.Connect(netpolicy.TracePrivate(ctx, &private), repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{
 		HTTPClient: hc, Policy: p.Policy, Store: store, Directory: p.Directory, UserAgent: "knotless", MaxBatch: p.MaxBatch,
 	})
-	if err != nil && private.Load() && errors.Is(err, pds.ErrUnreachable) {
+	if err != nil && private.Load() && !pdsAnswer(err) {
 		// A PDS at an address the operator allowed: a closed port, a
-		// silent host and a bad certificate read alike (R17), the cause
-		// is in the provider's log.
+		// silent host, a bad certificate and any answer but a PDS's own
+		// (any status, a redirect, a body that is no session) read alike
+		// (R17), the cause is in the provider's log.
 		log.FromContext(ctx).Info("PDS at a private address unreachable", "url", repo.Spec.PDS.URL, "error", err.Error())
 		return nil, conditions.Errorf(atprotov1alpha1.ReasonPDSUnreachable, err, "%s", privateUnreachable)
 	}
@@ -163,9 +164,27 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	return pc, nil
 }
 
+// pdsAnswer says whether a failed Connect to a PDS at a private address
+// may say why: the address policy refused it, or only a PDS could have
+// answered so (it refused the credential with an XRPC authentication
+// error, or its session's account fails the DID document checks, which
+// come after a session). Anything else an arbitrary server there might
+// answer (a status, a redirect, a body that is no session) or do (refuse,
+// stay silent, show another certificate) is one message, so AtprotoRepos
+// cannot scan the operator's networks (R17).
+func pdsAnswer(err error) bool {
+	switch {
+	case errors.Is(err, netpolicy.ErrDenied), errors.Is(err, pds.ErrInsecureURL):
+		return true
+	case errors.Is(err, pds.ErrNotAPDSRefusal):
+		return false
+	}
+	return errors.Is(err, pds.ErrAuthentication) || errors.Is(err, pds.ErrDIDMismatch) || errors.Is(err, pds.ErrDIDUnresolvable)
+}
+
 // privateUnreachable is the message of every PDSUnreachable of a PDS at a
 // loopback, private or shared address (see Connect).
-const privateUnreachable = "the PDS could not be reached over a verified TLS connection (the provider's log says why)"
+const privateUnreachable = "the PDS could not be reached over a verified connection, or did not answer as a PDS (the provider's log says why)"
 
 // Classify wraps an error of a PDS call in a *conditions.Error carrying
 // its condition reason (AuthenticationFailed, InsecureURL, AddressNotAllowed,
