@@ -26,7 +26,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/driver/process"
-	"github.com/knotless-dev/knotless/mountproxy"
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 // agent is a knotless-agent process for one bidder workspace.
@@ -156,7 +156,7 @@ func mountTokenIsNoSuperuser(ctx context.Context, t *testing.T, vm *computev1alp
 		"alice in system:masters":         {"Impersonate-User": {"alice"}, "Impersonate-Group": {"system:masters"}},
 		"carol, not an admin":             {"Impersonate-User": {"carol"}},
 		"the tenant's controller manager": {"Impersonate-User": {"system:kube-controller-manager"}},
-		"the probe user with a system:masters warrant": {"Impersonate-User": {mountproxy.ProbeUser},
+		"the probe user with a system:masters warrant": {"Impersonate-User": {mount.ProbeUser},
 			"Impersonate-Extra-Authorization.kcp.io%2fwarrant": {warrant}},
 		"alice with a system:masters warrant": {"Impersonate-User": {"alice"},
 			"Impersonate-Extra-Authorization.kcp.io%2fwarrant": {warrant}},

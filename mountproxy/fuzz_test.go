@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 // token reports whether s is an HTTP header field name (RFC 9110 token):
@@ -75,7 +77,7 @@ func checkRewrite(t *testing.T, names Headers, sent string) {
 		hdr.Add(k, "mallory") // canonical, as net/http reads it
 	}
 	c := &Caller{User: "alice", Groups: []string{"team"}, Extra: map[string][]string{"scopes": {"read"}}}
-	rewriteHeaders(hdr, names, c, Credential{Token: "tok"})
+	rewriteHeaders(hdr, names, c, mount.Credential{Token: "tok"})
 	want := map[string][]string{"Authorization": {"Bearer tok"}, "Impersonate-User": {"alice"}, "Impersonate-Group": {"team"}, "Impersonate-Extra-Scopes": {"read"}, HopHeader: {"1"}}
 	for k, vs := range hdr {
 		if !token(k) {

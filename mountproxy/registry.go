@@ -4,40 +4,22 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 
 	"fmt"
 
 	"net/http"
-	"net/url"
 	"reflect"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
-// Credential is what the shim authenticates with on a tenant: exactly one
-// of a client certificate and a bearer token.
-type Credential struct {
-	ClientCert *tls.Certificate
-	Token      string
-}
-
-// Tenant is one tenant apiserver the shim may forward to.
-type Tenant struct {
-	// LogicalCluster is the workspace the tenant belongs to; Name its name
-	// there. Together they form the path /<prefix>/<LogicalCluster>/<Name>/.
-	LogicalCluster, Name string
-	// URL of the tenant apiserver (https; a path is kept as a prefix).
-	URL *url.URL
-	// CA verifies the tenant's serving certificate; nothing else does.
-	CA         *x509.CertPool
-	Credential Credential
-}
-
-func (t Tenant) validate() error {
+// validate checks that t can be registered: DNS-label names, an https
+// URL, a CA and exactly one credential.
+func validate(t mount.Tenant) error {
 	switch {
 	case !validSegment(t.LogicalCluster) || !validSegment(t.Name):
 		return fmt.Errorf("tenant %q/%q: logical cluster and name must be DNS labels", t.LogicalCluster, t.Name)
@@ -60,7 +42,7 @@ const revokedFor = time.Hour
 // sameTarget reports whether two tenants have the same URL and
 // credential: a registration that changes only the CA (a rotation) keeps
 // in-flight requests running; a new URL or credential ends them.
-func (t Tenant) sameTarget(o Tenant) bool {
+func sameTarget(t, o mount.Tenant) bool {
 	if t.URL.String() != o.URL.String() || t.Credential.Token != o.Credential.Token {
 		return false
 	}
@@ -75,7 +57,7 @@ func (t Tenant) sameTarget(o Tenant) bool {
 // tenant is replaced or removed, which ends its in-flight requests
 // (watches, exec streams) at once.
 type entry struct {
-	tenant    Tenant
+	tenant    mount.Tenant
 	transport *http.Transport
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -120,13 +102,13 @@ func NewRegistry(ctx context.Context, o RegistryOptions) *Registry {
 // credential. A new URL or credential ends the replaced tenant's in-flight
 // requests; a new CA alone does not. Setting a tenant exactly as it is
 // registered changes nothing.
-func (r *Registry) Set(t Tenant) error {
-	if err := t.validate(); err != nil {
+func (r *Registry) Set(t mount.Tenant) error {
+	if err := validate(t); err != nil {
 		return err
 	}
 	k := key{t.LogicalCluster, t.Name}
 	prev, hadPrev := r.lookup(t.LogicalCluster, t.Name)
-	keep := hadPrev && prev.tenant.sameTarget(t)
+	keep := hadPrev && sameTarget(prev.tenant, t)
 	if keep && prev.tenant.CA.Equal(t.CA) {
 		return nil
 	}

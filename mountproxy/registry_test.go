@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 // streaming answers /version, and every other request with an endless
@@ -66,7 +68,7 @@ func isOpen(ended <-chan struct{}, d time.Duration) bool {
 
 func TestRegistryReplacementEndsStreamsOnlyForANewTarget(t *testing.T) {
 	f := newFixture(t, streaming)
-	base := Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}
+	base := mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: mount.Credential{Token: "tenant-token"}}
 	ended := openWatch(t, f)
 
 	// The same registration again (every reconcile does this): nothing.
@@ -92,7 +94,7 @@ func TestRegistryReplacementEndsStreamsOnlyForANewTarget(t *testing.T) {
 	}
 	// A new credential: the streams opened with the old one end.
 	recredentialed := rotated
-	recredentialed.Credential = Credential{Token: "new-token"}
+	recredentialed.Credential = mount.Credential{Token: "new-token"}
 	if err := f.registry.Set(recredentialed); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +115,7 @@ func TestRevokedTenantIsRefusedWithItsReason(t *testing.T) {
 		t.Fatalf("revoked tenant: %d %s %s", resp.StatusCode, resp.Header.Get(ReasonHeader), body)
 	}
 	// Registered again: served again.
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "t"}}); err != nil {
+	if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: mount.Credential{Token: "t"}}); err != nil {
 		t.Fatal(err)
 	}
 	if resp, _ := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice()); resp.StatusCode != 200 {

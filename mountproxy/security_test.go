@@ -18,6 +18,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
@@ -131,7 +132,7 @@ func TestProbeCertificateOnlyProbes(t *testing.T) {
 	})
 	probe := issue(t, f.headerCA, "knotless-probe")
 	c := f.client(&probe, f.servingC)
-	if resp, body := f.get(c, "/tenants/ws-a/shop/version", http.Header{testUser: {ProbeUser}, testGroup: {"system:masters"}, testExtra + "Scope": {"all"}}); resp.StatusCode != 200 {
+	if resp, body := f.get(c, "/tenants/ws-a/shop/version", http.Header{testUser: {mount.ProbeUser}, testGroup: {"system:masters"}, testExtra + "Scope": {"all"}}); resp.StatusCode != 200 {
 		t.Fatalf("probe: %d %s", resp.StatusCode, body)
 	}
 	// The probe is impersonated as itself and nothing more.
@@ -141,7 +142,7 @@ func TestProbeCertificateOnlyProbes(t *testing.T) {
 	for _, tc := range []struct {
 		path string
 		user string
-	}{{"/tenants/ws-a/shop/api/v1/secrets", ProbeUser}, {"/tenants/ws-a/shop/version", "alice"}} {
+	}{{"/tenants/ws-a/shop/api/v1/secrets", mount.ProbeUser}, {"/tenants/ws-a/shop/version", "alice"}} {
 		if resp, body := f.get(c, tc.path, http.Header{testUser: {tc.user}, testGroup: {"system:masters"}}); resp.Header.Get(ReasonHeader) != ReasonProbeNotAllowed {
 			t.Errorf("probe certificate as %s on %s: %d %s", tc.user, tc.path, resp.StatusCode, body)
 		}
@@ -175,7 +176,7 @@ func TestNoRequestPassesTheShimTwice(t *testing.T) {
 	loop := &url.URL{Scheme: "https", Host: f.addr, Path: "/tenants/ws-a/loop"}
 	// The shim trusts its own serving CA as the tenant's and forwards
 	// with kcp-front-proxy's certificate and alice's identity headers.
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "loop", URL: loop, CA: pool(f.servingC), Credential: Credential{ClientCert: &f.proxy}}); err != nil {
+	if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "loop", URL: loop, CA: pool(f.servingC), Credential: mount.Credential{ClientCert: &f.proxy}}); err != nil {
 		t.Fatal(err)
 	}
 	counting := f.client(&f.proxy, f.servingC)
@@ -208,7 +209,7 @@ func TestTenantAddressPolicy(t *testing.T) {
 		{"the tenant address reserved", netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []netip.AddrPort{tenantAddr})},
 	} {
 		f := newFixtureWith(t, echoHandler, func(o *Options) { o.Registry = NewRegistry(t.Context(), RegistryOptions{Policy: tc.policy}) })
-		if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: tenant.url, CA: pool(tenantCA), Credential: Credential{Token: "t"}}); err != nil {
+		if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: tenant.url, CA: pool(tenantCA), Credential: mount.Credential{Token: "t"}}); err != nil {
 			t.Fatal(err)
 		}
 		resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice())

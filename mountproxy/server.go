@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/promutil"
 )
@@ -57,10 +58,6 @@ type Options struct {
 	// so refused callers cannot hold connections open.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 }
-
-// ProbeUser is the only identity a probe certificate may assert, and so
-// the user the shim impersonates on the tenant for the provider's probe.
-const ProbeUser = "system:knotless:mount-probe"
 
 // HopHeader marks a request the shim forwarded; a request that arrives
 // with it has passed the shim before (a tenant URL that leads back to kcp
@@ -364,7 +361,7 @@ func (s *Server) authenticate(r *http.Request) (c *Caller, probe bool, code int,
 func (s *Server) authorize(r *http.Request, c *Caller, probe bool, lc, rest string) (code int, reason, msg string) {
 	switch {
 	case probe:
-		if c.User != ProbeUser || r.Method != http.MethodGet || rest != "/version" {
+		if c.User != mount.ProbeUser || r.Method != http.MethodGet || rest != "/version" {
 			return http.StatusForbidden, ReasonProbeNotAllowed, "a probe certificate may only read /version as the probe user"
 		}
 		// The probe is impersonated as itself and nothing more.
@@ -556,7 +553,7 @@ func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { r
 
 // rewriteHeaders removes every credential and identity header the caller
 // sent and sets the tenant credential and the impersonation headers.
-func rewriteHeaders(h http.Header, names Headers, c *Caller, cred Credential) {
+func rewriteHeaders(h http.Header, names Headers, c *Caller, cred mount.Credential) {
 	for name := range h {
 		c := http.CanonicalHeaderKey(name)
 		if c == "Authorization" || c == "Proxy-Authorization" || strings.HasPrefix(c, "Impersonate-") || names.identityHeader(c) {

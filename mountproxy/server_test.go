@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
@@ -153,7 +154,7 @@ func newFixtureWith(t *testing.T, handler http.HandlerFunc, change func(*Options
 	}
 	change(&opts)
 	f.registry = opts.Registry
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: Credential{Token: "tenant-token"}}); err != nil {
+	if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: f.tenant.url, CA: pool(f.tenantCA), Credential: mount.Credential{Token: "tenant-token"}}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := New(opts)
@@ -290,7 +291,7 @@ func TestForwardsAsTheCallerWithNoCallerCredentials(t *testing.T) {
 func TestTenantCertificateIsVerifiedAgainstItsCAOnly(t *testing.T) {
 	f := newFixture(t, echoHandler)
 	impostor := startTenant(t, newCA(t, "impostor"), echoHandler)
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: impostor.url, CA: pool(f.tenantCA), Credential: Credential{Token: "t"}}); err != nil {
+	if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: impostor.url, CA: pool(f.tenantCA), Credential: mount.Credential{Token: "t"}}); err != nil {
 		t.Fatal(err)
 	}
 	resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice())
@@ -318,7 +319,7 @@ func TestPrivateTenantFailuresLookAlike(t *testing.T) {
 	answers := map[string]string{}
 	for name, u := range map[string]string{"bad certificate": impostor.url.String(), "not TLS": plain.URL, "closed port": closed.URL} {
 		tu, _ := url.Parse(strings.Replace(u, "http://", "https://", 1))
-		if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: tu, CA: pool(f.tenantCA), Credential: Credential{Token: "t"}}); err != nil {
+		if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: tu, CA: pool(f.tenantCA), Credential: mount.Credential{Token: "t"}}); err != nil {
 			t.Fatal(err)
 		}
 		resp, body := f.get(f.client(&f.proxy, f.servingC), "/tenants/ws-a/shop/version", alice())
@@ -444,7 +445,7 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 	// The tenant's CA rotates too: the registry entry is replaced.
 	newTenantCA := newCA(t, "tenant-2")
 	moved := startTenant(t, newTenantCA, echoHandler)
-	if err := f.registry.Set(Tenant{LogicalCluster: "ws-a", Name: "shop", URL: moved.url, CA: pool(newTenantCA), Credential: Credential{Token: "t"}}); err != nil {
+	if err := f.registry.Set(mount.Tenant{LogicalCluster: "ws-a", Name: "shop", URL: moved.url, CA: pool(newTenantCA), Credential: mount.Credential{Token: "t"}}); err != nil {
 		t.Fatal(err)
 	}
 	if resp, body := f.get(f.client(&newProxy, newServing), "/tenants/ws-a/shop/version", alice()); resp.StatusCode != 200 || len(moved.requests()) != 1 {
@@ -455,11 +456,11 @@ func TestCertificatesRotateWithoutRestart(t *testing.T) {
 func TestRegistryRefusesUnsafeTenants(t *testing.T) {
 	r := NewRegistry(t.Context(), RegistryOptions{})
 	u := &url.URL{Scheme: "https", Host: "127.0.0.1:1"}
-	for _, tc := range []Tenant{
-		{LogicalCluster: "ws", Name: "t", URL: u, Credential: Credential{Token: "x"}},                                                           // no CA
-		{LogicalCluster: "ws", Name: "t", URL: &url.URL{Scheme: "http", Host: "h"}, CA: x509.NewCertPool(), Credential: Credential{Token: "x"}}, // plain http
-		{LogicalCluster: "ws", Name: "t", URL: u, CA: x509.NewCertPool()},                                                                       // no credential
-		{LogicalCluster: "WS", Name: "t", URL: u, CA: x509.NewCertPool(), Credential: Credential{Token: "x"}},                                   // bad name
+	for _, tc := range []mount.Tenant{
+		{LogicalCluster: "ws", Name: "t", URL: u, Credential: mount.Credential{Token: "x"}},                                                           // no CA
+		{LogicalCluster: "ws", Name: "t", URL: &url.URL{Scheme: "http", Host: "h"}, CA: x509.NewCertPool(), Credential: mount.Credential{Token: "x"}}, // plain http
+		{LogicalCluster: "ws", Name: "t", URL: u, CA: x509.NewCertPool()},                                                                             // no credential
+		{LogicalCluster: "WS", Name: "t", URL: u, CA: x509.NewCertPool(), Credential: mount.Credential{Token: "x"}},                                   // bad name
 	} {
 		if err := r.Set(tc); err == nil {
 			t.Fatalf("accepted %+v", tc)

@@ -37,6 +37,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -45,7 +46,7 @@ const (
 	Name = "computevm"
 	// FieldManager owns ComputeVM status and finalizer and the credential
 	// Secrets.
-	FieldManager = "knotless-agent"
+	FieldManager = names.AgentManager
 	// Finalizer terminates the VM before the ComputeVM goes.
 	Finalizer = "compute.knotless.dev/vm"
 
@@ -80,12 +81,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // CredentialSecret is the name of a VM's credential Secret.
 func CredentialSecret(vm string) string { return vm + "-credential" }
-
-// DriverVM is what a driver is told of vm.
-func DriverVM(vm *computev1alpha1.ComputeVM) driver.VM {
-	return driver.VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB,
-		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups}
-}
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -122,7 +117,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		// Never started again: the provider replaces or releases it.
 		return reconcile.Result{}, nil
 	}
-	s, err := d.Provision(ctx, DriverVM(vm))
+	s, err := d.Provision(ctx, driver.VMOf(vm))
 	switch {
 	case errors.Is(err, driver.ErrLost) || s.State == driver.Lost:
 		set(st, vm, computev1alpha1.VMLost, computev1alpha1.ReasonProcessGone, s.Reason)
@@ -135,7 +130,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		set(st, vm, computev1alpha1.VMProvisioning, computev1alpha1.ReasonStarting, "the VM is starting")
 		return reconcile.Result{RequeueAfter: pollStarting}, nil
 	}
-	token, err := d.Credential(ctx, DriverVM(vm))
+	token, err := d.Credential(ctx, driver.VMOf(vm))
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -217,7 +212,7 @@ func (r *Reconciler) terminate(ctx context.Context, vm *computev1alpha1.ComputeV
 				return reconcile.Result{}, err
 			}
 		}
-		if err := d.Terminate(ctx, DriverVM(vm)); err != nil {
+		if err := d.Terminate(ctx, driver.VMOf(vm)); err != nil {
 			return reconcile.Result{}, fmt.Errorf("terminating the VM: %w", err)
 		}
 		// The status write moved the object on.

@@ -45,12 +45,12 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/network"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -307,7 +307,7 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 		return nil, err
 	}
 	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: r.now(), id: id, net: net,
-		network: marketnetwork.NetworkName(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
+		network: network.Name(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
 		admins: func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) }}
 	if b.Spec.Suspend {
 		t.stop = "suspended"
@@ -339,7 +339,7 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		}
 		return nil, err
 	}
-	if err := marketnetwork.Validate(&net.Spec); err != nil {
+	if err := network.Validate(&net.Spec); err != nil {
 		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", net.Name, err)
 	}
 	id, err := market.Identity(ctx, c, b.Namespace, b.Spec.IdentityRef.Name)
@@ -365,7 +365,7 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 			}
 		}
 	}
-	desired := Presence(b, marketnetwork.NetworkName(net), t)
+	desired := Presence(b, network.Name(net), t)
 	if r.Market != nil && (t == nil || !t.counted) {
 		// Trading did not run: what is leased is not known. The presence
 		// keeps what it last said (nothing free if it said nothing).

@@ -41,7 +41,6 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
@@ -49,6 +48,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/network"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
@@ -225,7 +225,7 @@ func (r *Reconciler) sync(ctx context.Context, c client.Client, lc, k string, id
 		}
 		return reconcile.Result{}, err
 	}
-	if err := marketnetwork.Validate(&net.Spec); err != nil {
+	if err := network.Validate(&net.Spec); err != nil {
 		return reconcile.Result{}, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", net.Name, err)
 	}
 	repo, err := market.Repo(ctx, c, id)
@@ -302,12 +302,12 @@ func onNetworkPDS(net *marketv1alpha1.MarketNetwork, repo *atprotov1alpha1.Atpro
 	if len(net.Spec.PDSHosts) == 0 {
 		return nil
 	}
-	host, err := marketnetwork.NormalizeHost(repo.Spec.PDS.URL)
+	host, err := network.NormalizeHost(repo.Spec.PDS.URL)
 	if err != nil {
 		return conditions.Errorf(marketv1alpha1.ReasonPDSNotInNetwork, err, "AtprotoRepo %s: %v", repo.Name, err)
 	}
 	for _, h := range net.Spec.PDSHosts {
-		if n, _ := marketnetwork.NormalizeHost(h); n == host {
+		if n, _ := network.NormalizeHost(h); n == host {
 			return nil
 		}
 	}

@@ -48,13 +48,13 @@ import (
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/marketnetwork"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/market/network"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -371,7 +371,7 @@ func (s *session) run() error {
 		}
 		return err
 	}
-	if err := marketnetwork.Validate(&s.net.Spec); err != nil {
+	if err := network.Validate(&s.net.Spec); err != nil {
 		err = conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s is not usable: %v", s.net.Name, err)
 		if s.deleting {
 			return s.letGo(err) // nothing to read the other side from
@@ -387,7 +387,7 @@ func (s *session) run() error {
 	}
 	s.id = id
 	s.st.DID = id.Status.DID
-	s.network = marketnetwork.NetworkName(s.net)
+	s.network = network.Name(s.net)
 	s.owner = market.Owner(string(mr.UID))
 
 	state, err := suspend.Effective(s.ctx, s.c, s.r.Scheme, mr)

@@ -5,8 +5,9 @@
 // through the VM's driver. A StateSync is done once (Completed or Failed)
 // and never run again; one that was Running when the agent stopped is run
 // again (both directions are idempotent). It is the only writer of
-// StateSync status (field manager computevm.FieldManager) and of export
-// chunks, and never writes spec.
+// StateSync status (field manager FieldManager, the agent's, which the
+// computevm controller uses too) and of export chunks, and never writes
+// spec.
 package statesync
 
 import (
@@ -34,9 +35,9 @@ import (
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/computevm"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/names"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
@@ -44,6 +45,8 @@ import (
 const (
 	// Name is the controller's name.
 	Name = "statesync"
+	// FieldManager owns StateSync status and the export chunk Secrets.
+	FieldManager = names.AgentManager
 
 	// poll is how often a StateSync that waits is looked at again.
 	poll = 2 * time.Second
@@ -176,7 +179,7 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	data, n, err := d.Export(ctx, computevm.DriverVM(vm), resources(ss))
+	data, n, err := d.Export(ctx, driver.VMOf(vm), resources(ss))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonExportFailed, err.Error())
@@ -199,7 +202,7 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 			WithData(map[string][]byte{computev1alpha1.SnapshotKey: ch}).
 			WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion(computev1alpha1.GroupVersion.String()).WithKind("StateSync").
 				WithName(ss.Name).WithUID(ss.UID).WithController(true).WithBlockOwnerDeletion(true))
-		if err := r.Client.Apply(ctx, sec, client.FieldOwner(computevm.FieldManager), client.ForceOwnership); err != nil {
+		if err := r.Client.Apply(ctx, sec, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 			return reconcile.Result{}, fmt.Errorf("writing snapshot chunk %d: %w", i, err)
 		}
 	}
@@ -229,7 +232,7 @@ func (r *Reconciler) imp(ctx context.Context, ss *computev1alpha1.StateSync, vm 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	n, err := d.Import(ctx, computevm.DriverVM(vm), data, resources(ss))
+	n, err := d.Import(ctx, driver.VMOf(vm), data, resources(ss))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonImportFailed, err.Error())
@@ -271,7 +274,7 @@ func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, pha
 
 func (r *Reconciler) write(ctx context.Context, ss *computev1alpha1.StateSync, st *computev1alpha1.StateSyncStatus) error {
 	return ssa.WriteStatus(ctx, r.Client, ss, &ss.Status, st, ssa.StatusOptions{
-		Manager:  computevm.FieldManager,
+		Manager:  FieldManager,
 		Event:    ssa.PhaseChanged(ss.Status.Phase, st.Phase, computev1alpha1.SyncFailed, "", meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionSynced).Message),
 		Recorder: r.Events,
 		Action:   string(ss.Spec.Direction),

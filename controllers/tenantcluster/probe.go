@@ -15,6 +15,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/conditions"
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -74,7 +75,7 @@ func (p *Prober) Probe(ctx context.Context, lc, name string) Result {
 	if err != nil {
 		return Result{Reason: computev1alpha1.ReasonMountProxyUnavailable, Message: err.Error()}
 	}
-	req.Header.Set(p.UserHeader, mountproxy.ProbeUser)
+	req.Header.Set(p.UserHeader, mount.ProbeUser)
 	req.Header.Set(p.GroupHeader, "system:authenticated")
 	// No redirect is followed (R18): a 3xx from the shim would carry the
 	// identity headers and the probe's certificate elsewhere.

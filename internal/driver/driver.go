@@ -13,6 +13,8 @@ import (
 	"errors"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 )
 
 // VM is what a driver is told of the VM it runs.
@@ -24,6 +26,13 @@ type VM struct {
 	// AdminUsers and AdminGroups get every right on the tenant (the
 	// mount impersonates the requester's kcp users).
 	AdminUsers, AdminGroups []string
+}
+
+// VMOf is what a driver is told of a ComputeVM (the computevm controller
+// runs it, the statesync controller exports and imports its tenant).
+func VMOf(vm *computev1alpha1.ComputeVM) VM {
+	return VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB,
+		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups}
 }
 
 // State is where a VM stands, as its driver sees it.

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/knotless-dev/knotless/mountproxy"
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 // FieldManager applies what a driver writes on a tenant (its RBAC, the
@@ -44,7 +44,7 @@ const credentialIDExtra = "authentication.kubernetes.io/credential-id"
 // Kubernetes does not refuse them (a kind tenant): there an impersonated
 // admin in system:masters has what the admin has anyway.
 func ImpersonationRules(vm VM) []rbacv1.PolicyRule {
-	users := append([]string{mountproxy.ProbeUser}, vm.AdminUsers...)
+	users := append([]string{mount.ProbeUser}, vm.AdminUsers...)
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"users"}, ResourceNames: users, Verbs: []string{"impersonate"}},
 		{APIGroups: []string{""}, Resources: []string{"groups"}, Verbs: []string{"impersonate"}},

@@ -24,6 +24,11 @@ const (
 	// controller: it owns AtprotoRepo status and finalizer, and the
 	// session Secrets internal/repoconn writes for the repos.
 	AtprotoRepoManager = "knotless-atprotorepo"
+	// AgentManager is knotless-agent's field manager: its computevm
+	// controller owns ComputeVM status and finalizer and the VMs'
+	// credential Secrets with it, its statesync controller StateSync status
+	// and the export chunk Secrets.
+	AgentManager = "knotless-agent"
 
 	// RecordsByRepo is the field index of AtprotoRecords by the name of
 	// their repo (spec.repoRef.name). The atprotorepo controller registers

@@ -24,7 +24,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/keyref"
 	"github.com/knotless-dev/knotless/internal/mapping"
-	"github.com/knotless-dev/knotless/mountproxy"
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 // index is the field index of TenantClusters by the objects they refer
@@ -69,8 +69,8 @@ func refs(o client.Object) []string {
 // Secret is labelled for (R22). A Secret that exists without the label or
 // for another URL is reported exactly like a missing one, so a
 // TenantCluster cannot probe for Secret names or URLs either.
-func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mountproxy.Tenant, error) {
-	t := mountproxy.Tenant{LogicalCluster: lc, Name: tc.Name}
+func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mount.Tenant, error) {
+	t := mount.Tenant{LogicalCluster: lc, Name: tc.Name}
 	u, err := url.Parse(tc.Spec.URL)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "spec.url %q must be https://host[:port][/path]", tc.Spec.URL)

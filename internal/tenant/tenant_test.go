@@ -15,7 +15,7 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/conditions"
-	"github.com/knotless-dev/knotless/mountproxy"
+	"github.com/knotless-dev/knotless/internal/mount"
 )
 
 func TestResolve(t *testing.T) {
@@ -69,14 +69,14 @@ func TestResolve(t *testing.T) {
 		tc     *computev1alpha1.TenantCluster
 		objs   []client.Object
 		reason string // "" = resolves
-		check  func(*testing.T, mountproxy.Tenant)
+		check  func(*testing.T, mount.Tenant)
 	}{
-		{"token", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"token": []byte("t")})}, "", func(t *testing.T, got mountproxy.Tenant) {
+		{"token", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"token": []byte("t")})}, "", func(t *testing.T, got mount.Tenant) {
 			if got.Credential.Token != "t" || got.URL.Path != "/clusters/root" || got.LogicalCluster != "lc" || got.Name != "tenant" {
 				t.Errorf("resolved %+v", got)
 			}
 		}},
-		{"client certificate", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"tls.crt": crt, "tls.key": key})}, "", func(t *testing.T, got mountproxy.Tenant) {
+		{"client certificate", tc, []client.Object{cm(string(ca.PEM)), secret(map[string][]byte{"tls.crt": crt, "tls.key": key})}, "", func(t *testing.T, got mount.Tenant) {
 			if got.Credential.ClientCert == nil {
 				t.Error("no client certificate")
 			}

@@ -26,6 +26,7 @@ import (
 	"github.com/knotless-dev/knotless/apis"
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
+	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
@@ -101,7 +102,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Files.ServingKey, "tls-private-key-file", o.Files.ServingKey, "key of --tls-cert-file")
 	fs.StringVar(&o.Files.RequestHeaderCA, "requestheader-client-ca-file", o.Files.RequestHeaderCA, "CA that issued kcp-front-proxy's proxy client certificate and the provider's probe certificate (reloaded on change)")
 	fs.StringVar(&o.RequestHeaderAllowedNames, "requestheader-allowed-names", o.RequestHeaderAllowedNames, "comma-separated common names of client certificates that may assert identities (empty: any the CA issued)")
-	fs.StringVar(&o.ProbeClientNames, "probe-client-names", o.ProbeClientNames, "comma-separated common names of the provider's probe certificates: they may only read /version as "+mountproxy.ProbeUser)
+	fs.StringVar(&o.ProbeClientNames, "probe-client-names", o.ProbeClientNames, "comma-separated common names of the provider's probe certificates: they may only read /version as "+mount.ProbeUser)
 	fs.StringVar(&o.Headers.User, "requestheader-username-headers", o.Headers.User, "header with the caller's user name (kcp-front-proxy's mapping user_header); required, a name callers cannot guess (docs/mountproxy.md)")
 	fs.StringVar(&o.Headers.Group, "requestheader-group-headers", o.Headers.Group, "header with the caller's groups (the mapping's group_header); required, unguessable")
 	fs.StringVar(&o.Headers.ExtraPrefix, "requestheader-extra-headers-prefix", o.Headers.ExtraPrefix, "prefix of headers with the caller's extra attributes (the mapping's extra_header_prefix); required, unguessable")
