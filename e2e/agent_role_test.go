@@ -45,7 +45,7 @@ func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws stri
 		if len(obj.Object) == 0 {
 			continue
 		}
-		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner("e2e-bidder"), client.ForceOwnership); err != nil {
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner("e2e-bidder"), client.ForceOwnership); err != nil {
 			t.Fatalf("applying %s %s of deploy/agent/rbac.yaml in %s: %v", obj.GetKind(), obj.GetName(), ws, err)
 		}
 	}
