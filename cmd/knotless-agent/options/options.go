@@ -65,8 +65,10 @@ func NewOptions() *Options {
 		TenantHost:             "127.0.0.1",
 		Kind:                   "kind",
 		KindRoot:               "/var/lib/knotless-agent-kind",
-		MetricsBindAddress:     "127.0.0.1:8090",
-		HealthProbeBindAddress: "127.0.0.1:8091",
+		// Not the provider's (8080, 8081) nor the mount proxy's (8090,
+		// 8091): the three may run on one machine (TestDefaultPortsDoNotClash).
+		MetricsBindAddress:     "127.0.0.1:8092",
+		HealthProbeBindAddress: "127.0.0.1:8093",
 	}
 }
 
