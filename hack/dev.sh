@@ -295,13 +295,18 @@ and both sides hold a ComputeContract:
   kubectl wait --for=condition=Ready marketrequester/buyer --timeout=120s
   kubectl get marketrequesters,bids,computecontracts
 
-The VM itself: acme runs knotless-agent with a kubeconfig for its own
-workspace only (docs/compute.md); the agent starts a tenant kcp for the
-ComputeVM, the lease record says running with the CA's fingerprint, and
-the tenant is mounted into shop as a workspace named like the contract:
+The VM itself: acme runs knotless-agent with the identity it ships with
+(deploy/agent/rbac.yaml: a ServiceAccount allowed what the agent uses in
+its own workspace, nothing else; docs/compute.md#its-credential); the
+agent starts a tenant kcp for the ComputeVM, the lease record says
+running with the CA's fingerprint, and the tenant is mounted into shop as
+a workspace named like the contract:
 
   kubectl ws use :root:acme
+  kubectl apply -f $root/deploy/agent/rbac.yaml
   kubectl config view --minify --flatten > $dev/acme.kubeconfig
+  kubectl --kubeconfig $dev/acme.kubeconfig config set-credentials knotless-agent --token="\$(kubectl create token knotless-agent -n default --duration=24h)"
+  kubectl --kubeconfig $dev/acme.kubeconfig config set-context --current --user=knotless-agent
   $root/bin/knotless-agent --kubeconfig $dev/acme.kubeconfig --process-root $dev/agent --kcp $root/bin/kcp \\
     --metrics-bind-address 0 --health-probe-bind-address 127.0.0.1:8095 >$dev/agent.log 2>&1 &
   kubectl get computevms -w        # Provisioning, then Running (about 40 s)
