@@ -58,14 +58,16 @@ func (f *fakeSource) connections() int {
 // hostile source leaves out) must not crash the provider every workspace
 // shares. Through the real read loop over a websocket, the connection of
 // that source ends with ErrFaultyFrame, it is tried again after backoff
-// (and fails again while the source sends the frame), the record is not
-// kept, and another source of the same hub goes on.
+// (and fails again while the source sends the frame), nothing of that
+// commit is applied (not even its op before the panicking one), and
+// another source of the same hub goes on.
 func TestPanickingFrameClosesOnlyItsSource(t *testing.T) {
 	hostile, calm, subA, subB := hostileAndCalm(t, "a")
 	for _, sub := range []*Subscription{subA, subB} {
 		waitState(t, sub, "the first record", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
 	}
-	hostile.write(testOp{"create", testCollection + "/boom", note("boom")})
+	// One commit: a note the check accepts, then one that panics it.
+	hostile.write(testOp{"create", testCollection + "/aa", note("aa")}, testOp{"create", testCollection + "/boom", note("boom")})
 	waitState(t, subA, "the connection closed as faulty", func(_ State, h Health) bool { return errors.Is(h.Err, ErrFaultyFrame) })
 
 	calm.write(testOp{"create", testCollection + "/c", note("c")})
@@ -80,7 +82,7 @@ func TestPanickingFrameClosesOnlyItsSource(t *testing.T) {
 		t.Error("the record whose handling panicked is kept")
 	}
 	if len(st.Records) != 1 {
-		t.Errorf("%d records of the faulty source kept, want the first one", len(st.Records))
+		t.Errorf("%d records of the faulty source kept, want the first one: the commit whose handling panicked was half applied", len(st.Records))
 	}
 	t.Logf("faulty source: %d connections, health %v", hostile.connections(), h.Err)
 }

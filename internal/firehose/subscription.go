@@ -431,26 +431,46 @@ func (s *Subscription) apply(u *commitUpdate) (resync bool) {
 		return false
 	}
 	resync = rs.Data != "" && u.prevData != "" && u.prevData != rs.Data
-	for _, op := range u.ops {
-		if !s.filter.wantsCollection(op.collection) {
+	// The filter decides on every op before any is applied: a check that
+	// panics (a hostile record) leaves the subscription as it was, not
+	// half the commit applied.
+	const (
+		skip = iota
+		drop
+		invalid
+		put
+	)
+	do := make([]int, len(u.ops))
+	for i, op := range u.ops {
+		uri := "at://" + u.did + "/" + op.collection + "/" + op.rkey
+		switch {
+		case !s.filter.wantsCollection(op.collection):
+			do[i] = skip
+		case op.action == "delete":
+			do[i] = drop
+		case s.filter.rejects(op.collection, op.value):
+			do[i] = invalid
+		case s.filter.declines(uri, u.did, op.collection, op.value):
+			do[i] = drop
+		default:
+			do[i] = put
+		}
+	}
+	for i, op := range u.ops {
+		if do[i] == skip {
 			continue
 		}
 		s.state.Matched++
 		uri := "at://" + u.did + "/" + op.collection + "/" + op.rkey
-		if op.action == "delete" {
+		switch do[i] {
+		case drop:
 			s.remove(uri)
-			continue
-		}
-		if s.filter.rejects(op.collection, op.value) {
+		case invalid:
 			s.remove(uri)
 			s.state.Invalid++
-			continue
+		case put:
+			s.put(Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value)})
 		}
-		if s.filter.declines(uri, u.did, op.collection, op.value) {
-			s.remove(uri)
-			continue
-		}
-		s.put(Record{URI: uri, CID: op.cid, Rev: u.rev, Value: op.value, Size: len(op.value)})
 	}
 	s.evict()
 	s.state.Seen++
@@ -552,16 +572,24 @@ func (s *Subscription) replaceRepo(did string, l *listing) bool {
 	if known && l.rev != "" && rs.Rev > l.rev {
 		return false
 	}
+	// The filter decides on every record before the repo is replaced: a
+	// check that panics (a hostile record) leaves the repo as it was.
+	keep := make([]bool, len(l.records))
+	var invalid int64
+	for i, r := range l.records {
+		switch {
+		case s.filter.rejects(r.collection(), r.Value):
+			invalid++
+		case !s.filter.declines(r.URI, did, r.collection(), r.Value):
+			keep[i] = true
+		}
+	}
 	s.removeRepo(did)
-	for _, r := range l.records {
-		if s.filter.rejects(r.collection(), r.Value) {
-			s.state.Invalid++
-			continue
+	s.state.Invalid += invalid
+	for i, r := range l.records {
+		if keep[i] {
+			s.put(r)
 		}
-		if s.filter.declines(r.URI, did, r.collection(), r.Value) {
-			continue
-		}
-		s.put(r)
 	}
 	s.evict()
 	s.listed[did] = time.Now()
