@@ -123,6 +123,9 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		set(st, vm, computev1alpha1.VMLost, computev1alpha1.ReasonProcessGone, s.Reason)
 		r.Events.Eventf(vm, nil, corev1.EventTypeWarning, computev1alpha1.ReasonProcessGone, "Provision", "the VM is lost: %s", s.Reason)
 		return reconcile.Result{}, nil
+	case errors.Is(err, driver.ErrUnrunnable):
+		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonDriverFailed, err.Error())
+		return reconcile.Result{}, nil
 	case err != nil:
 		set(st, vm, computev1alpha1.VMProvisioning, computev1alpha1.ReasonDriverFailed, "the driver failed: "+err.Error())
 		return reconcile.Result{}, err

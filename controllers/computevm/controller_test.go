@@ -2,9 +2,12 @@ package computevm
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -100,6 +103,30 @@ func TestUnknownDriver(t *testing.T) {
 	got := &computev1alpha1.ComputeVM{}
 	_ = ws.Client.Get(context.Background(), client.ObjectKeyFromObject(vm), got)
 	if got.Status.Phase != computev1alpha1.VMFailed || got.Status.Reason != computev1alpha1.ReasonUnknownDriver {
+		t.Errorf("status %+v", got.Status)
+	}
+}
+
+// TestUnrunnableVMFails: a VM the driver will never run (a shape it
+// cannot hold) is Failed with the driver's reason, and not retried.
+func TestUnrunnableVMFails(t *testing.T) {
+	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "default", UID: "u", Generation: 1},
+		Spec: computev1alpha1.ComputeVMSpec{ContractName: "c", Driver: "kind", CPUMillis: 100, MemoryMiB: 128}}
+	ws := clustertest.New(vm)
+	d := drivertest.New(t)
+	d.ProvisionErr = fmt.Errorf("%w: the shape is below the smallest node", driver.ErrUnrunnable)
+	r := &Reconciler{Client: ws.Client, Drivers: map[string]driver.Driver{"kind": d}, Events: ws.GetEventRecorder(Name)}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "vm"}}
+	for range 2 {
+		res, err := r.Reconcile(context.Background(), req)
+		if err != nil || res.RequeueAfter != 0 {
+			t.Fatalf("reconcile: %+v, %v (want no retry)", res, err)
+		}
+	}
+	got := &computev1alpha1.ComputeVM{}
+	_ = ws.Client.Get(context.Background(), req.NamespacedName, got)
+	c := meta.FindStatusCondition(got.Status.Conditions, computev1alpha1.ConditionRunning)
+	if got.Status.Phase != computev1alpha1.VMFailed || got.Status.Reason != computev1alpha1.ReasonDriverFailed || c == nil || !strings.Contains(c.Message, "smallest node") {
 		t.Errorf("status %+v", got.Status)
 	}
 }

@@ -77,6 +77,11 @@ type Enforced struct {
 // it is not started again.
 var ErrLost = errors.New("the VM was started before and is gone")
 
+// ErrUnrunnable is wrapped by Provision's error for a VM the driver will
+// never run (a shape it cannot hold): the VM fails instead of being
+// retried.
+var ErrUnrunnable = errors.New("the driver cannot run this VM")
+
 // Driver runs VMs. Every method is idempotent and may be called again
 // after the agent restarted: a VM started before is adopted, never started
 // twice.

@@ -38,6 +38,8 @@ type Fake struct {
 	Err error
 	// Enforced, if set, is the shape a running VM reports.
 	Enforced *driver.Enforced
+	// ProvisionErr, if set, is what Provision of a new VM returns.
+	ProvisionErr error
 }
 
 var _ driver.Driver = (*Fake)(nil)
@@ -53,6 +55,9 @@ func (f *Fake) Provision(_ context.Context, vm driver.VM) (driver.Status, error)
 	defer f.mu.Unlock()
 	switch f.States[vm.ID] {
 	case "", driver.Absent:
+		if f.ProvisionErr != nil {
+			return driver.Status{}, f.ProvisionErr
+		}
 		f.Provisions++
 		f.States[vm.ID] = driver.Starting
 	case driver.Lost:

@@ -45,11 +45,11 @@ type Capacity struct {
 // smaller than the driver's minimum or larger than the host is refused.
 func Reserved(vm driver.VM, c Capacity) (cpuMillis, memoryBytes int64, err error) {
 	if vm.CPUMillis < MinCPUMillis || vm.MemoryMiB < MinMemoryMiB {
-		return 0, 0, fmt.Errorf("kind driver: the shape %dm CPU, %d MiB is below the smallest node (%dm, %d MiB)", vm.CPUMillis, vm.MemoryMiB, MinCPUMillis, MinMemoryMiB)
+		return 0, 0, fmt.Errorf("%w: the shape %dm CPU, %d MiB is below the kind driver's smallest node (%dm, %d MiB)", driver.ErrUnrunnable, vm.CPUMillis, vm.MemoryMiB, MinCPUMillis, MinMemoryMiB)
 	}
 	cpuMillis, memoryBytes = c.CPUs*1000-vm.CPUMillis, c.MemoryBytes-vm.MemoryMiB<<20
 	if cpuMillis < 0 || memoryBytes < 0 {
-		return 0, 0, fmt.Errorf("kind driver: the shape %dm CPU, %d MiB is larger than this machine (%d CPUs, %d MiB)", vm.CPUMillis, vm.MemoryMiB, c.CPUs, c.MemoryBytes>>20)
+		return 0, 0, fmt.Errorf("%w: the shape %dm CPU, %d MiB is larger than the machine", driver.ErrUnrunnable, vm.CPUMillis, vm.MemoryMiB)
 	}
 	return cpuMillis, memoryBytes, nil
 }

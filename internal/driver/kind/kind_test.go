@@ -88,8 +88,8 @@ func TestShapesRefused(t *testing.T) {
 		"more CPU":          {ID: "a", CPUMillis: 2001, MemoryMiB: 2048},
 		"more memory":       {ID: "a", CPUMillis: 1000, MemoryMiB: 4097},
 	} {
-		if _, err := Config(vm, "127.0.0.1", c); err == nil {
-			t.Errorf("%s: a configuration was made", name)
+		if _, err := Config(vm, "127.0.0.1", c); !errors.Is(err, driver.ErrUnrunnable) {
+			t.Errorf("%s: %v, want ErrUnrunnable", name, err)
 		}
 	}
 	if _, err := Config(driver.VM{ID: "a", CPUMillis: 2000, MemoryMiB: 4096}, "127.0.0.1", c); err != nil {
