@@ -81,6 +81,16 @@ func kindSetup(t *testing.T) kindParts {
 	return p
 }
 
+// mustRead is the content of a file.
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // docker runs docker and returns its output.
 func docker(ctx context.Context, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
@@ -112,10 +122,13 @@ func nodeRSS(ctx context.Context, node string) int64 {
 // (kcp-front-proxy and the mount proxy), runs a Deployment of the test
 // image (preloaded by the agent: the node cannot pull) whose pod Runs and
 // logs its cgroup limits, and a pod asking more CPU than the shape stays
-// Pending with the scheduler's reason. The ComputeVM shows the shape the
-// node container is held to (docker) and the node's allocatable. A kill
-// -9 of the agent leaves the cluster running and the agent adopts it (one
-// cluster, the same container); a docker kill of the node makes the VM
+// Pending with the scheduler's reason; a pod allocating past the shape is
+// killed while the node and the API stay up; kubectl exec and port-forward work
+// through the mount. The ComputeVM shows the shape the node container is
+// held to (docker) and the node's allocatable. A kill -9 of the agent
+// while the VM provisions, and again while it runs, leaves the cluster
+// as it is and the agent adopts it (one cluster, provisioned once, the
+// same container); a docker kill of the node makes the VM
 // Lost; releasing the VM removes the node container, its volumes and its
 // network. One kind VM serves every step. Figures: setup, VM created ->
 // Running, node RSS idle and with one pod, the test's cost.
@@ -151,6 +164,13 @@ func TestKindTenant(t *testing.T) {
 	d.requester(ctx, t, "vms", spec)
 	bc := contractOf(ctx, t, d.bid, "acme", "the bidder's contract", func(*marketv1alpha1.ComputeContract) bool { return true })
 	vmMade := time.Since(start)
+	// kill -9 of the agent while the VM provisions: the restarted agent
+	// adopts the provisioning, no second cluster is made.
+	waitVM(ctx, t, d.bid, bc.Name, "the kind VM provisioning", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
+		return vm.Status.Phase == computev1alpha1.VMProvisioning && len(kind.VMs(kroot)) == 1
+	})
+	a.proc.Kill9()
+	a.start(t)
 	vm := waitVM(ctx, t, d.bid, bc.Name, "the kind VM Running", 6*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
 		return vm.Status.Phase == computev1alpha1.VMRunning
 	})
@@ -158,6 +178,12 @@ func TestKindTenant(t *testing.T) {
 	rc := contractOf(ctx, t, d.app, "vms", "the requester's contract Active (the tenant mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Phase == marketv1alpha1.ContractActive
 	})
+	if nodes, err := docker(ctx, "ps", "-a", "-q", "--filter", "label=io.x-k8s.kind.cluster="+kind.ClusterName(string(vm.UID))); err != nil || len(strings.Fields(nodes)) != 1 {
+		t.Errorf("the VM's kind node containers after the agent was killed while provisioning: %q (%v), want one", nodes, err)
+	}
+	if strings.Count(mustRead(t, filepath.Join(kroot, string(vm.UID), "create.log")), "Creating cluster") != 1 {
+		t.Error("the VM was provisioned more than once")
+	}
 	t.Logf("FIGURE MarketRequester created -> kind VM Running: %s (ComputeVM made after %s; VM created -> Running %s); -> mounted %s",
 		running.Round(time.Millisecond), vmMade.Round(time.Millisecond), (running - vmMade).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
@@ -244,6 +270,61 @@ func TestKindTenant(t *testing.T) {
 		}
 	})
 
+	t.Run("a pod allocating past the shape is killed, the node and the API stay up", func(t *testing.T) {
+		hog := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hog", Namespace: "default"},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "hog", Image: k.testImage,
+				ImagePullPolicy: corev1.PullNever, Command: []string{"/testimage", "alloc", "1536"}}}}}
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, hog, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var term *corev1.ContainerStateTerminated
+		if err := framework.Eventually(ctx, 3*time.Minute, "the hog killed", func(ctx context.Context) (bool, string, error) {
+			p, err := cs.CoreV1().Pods("default").Get(ctx, "hog", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			for _, c := range p.Status.ContainerStatuses {
+				if c.State.Terminated != nil {
+					term = c.State.Terminated
+					return true, "", nil
+				}
+			}
+			return false, string(p.Status.Phase), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		// Killed by the kernel (the node container's memory or the
+		// pods' cgroup), not ended by itself: it never holds 1536 MiB.
+		if term.ExitCode != 137 {
+			t.Errorf("the hog ended %+v, want killed (137)", term)
+		}
+		t.Logf("the hog: %s, exit code %d", term.Reason, term.ExitCode)
+		if logs, err := cs.CoreV1().Pods("default").GetLogs("hog", &corev1.PodLogOptions{}).DoRaw(ctx); err == nil && strings.Contains(string(logs), "holding") {
+			t.Errorf("the hog held all it asked for: %q", logs)
+		}
+		if err := framework.Eventually(ctx, 2*time.Minute, "the node Ready and the Deployment's pod Running", func(ctx context.Context) (bool, string, error) {
+			n, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil || len(n.Items) != 1 {
+				return false, fmt.Sprint(err), nil
+			}
+			for _, c := range n.Items[0].Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+					return false, "node not Ready: " + c.Message, nil
+				}
+			}
+			dep, err := cs.AppsV1().Deployments("default").Get(ctx, "limits", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			return dep.Status.ReadyReplicas == 1, fmt.Sprintf("%d ready", dep.Status.ReadyReplicas), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := docker(ctx, "inspect", "-f", "{{.State.Running}} {{.RestartCount}}", node); err != nil || st != "true 0" {
+			t.Errorf("the node container: %q (%v), want running, never restarted", st, err)
+		}
+	})
+
 	t.Run("a kill -9 of the agent: the cluster is adopted", func(t *testing.T) {
 		before, err := docker(ctx, "inspect", "-f", "{{.Id}}", node)
 		if err != nil {
@@ -259,8 +340,8 @@ func TestKindTenant(t *testing.T) {
 		if err != nil || after != before {
 			t.Errorf("the node container changed: %s -> %s (%v)", before, after, err)
 		}
-		if clusters, err := docker(ctx, "ps", "-a", "--filter", "label=io.x-k8s.kind.cluster", "--format", "{{.Label \"io.x-k8s.kind.cluster\"}}"); err != nil || strings.Count(clusters, cluster) != 1 {
-			t.Errorf("kind clusters %q (%v), want %s once", clusters, err, cluster)
+		if nodes, err := docker(ctx, "ps", "-a", "-q", "--filter", "label=io.x-k8s.kind.cluster="+cluster); err != nil || len(strings.Fields(nodes)) != 1 {
+			t.Errorf("the VM's kind node containers %q (%v), want one", nodes, err)
 		}
 		if vms := kind.VMs(kroot); len(vms) != 1 {
 			t.Errorf("the driver knows %d VMs, want 1", len(vms))

@@ -2,7 +2,10 @@
 // a static HTTP server, run FROM scratch in a kind VM's pods, that answers
 // GET / with the memory limit and CPU quota of its own cgroup, and prints
 // them when it starts (so a pod's log shows them). `testimage limits`
-// prints them and exits (the image has no shell: what kubectl exec runs).
+// prints them and exits (the image has no shell: what kubectl exec runs);
+// `testimage alloc N` allocates and touches N MiB, 16 MiB at a time,
+// printing how far it got, then waits (a pod that allocates past its
+// node's memory).
 package main
 
 import (
@@ -12,6 +15,8 @@ import (
 	"log"
 	"net/http"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -55,6 +60,10 @@ func main() {
 		fmt.Printf("memory limit %s, cpu quota %s/%s\n", l.MemoryLimit, l.CPUQuota, l.CPUPeriod)
 		return
 	}
+	if len(os.Args) > 2 && os.Args[1] == "alloc" {
+		alloc(os.Args[2])
+		return
+	}
 	addr := ":8080"
 	if p := os.Getenv("PORT"); p != "" {
 		addr = ":" + p
@@ -67,5 +76,27 @@ func main() {
 	})}
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
+	}
+}
+
+// alloc allocates and touches mib MiB and waits.
+func alloc(mib string) {
+	n, err := strconv.Atoi(mib)
+	if err != nil || n <= 0 {
+		log.Fatalf("alloc: %q is not a number of MiB", mib)
+	}
+	var held [][]byte
+	for got := 0; got < n; got += 16 {
+		b := make([]byte, 16<<20)
+		for i := range b {
+			b[i] = 1
+		}
+		held = append(held, b)
+		fmt.Printf("allocated %d MiB\n", got+16)
+	}
+	fmt.Printf("holding %d MiB\n", 16*len(held))
+	for {
+		time.Sleep(time.Hour)
+		runtime.KeepAlive(held)
 	}
 }
