@@ -59,12 +59,12 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Kubeconfig:             os.Getenv("KUBECONFIG"),
-		ProcessRoot:            "/var/lib/knotless-agent",
-		KCP:                    "kcp",
-		TenantHost:             "127.0.0.1",
-		Kind:                   "kind",
-		KindRoot:               "/var/lib/knotless-agent-kind",
+		Kubeconfig:  os.Getenv("KUBECONFIG"),
+		ProcessRoot: "/var/lib/knotless-agent",
+		KCP:         "kcp",
+		TenantHost:  "127.0.0.1",
+		Kind:        "kind",
+		KindRoot:    "/var/lib/knotless-agent-kind",
 		// Not the provider's (8080, 8081) nor the mount proxy's (8090,
 		// 8091): the three may run on one machine (TestDefaultPortsDoNotClash).
 		MetricsBindAddress:     "127.0.0.1:8092",
