@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -191,7 +192,25 @@ knotless_mountproxy_requests_total{outcome="UnknownTenant"} 1
 # TYPE knotless_mountproxy_tenants gauge
 knotless_mountproxy_tenants 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "knotless_mountproxy_requests_total", "knotless_mountproxy_tenants"); err != nil {
 		t.Fatal(err)
+	}
+	// The latency histogram observed each request once, by the same
+	// outcome.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range families {
+		if mf.GetName() != "knotless_mountproxy_request_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			counts[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	if want := map[string]uint64{OutcomeForwarded: 1, "NoClientCertificate": 1, ReasonUnknownTenant: 1}; !maps.Equal(counts, want) {
+		t.Errorf("request_duration_seconds samples by outcome %v, want %v", counts, want)
 	}
 }

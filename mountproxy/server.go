@@ -174,6 +174,11 @@ type Server struct {
 	// requests counts requests by outcome: Forwarded or the reason the
 	// shim answered with itself.
 	requests *prometheus.CounterVec
+	// latency observes each request once, by the same outcome: until
+	// the tenant's response headers for Forwarded (a watch or an exec
+	// stream counts until it starts, not while it runs), until the shim's
+	// own answer otherwise.
+	latency *prometheus.HistogramVec
 	// verified caches client certificates that verified against a pool
 	// (key: pool and certificate bytes), so a kept-alive connection does
 	// not pay a signature check per request.
@@ -269,9 +274,15 @@ func New(o Options) (*Server, error) {
 		Name: "knotless_mountproxy_requests_total",
 		Help: "Requests by outcome: Forwarded (sent to the tenant), or the reason the shim answered with (refusals, forwarding errors).",
 	}, []string{"outcome"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "knotless_mountproxy_request_duration_seconds",
+		Help:    "Seconds from a request's arrival to the tenant's response headers (outcome Forwarded) or to the shim's own answer (the reason), by the outcome of knotless_mountproxy_requests_total.",
+		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+	}, []string{"outcome"})
 	if reg := o.Registerer; reg != nil {
 		var err error
 		s.requests = promutil.Register(reg, s.requests, &err)
+		s.latency = promutil.Register(reg, s.latency, &err)
 		promutil.Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "knotless_mountproxy_tenants", Help: "Tenants registered (usable TenantClusters).",
 		}, func() float64 { return float64(o.Registry.Len()) }), &err)
@@ -396,31 +407,32 @@ func (s *Server) authorize(r *http.Request, c *Caller, probe bool, lc, rest stri
 
 // ServeHTTP authenticates, authorizes, routes and forwards one request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	if r.Header.Get(HopHeader) != "" {
-		s.refuse(w, http.StatusLoopDetected, ReasonLoop, "the request has passed the mount proxy before")
+		s.refuse(w, start, http.StatusLoopDetected, ReasonLoop, "the request has passed the mount proxy before")
 		return
 	}
 	c, probe, code, reason, msg := s.authenticate(r)
 	if c == nil {
-		s.refuse(w, code, reason, msg)
+		s.refuse(w, start, code, reason, msg)
 		return
 	}
 	lc, name, rest, ok := ParsePath(s.prefix, r.URL.Path)
 	if !ok {
-		s.refuse(w, http.StatusNotFound, ReasonUnknownPath, "the path does not name a mounted workspace")
+		s.refuse(w, start, http.StatusNotFound, ReasonUnknownPath, "the path does not name a mounted workspace")
 		return
 	}
 	if code, reason, msg := s.authorize(r, c, probe, lc, rest); code != 0 {
-		s.refuse(w, code, reason, msg)
+		s.refuse(w, start, code, reason, msg)
 		return
 	}
 	e, ok, revoked := s.opts.Registry.find(lc, name)
 	if revoked {
-		s.refuse(w, http.StatusForbidden, ReasonRevoked, "the mounted workspace's tenant is revoked")
+		s.refuse(w, start, http.StatusForbidden, ReasonRevoked, "the mounted workspace's tenant is revoked")
 		return
 	}
 	if !ok {
-		s.refuse(w, http.StatusNotFound, ReasonUnknownTenant, "the mounted workspace has no tenant (not registered, deleted or revoked)")
+		s.refuse(w, start, http.StatusNotFound, ReasonUnknownTenant, "the mounted workspace has no tenant (not registered, deleted or revoked)")
 		return
 	}
 	// The tenant's removal or replacement ends this request at once.
@@ -428,7 +440,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
-	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, caller: c, rest: rest, probe: probe})
+	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, caller: c, rest: rest, probe: probe, start: start})
 	s.requests.WithLabelValues(OutcomeForwarded).Inc()
 	s.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -441,6 +453,8 @@ type forward struct {
 	rest   string
 	// probe: forwarding errors of the provider's probe are logged at info level.
 	probe bool
+	// start is when the shim received the request.
+	start time.Time
 	// private: a connection to a loopback, private or shared address was
 	// attempted for the request (see hidePrivate).
 	private atomic.Bool
@@ -502,6 +516,7 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			if resp.StatusCode >= 300 && resp.StatusCode < 400 && resp.Header.Get("Location") != "" {
 				return fmt.Errorf("%w (HTTP %d)", errTenantRedirect, resp.StatusCode)
 			}
+			s.latency.WithLabelValues(OutcomeForwarded).Observe(time.Since(forwardOf(resp.Request).start).Seconds())
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -521,7 +536,7 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 					msg = privateUnreachable
 				}
 			}
-			s.refuse(w, code, reason, msg)
+			s.refuse(w, f.start, code, reason, msg)
 		},
 	}
 }
@@ -602,8 +617,9 @@ func ClassifyForwardError(err error) (reason string, status int) {
 
 // refuse counts the reason and answers with a Kubernetes Status body and
 // the reason header.
-func (s *Server) refuse(w http.ResponseWriter, code int, reason, msg string) {
+func (s *Server) refuse(w http.ResponseWriter, start time.Time, code int, reason, msg string) {
 	s.requests.WithLabelValues(reason).Inc()
+	defer func() { s.latency.WithLabelValues(reason).Observe(time.Since(start).Seconds()) }()
 	w.Header().Set(ReasonHeader, reason)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)

@@ -179,7 +179,11 @@ func run(ctx context.Context, o *options.Options) error {
 	// One DID directory for repos (R20) and firehose verification, through
 	// the dial policy, bounded (pds.MaxDIDDocument) and cached.
 	dir := pds.NewDirectory(o.PLCURL, policy, 10*time.Second)
-	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.AtprotoMaxBatch, Policy: policy, Directory: dir}
+	writeLatency := pds.NewWriteLatency()
+	if err := metrics.Registry.Register(writeLatency); err != nil {
+		return fmt.Errorf("registering the PDS write metrics: %w", err)
+	}
+	pool := &repoconn.Pool{Vault: vc, MaxBatch: o.AtprotoMaxBatch, Policy: policy, Directory: dir, WriteLatency: writeLatency}
 	if err := (&application.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the application controller: %w", err)
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/atclient"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
@@ -75,6 +76,8 @@ type Options struct {
 	// (1 disables batching). Zero or more than MaxWritesPerBatch means
 	// MaxWritesPerBatch.
 	MaxBatch int
+	// WriteLatency, when set, observes every write call (NewWriteLatency).
+	WriteLatency *prometheus.HistogramVec
 }
 
 // Client writes to the repo of one account. It is safe for concurrent use.
@@ -93,6 +96,8 @@ type Client struct {
 
 	batch    batcher // Ensure calls waiting for the next applyWrites
 	maxBatch int
+
+	writeLatency *prometheus.HistogramVec
 }
 
 // Connect returns a Client for the account identifier (handle, DID or email)
@@ -129,7 +134,7 @@ func Connect(ctx context.Context, host, identifier, appPassword string, opts Opt
 	if ua == "" {
 		ua = defaultUserAgent
 	}
-	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store, dir: opts.Directory, maxBatch: opts.MaxBatch}
+	c := &Client{host: host, identifier: identifier, password: appPassword, store: opts.Store, dir: opts.Directory, maxBatch: opts.MaxBatch, writeLatency: opts.WriteLatency}
 	if c.maxBatch <= 0 || c.maxBatch > MaxWritesPerBatch {
 		c.maxBatch = MaxWritesPerBatch
 	}

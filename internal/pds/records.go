@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"time"
 
 	"github.com/bluesky-social/indigo/api/agnostic"
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -147,9 +148,11 @@ func (c *Client) PutRecord(ctx context.Context, collection, rkey string, value j
 	did, _ := c.Info()
 	// agnostic's input has omitempty on swapRecord; the generated
 	// comatproto one sends null, which the PDS reads as "create only".
+	start := time.Now()
 	out, err := agnostic.RepoPutRecord(ctx, c.lex(), &agnostic.RepoPutRecord_Input{
 		Repo: did, Collection: collection, Rkey: rkey, Record: rec, SwapRecord: swapCID,
 	})
+	c.observeWrite("putRecord", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("pds: put %s/%s: %w", collection, rkey, err)
 	}
@@ -179,7 +182,10 @@ func (c *Client) DeleteRecord(ctx context.Context, collection, rkey string, swap
 		Rkey       string  `json:"rkey"`
 		SwapRecord *string `json:"swapRecord,omitempty"`
 	}{did, collection, rkey, swapCID}
-	if err := c.lex().LexDo(ctx, http.MethodPost, "", "com.atproto.repo.deleteRecord", nil, in, nil); err != nil {
+	start := time.Now()
+	err := c.lex().LexDo(ctx, http.MethodPost, "", "com.atproto.repo.deleteRecord", nil, in, nil)
+	c.observeWrite("deleteRecord", start, err)
+	if err != nil {
 		return fmt.Errorf("pds: delete %s/%s: %w", collection, rkey, err)
 	}
 	return nil
@@ -220,7 +226,9 @@ func (c *Client) applyWrites(ctx context.Context, writes []Write, swapCommit *st
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	out, err := agnostic.RepoApplyWrites(ctx, c.lex(), in)
+	c.observeWrite("applyWrites", start, err)
 	if err != nil {
 		return nil, fmt.Errorf("pds: applyWrites (%d writes): %w", len(writes), err)
 	}

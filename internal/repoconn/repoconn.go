@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -64,6 +65,8 @@ type Pool struct {
 	// connection counts only if the document names the repo's PDS and the
 	// session's handle (R20; pds.NewDirectory). Required.
 	Directory identity.Directory
+	// WriteLatency is pds.Options.WriteLatency of every client.
+	WriteLatency *prometheus.HistogramVec
 
 	mu    sync.Mutex
 	conns map[key]*entry
@@ -142,7 +145,7 @@ func (p *Pool) Connect(ctx context.Context, c client.Client, cluster string, rep
 	store := &secretStore{c: c, repo: repo}
 	var private atomic.Bool
 	pc, err := pds.Connect(netpolicy.TracePrivate(ctx, &private), repo.Spec.PDS.URL, repo.Spec.Credential.Identifier, password, pds.Options{
-		HTTPClient: hc, Policy: p.Policy, Store: store, Directory: p.Directory, UserAgent: "knotless", MaxBatch: p.MaxBatch,
+		HTTPClient: hc, Policy: p.Policy, Store: store, Directory: p.Directory, UserAgent: "knotless", MaxBatch: p.MaxBatch, WriteLatency: p.WriteLatency,
 	})
 	if err != nil && private.Load() && !pdsAnswer(err) {
 		// A PDS at an address the operator allowed: a closed port, a
