@@ -268,6 +268,12 @@ func TestChartBadValues(t *testing.T) {
 		values map[string]any
 		want   string
 	}{
+		// values.schema.json: a wrong type or an unknown key fails before
+		// any template runs.
+		{"replicas as a word", map[string]any{"provider": map[string]any{"replicas": "two"}}, "replicas"},
+		{"a misspelt key", map[string]any{"mountproxy": map[string]any{"replicass": 2}}, "replicass"},
+		{"a port out of range", map[string]any{"mountproxy": map[string]any{"ports": map[string]any{"https": 70000}}}, "https"},
+		{"an unknown log encoder", map[string]any{"logging": map[string]any{"encoder": "xml"}}, "encoder"},
 		{"replicas without leader election", map[string]any{"provider": map[string]any{"leaderElection": map[string]any{"enabled": false}}}, "needs provider.leaderElection.enabled"},
 		{"Vault without credentials", map[string]any{"provider": map[string]any{"vault": map[string]any{"address": "https://vault:8200"}}}, "provider.vault.address needs"},
 		{"no identity header Secret", map[string]any{"identityHeaders": map[string]any{"secretName": ""}}, "identityHeaders.secretName"},

@@ -23,3 +23,9 @@ case $msg in
   *"a Secret with"*) echo "chart: refuses to render without its Secrets: ok" ;;
   *) echo "chart: unexpected error without values: $msg" >&2; exit 1 ;;
 esac
+# values.schema.json: helm lint refuses a value of the wrong type.
+if "$helm" lint --strict --quiet -f "$chart/ci/default-values.yaml" --set provider.replicas=two "$chart" >/dev/null 2>&1; then
+  echo "chart: helm lint accepted provider.replicas=two; values.schema.json must refuse it" >&2
+  exit 1
+fi
+echo "chart: values.schema.json refuses a wrong type: ok"
