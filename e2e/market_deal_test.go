@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func (d *deal) vouch(ctx context.Context, t *testing.T, add ...marketv1alpha1.As
 	if err := d.opWS.Get(ctx, client.ObjectKey{Namespace: "default", Name: "operator"}, opID); err != nil {
 		t.Fatal(err)
 	}
-	approve := append(opID.Spec.ApprovedAssociations, add...)
+	approve := append(slices.Clone(opID.Spec.ApprovedAssociations), add...)
 	raw, _ := json.Marshal(map[string]any{"spec": map[string]any{"approvedAssociations": approve}})
 	if err := d.opWS.Patch(ctx, opID, client.RawPatch("application/merge-patch+json", raw), client.FieldOwner("e2e-user")); err != nil {
 		t.Fatal(err)

@@ -57,8 +57,9 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Logs)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
+	err := run(ctx, o)
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "knotless-agent: %v\n", err)
 		os.Exit(1)
 	}

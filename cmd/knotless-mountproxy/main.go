@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -55,8 +56,9 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Logs)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
+	err := run(ctx, o)
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "knotless-mountproxy: %v\n", err)
 		os.Exit(1)
 	}
@@ -66,7 +68,6 @@ func main() {
 func run(ctx context.Context, o *options.Options) error {
 	logger := ctrl.Log.WithName("knotless-mountproxy")
 	ws := logicalcluster.NewPath(o.Workspace)
-	names, probes := bootstrap.SplitList(o.RequestHeaderAllowedNames), bootstrap.SplitList(o.ProbeClientNames)
 	allowed, err := netpolicy.ParsePrefixes(o.AllowPrivateNetworks)
 	if err != nil {
 		return fmt.Errorf("--allow-private-networks: %w", err)
@@ -75,30 +76,12 @@ func run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return err
 	}
-	// Tenants are never kcp itself, kcp-front-proxy or the shim (R18).
-	var reserved []netip.AddrPort
-	for _, target := range append([]string{cfg.Host, o.BindAddress}, bootstrap.SplitList(o.ReservedAddresses)...) {
-		addrs, err := netpolicy.Resolve(ctx, target)
-		if err != nil {
-			return fmt.Errorf("--reserved-addresses: %w", err)
-		}
-		reserved = append(reserved, addrs...)
-	}
-	registry := mountproxy.NewRegistry(ctx, mountproxy.RegistryOptions{Policy: netpolicy.New(allowed, reserved), ResponseHeaderTimeout: o.TenantResponseHeaderTimeout})
-	base, err := bootstrap.BaseURL(cfg.Host)
+	policy, reserved, err := addressPolicy(ctx, o, cfg, allowed)
 	if err != nil {
 		return err
 	}
-	baseCfg := rest.CopyConfig(cfg)
-	baseCfg.Host = base
-	authz, err := mountproxy.NewSARAuthorizer(baseCfg, o.Authorization)
-	if err != nil {
-		return err
-	}
-	shim, err := mountproxy.New(mountproxy.Options{
-		Files: o.Files, AllowedNames: names, ProbeNames: probes, PathPrefix: o.PathPrefix, Registry: registry, Authorizer: authz,
-		Headers: o.Headers, Registerer: metrics.Registry, Log: logger.WithName("shim"),
-	})
+	registry := mountproxy.NewRegistry(ctx, mountproxy.RegistryOptions{Policy: policy, ResponseHeaderTimeout: o.TenantResponseHeaderTimeout})
+	shim, err := newShim(o, cfg, registry, logger)
 	if err != nil {
 		return err
 	}
@@ -144,7 +127,7 @@ func run(ctx context.Context, o *options.Options) error {
 	// The shim's listener is a runnable of the manager: it starts and is
 	// joined with it (R10).
 	if err := mgr.GetLocalManager().Add(manager.RunnableFunc(func(ctx context.Context) error {
-		logger.Info("serving", "address", ln.Addr().String(), "prefix", o.PathPrefix, "allowedNames", names)
+		logger.Info("serving", "address", ln.Addr().String(), "prefix", o.PathPrefix, "allowedNames", bootstrap.SplitList(o.RequestHeaderAllowedNames))
 		return shim.Serve(ctx, ln)
 	})); err != nil {
 		return err
@@ -159,10 +142,45 @@ func run(ctx context.Context, o *options.Options) error {
 		}
 	}
 	version, commit := buildinfo.Get()
-	logger.Info("reading TenantClusters", "version", version, "commit", commit, "workspace", ws.String(), "export", apis.Export, "allowedNetworks", o.AllowPrivateNetworks, "reservedAddresses", len(reserved))
+	logger.Info("reading TenantClusters", "version", version, "commit", commit, "workspace", ws.String(), "export", apis.Export, "allowedNetworks", o.AllowPrivateNetworks, "reservedAddresses", reserved)
 	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// addressPolicy is the tenants' address policy: private networks only as
+// allowed (--allow-private-networks), and never kcp itself, kcp-front-proxy
+// or the shim (R18). It returns how many addresses it reserves.
+func addressPolicy(ctx context.Context, o *options.Options, cfg *rest.Config, allowed []netip.Prefix) (*netpolicy.Policy, int, error) {
+	var reserved []netip.AddrPort
+	for _, target := range append([]string{cfg.Host, o.BindAddress}, bootstrap.SplitList(o.ReservedAddresses)...) {
+		addrs, err := netpolicy.Resolve(ctx, target)
+		if err != nil {
+			return nil, 0, fmt.Errorf("--reserved-addresses: %w", err)
+		}
+		reserved = append(reserved, addrs...)
+	}
+	return netpolicy.New(allowed, reserved), len(reserved), nil
+}
+
+// newShim returns the shim over registry, authorizing callers with
+// SubjectAccessReviews in kcp.
+func newShim(o *options.Options, cfg *rest.Config, registry *mountproxy.Registry, logger logr.Logger) (*mountproxy.Server, error) {
+	base, err := bootstrap.BaseURL(cfg.Host)
+	if err != nil {
+		return nil, err
+	}
+	baseCfg := rest.CopyConfig(cfg)
+	baseCfg.Host = base
+	authz, err := mountproxy.NewSARAuthorizer(baseCfg, o.Authorization)
+	if err != nil {
+		return nil, err
+	}
+	return mountproxy.New(mountproxy.Options{
+		Files: o.Files, AllowedNames: bootstrap.SplitList(o.RequestHeaderAllowedNames), ProbeNames: bootstrap.SplitList(o.ProbeClientNames),
+		PathPrefix: o.PathPrefix, Registry: registry, Authorizer: authz,
+		Headers: o.Headers, Registerer: metrics.Registry, Log: logger.WithName("shim"),
+	})
 }

@@ -82,8 +82,9 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.Logs)))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
+	err := run(ctx, o)
+	stop() // before os.Exit, which runs no deferred call
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "knotless-provider: %v\n", err)
 		os.Exit(1)
 	}
@@ -123,19 +124,52 @@ func run(ctx context.Context, o *options.Options) error {
 	if o.BootstrapOnly {
 		return nil
 	}
-
-	wsCfg, err := bootstrap.ForWorkspace(cfg, ws)
-	if err != nil {
-		return err
-	}
-	scheme := apis.NewScheme()
-	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
 	if !slices.Equal(res.Exports, []string{apis.Export}) {
 		return fmt.Errorf("the provider serves the one APIExport %s, but exports/ holds %v (run make generate)", apis.Export, res.Exports)
 	}
-	provider, err := engage.New(wsCfg, apis.Export, engage.Options{Scheme: scheme})
+
+	scheme := apis.NewScheme()
+	utilruntime.Must(apisv1alpha1.AddToScheme(scheme))
+	mgr, provider, err := newManager(ctx, o, cfg, ws, scheme, logger)
 	if err != nil {
 		return err
+	}
+	if err := setupControllers(ctx, mgr, o, scheme, policy, logger); err != nil {
+		return err
+	}
+	if err := setupTenantCluster(ctx, mgr, o, cfg, prober); err != nil {
+		return err
+	}
+	if err := registerMetrics(metrics.Registry, provider); err != nil {
+		return err
+	}
+	if o.HealthProbeBindAddress != "0" {
+		if err := mgr.GetLocalManager().AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+			return err
+		}
+		if err := mgr.GetLocalManager().AddReadyzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+			return err
+		}
+	}
+	logger.Info("engaging workspaces", "exports", res.Exports)
+	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// newManager returns the multicluster manager of the workspaces bound to
+// the provider's APIExport (the provider workspace ws holds the export
+// and, with leader election, the Lease).
+func newManager(ctx context.Context, o *options.Options, cfg *rest.Config, ws logicalcluster.Path, scheme *k8sruntime.Scheme, logger logr.Logger) (mcmanager.Manager, *engage.Provider, error) {
+	wsCfg, err := bootstrap.ForWorkspace(cfg, ws)
+	if err != nil {
+		return nil, nil, err
+	}
+	provider, err := engage.New(wsCfg, apis.Export, engage.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, err
 	}
 	if o.PprofBindAddress != "" && o.PprofBindAddress != "0" {
 		// Heap profiles fine enough to attribute a few KiB per workspace
@@ -145,7 +179,7 @@ func run(ctx context.Context, o *options.Options) error {
 	le := o.LeaderElection
 	if le.Enabled {
 		if err := bootstrap.EnsureNamespace(ctx, wsCfg, le.Namespace); err != nil {
-			return fmt.Errorf("the leader election Lease's namespace %s in %s: %w", le.Namespace, ws, err)
+			return nil, nil, fmt.Errorf("the leader election Lease's namespace %s in %s: %w", le.Namespace, ws, err)
 		}
 		logger.Info("leader election: only the holder of the Lease reconciles", "lease", le.Namespace+"/"+le.ID, "workspace", ws.String())
 	}
@@ -165,8 +199,15 @@ func run(ctx context.Context, o *options.Options) error {
 		RetryPeriod:                   &le.RetryPeriod,
 	})
 	if err != nil {
-		return fmt.Errorf("creating the manager: %w", err)
+		return nil, nil, fmt.Errorf("creating the manager: %w", err)
 	}
+	return mgr, provider, nil
+}
+
+// setupControllers registers the provider's controllers but tenantcluster
+// (docs/controllers.md), with what they share: the Vault client, the DID
+// directory, the pool of repo clients and the firehose hub.
+func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Options, scheme *k8sruntime.Scheme, policy *netpolicy.Policy, logger logr.Logger) error {
 	vc, err := newVault(o.Vault, logger)
 	if err != nil {
 		return err
@@ -206,9 +247,13 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
-	if err := setupMarket(ctx, mgr, scheme, pool, hub, o.AtprotoResync); err != nil {
-		return err
-	}
+	return setupMarket(ctx, mgr, scheme, pool, hub, o.AtprotoResync)
+}
+
+// setupTenantCluster registers the tenantcluster controller: its kcp
+// client creates the mounted workspaces, its prober asks the mount proxy
+// about each tenant.
+func setupTenantCluster(ctx context.Context, mgr mcmanager.Manager, o *options.Options, cfg *rest.Config, prober *tenantcluster.Prober) error {
 	// The cluster-aware client adds /clusters/<workspace> to the server's
 	// base URL.
 	base, err := bootstrap.BaseURL(cfg.Host)
@@ -234,22 +279,6 @@ func run(ctx context.Context, o *options.Options) error {
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
 	}
-	if err := registerMetrics(metrics.Registry, provider); err != nil {
-		return err
-	}
-	if o.HealthProbeBindAddress != "0" {
-		if err := mgr.GetLocalManager().AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
-			return err
-		}
-		if err := mgr.GetLocalManager().AddReadyzCheck("ping", func(*http.Request) error { return nil }); err != nil {
-			return err
-		}
-	}
-	logger.Info("engaging workspaces", "exports", res.Exports)
-	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	logger.Info("stopped")
 	return nil
 }
 

@@ -213,32 +213,45 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		// Bad input: say what is wrong, write nothing, wait for a spec edit.
 		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonInvalidSpec, err.Error(), nil)
 	}
+	repo, result, err := s.writableRepo(ctx)
+	if repo == nil {
+		return result, err
+	}
+	return s.write(ctx, repo)
+}
+
+// writableRepo returns the record's repo when the record may be written
+// into it now. Otherwise it returns nil, with the result and the error of
+// the status that says why not: no such repo, the record suspended, the
+// repo being deleted or not Ready.
+func (s *syncer) writableRepo(ctx context.Context) (*atprotov1alpha1.AtprotoRepo, reconcile.Result, error) {
+	rec := s.rec
 	repo := &atprotov1alpha1.AtprotoRepo{}
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: rec.Namespace, Name: rec.Spec.RepoRef.Name}, repo); err != nil {
 		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
+			return nil, reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
 				fmt.Sprintf("AtprotoRepo %s not found in this namespace", rec.Spec.RepoRef.Name), nil)
 		}
-		return reconcile.Result{}, err
+		return nil, reconcile.Result{}, err
 	}
 	// Suspended (by the record's Component or Application): write nothing.
 	state, err := suspend.Effective(ctx, s.c, s.r.Scheme, rec)
 	var ce *conditions.Error
 	switch {
 	case errors.As(err, &ce):
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, ce.Reason, ce.Message, nil)
+		return nil, reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, ce.Reason, ce.Message, nil)
 	case err != nil:
-		return reconcile.Result{}, err
+		return nil, reconcile.Result{}, err
 	}
 	if s.suspended = state; state.Suspended {
 		// Resume reaches the record through its Component; the resync is
 		// a backstop should that event be missed.
-		return reconcile.Result{RequeueAfter: clock.Resync(s.r.Resync)}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
+		return nil, reconcile.Result{RequeueAfter: clock.Resync(s.r.Resync)}, s.status(ctx, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": the record is not written until it resumes", nil)
 	}
 	if !repo.DeletionTimestamp.IsZero() {
 		// A repo being deleted deletes its records; nothing new is written
 		// into it.
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
+		return nil, reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady,
 			fmt.Sprintf("AtprotoRepo %s is being deleted", repo.Name), nil)
 	}
 	if !meta.IsStatusConditionTrue(repo.Status.Conditions, atprotov1alpha1.ConditionReady) {
@@ -247,8 +260,15 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 			msg += ": " + c.Reason
 		}
 		// The repo watch brings the record back when the repo is Ready.
-		return reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady, msg, nil)
+		return nil, reconcile.Result{}, s.status(ctx, metav1.ConditionFalse, atprotov1alpha1.ReasonRepoNotReady, msg, nil)
 	}
+	return repo, reconcile.Result{}, nil
+}
+
+// write writes the record and its inventory marker into repo and reads
+// the status back from what the PDS holds.
+func (s *syncer) write(ctx context.Context, repo *atprotov1alpha1.AtprotoRepo) (reconcile.Result, error) {
+	rec := s.rec
 	pc := s.r.Pool.Get(s.cluster, repo)
 	if pc == nil {
 		var err error

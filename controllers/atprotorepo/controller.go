@@ -181,27 +181,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		return reconcile.Result{}, err
 	}
 	if suspend.SetCondition(&st.Conditions, state, repo.Generation); state.Suspended {
-		// Not Ready while suspended: records and market objects that are
-		// not suspended themselves must not log in through it either.
-		st.ObservedGeneration = repo.Generation
-		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
-		if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
-			Manager:  FieldManager,
-			Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, suspend.ConditionType),
-			Recorder: rec,
-			Action:   "Suspend",
-		}); err != nil {
-			return reconcile.Result{}, err
-		}
-		// Clean-up goes on while suspended (R04): records whose
-		// AtprotoRecords went while no provider ran are deleted. A repo
-		// that never connected wrote nothing.
-		var err error
-		if repo.Status.DID != "" {
-			err = p.prune(ctx, repo, inventory.Declared(c, repo))
-		}
-		r.Pool.Forget(lc, repo.UID)
-		return reconcile.Result{}, err
+		return reconcile.Result{}, r.suspended(ctx, c, lc, repo, st, state, p)
 	}
 	st.ObservedGeneration = repo.Generation
 	pc, err := r.Pool.Connect(ctx, c, lc, repo)
@@ -218,26 +198,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			err = repoconn.Classify(err)
 		}
 	}
-	var result reconcile.Result
-	var cause error
-	var ce *conditions.Error
-	switch {
-	case err == nil:
-		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
-		result.RequeueAfter = resync
-	case errors.As(err, &ce):
-		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
-		var rl *pds.RateLimitedError
-		if errors.As(err, &rl) {
-			result.RequeueAfter = max(time.Until(rl.Reset), 0) + time.Second
-		} else {
-			// Back off through the rate-limited workqueue.
-			cause = err
-		}
-	default:
-		conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, "Error", err.Error())
-		cause = err
-	}
+	result, cause := setReady(st, repo.Generation, err, resync)
 	if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
 		Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, atprotov1alpha1.ConditionReady),
@@ -255,22 +216,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	return result, nil
 }
 
-// finalize deletes the repo's AtprotoRecords and the MarketIdentities
-// whose account it is (their own finalizers delete what they published
-// from the PDS while the repo and its credential still exist), waits
-// until they are gone, deletes every record the repo's inventory lists
-// (what it wrote), then lets the repo go.
-func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo, p *pruner) (reconcile.Result, error) {
-	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
-		return reconcile.Result{}, nil
-	}
+// dependentsOf are the objects that must go before the repo: its
+// AtprotoRecords and the MarketIdentities whose account it is (their
+// finalizers delete what they published with its credential), and the
+// MarketPresences being deleted whose record is in it.
+func dependentsOf(ctx context.Context, c client.Client, repo *atprotov1alpha1.AtprotoRepo) ([]client.Object, error) {
 	var records atprotov1alpha1.AtprotoRecordList
 	if err := c.List(ctx, &records, client.InNamespace(repo.Namespace), client.MatchingFields{names.RecordsByRepo: repo.Name}); err != nil {
-		return reconcile.Result{}, err
+		return nil, err
 	}
 	var identities marketv1alpha1.MarketIdentityList
 	if err := c.List(ctx, &identities, client.InNamespace(repo.Namespace)); err != nil {
-		return reconcile.Result{}, err
+		return nil, err
 	}
 	var dependents []client.Object
 	for i := range records.Items {
@@ -285,13 +242,78 @@ func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster stri
 	// with this repo's credential: wait for them too.
 	var presences marketv1alpha1.MarketPresenceList
 	if err := c.List(ctx, &presences, client.InNamespace(repo.Namespace)); err != nil {
-		return reconcile.Result{}, err
+		return nil, err
 	}
 	for i := range presences.Items {
 		p := &presences.Items[i]
 		if !p.DeletionTimestamp.IsZero() && p.Status.Record != nil && repo.Status.DID != "" && strings.HasPrefix(p.Status.Record.URI, "at://"+repo.Status.DID+"/") {
 			dependents = append(dependents, p)
 		}
+	}
+	return dependents, nil
+}
+
+// suspended writes the status of a suspended repo and goes on with its
+// clean-up. Not Ready while suspended: records and market objects that
+// are not suspended themselves must not log in through it either.
+func (r *Reconciler) suspended(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo, st *atprotov1alpha1.AtprotoRepoStatus, state suspend.State, p *pruner) error {
+	st.ObservedGeneration = repo.Generation
+	conditions.SetReady(&st.Conditions, repo.Generation, metav1.ConditionFalse, suspend.ReasonSuspended, "suspended by "+state.By+": no login until it resumes")
+	if err := ssa.WriteStatus(ctx, c, repo, &repo.Status, st, ssa.StatusOptions{
+		Manager:  FieldManager,
+		Event:    ssa.ConditionChanged(repo.Status.Conditions, st.Conditions, suspend.ConditionType),
+		Recorder: p.events,
+		Action:   "Suspend",
+	}); err != nil {
+		return err
+	}
+	// Clean-up goes on while suspended (R04): records whose
+	// AtprotoRecords went while no provider ran are deleted. A repo
+	// that never connected wrote nothing.
+	var err error
+	if repo.Status.DID != "" {
+		err = p.prune(ctx, repo, inventory.Declared(c, repo))
+	}
+	r.Pool.Forget(lc, repo.UID)
+	return err
+}
+
+// setReady sets the Ready condition of st from the outcome err of
+// connecting to the repo's PDS, and returns when to look again: at the
+// resync when Ready, at a rate limit's reset, or through the rate-limited
+// workqueue (the cause returned) for other failures.
+func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, err error, resync time.Duration) (reconcile.Result, error) {
+	var ce *conditions.Error
+	switch {
+	case err == nil:
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionTrue, atprotov1alpha1.ReasonReady, "logged in to the PDS as "+st.Handle)
+		return reconcile.Result{RequeueAfter: resync}, nil
+	case errors.As(err, &ce):
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionFalse, ce.Reason, ce.Message)
+		var rl *pds.RateLimitedError
+		if errors.As(err, &rl) {
+			return reconcile.Result{RequeueAfter: max(time.Until(rl.Reset), 0) + time.Second}, nil
+		}
+		// Back off through the rate-limited workqueue.
+		return reconcile.Result{}, err
+	default:
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionFalse, "Error", err.Error())
+		return reconcile.Result{}, err
+	}
+}
+
+// finalize deletes the repo's AtprotoRecords and the MarketIdentities
+// whose account it is (their own finalizers delete what they published
+// from the PDS while the repo and its credential still exist), waits
+// until they are gone, deletes every record the repo's inventory lists
+// (what it wrote), then lets the repo go.
+func (r *Reconciler) finalize(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo, p *pruner) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(repo, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	dependents, err := dependentsOf(ctx, c, repo)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	if len(dependents) > 0 {
 		for _, o := range dependents {

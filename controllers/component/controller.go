@@ -174,16 +174,9 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		return fail(appsv1alpha1.ReasonInvalidSpec, err.Error(), nil)
 	}
 	cc := s.c
-	existing, ok := child.DeepCopyObject().(client.Object)
-	if !ok {
-		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", child)
-	}
-	found := true
-	if err := cc.Get(ctx, client.ObjectKeyFromObject(child), existing); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, err
-		}
-		found = false
+	existing, found, err := current(ctx, cc, child)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	if found && !metav1.IsControlledBy(existing, comp) {
 		return fail(appsv1alpha1.ReasonConflict, fmt.Sprintf("%s %s exists and is not controlled by this component; rename the component or delete the object", ref.Kind, ref.Name), nil)
@@ -193,26 +186,7 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 			"suspended by "+state.By+": the "+ref.Kind+" is neither created nor changed", state, ref)
 	}
 	if found && (!existing.GetDeletionTimestamp().IsZero() || movesRecord(existing, child)) {
-		// An AtprotoRecord's repoRef, collection and rkey are immutable: a
-		// template that changes them moves the record. The old object goes
-		// first (its finalizer deletes the old record from the PDS); its
-		// deletion brings the component back to create the new one.
-		if existing.GetDeletionTimestamp().IsZero() {
-			if err := cc.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
-				return reconcile.Result{}, err
-			}
-		}
-		// Say why the old object does not go (its PDS unreachable, its
-		// credential gone): that is what holds the move up.
-		phase, status, reason, msg := appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
-			ref.Kind+" "+ref.Name+" is being deleted; it is made again from the template once it is gone"
-		if p, _, why, detail := mirror(existing, ref.Kind); p == appsv1alpha1.ComponentFailed || (why != "" && why != appsv1alpha1.ReasonProgressing && why != atprotov1alpha1.ReasonSynced) {
-			if p == appsv1alpha1.ComponentFailed {
-				phase = p
-			}
-			reason, msg = why, msg+"; the old "+ref.Kind+" reports "+why+": "+detail
-		}
-		return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, phase, status, reason, msg, state, ref)
+		return reconcile.Result{}, s.replace(ctx, existing, ref, state)
 	}
 	if !found {
 		if repo := repoBeingDeleted(ctx, cc, child); repo != "" {
@@ -236,6 +210,46 @@ func (s *syncer) sync(ctx context.Context) (reconcile.Result, error) {
 		phase, status, reason, msg = appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing, ref.Kind+" updated from the template"
 	}
 	return reconcile.Result{}, s.r.status(ctx, s.c, s.events, comp, phase, status, reason, msg, state, ref)
+}
+
+// current returns the object of child's kind and name as it is, and
+// whether it exists.
+func current(ctx context.Context, c client.Client, child client.Object) (client.Object, bool, error) {
+	existing, ok := child.DeepCopyObject().(client.Object)
+	if !ok {
+		return nil, false, fmt.Errorf("%T is not a client.Object", child)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(child), existing); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, false, err
+		}
+		return existing, false, nil
+	}
+	return existing, true, nil
+}
+
+// replace deletes the existing child that the template moved, or that is
+// being deleted, and says so. An AtprotoRecord's repoRef, collection and
+// rkey are immutable: a template that changes them moves the record. The
+// old object goes first (its finalizer deletes the old record from the
+// PDS); its deletion brings the component back to create the new one.
+func (s *syncer) replace(ctx context.Context, existing client.Object, ref *appsv1alpha1.ChildRef, state suspend.State) error {
+	if existing.GetDeletionTimestamp().IsZero() {
+		if err := s.c.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	// Say why the old object does not go (its PDS unreachable, its
+	// credential gone): that is what holds the move up.
+	phase, status, reason, msg := appsv1alpha1.ComponentProgressing, metav1.ConditionFalse, appsv1alpha1.ReasonProgressing,
+		ref.Kind+" "+ref.Name+" is being deleted; it is made again from the template once it is gone"
+	if p, _, why, detail := mirror(existing, ref.Kind); p == appsv1alpha1.ComponentFailed || (why != "" && why != appsv1alpha1.ReasonProgressing && why != atprotov1alpha1.ReasonSynced) {
+		if p == appsv1alpha1.ComponentFailed {
+			phase = p
+		}
+		reason, msg = why, msg+"; the old "+ref.Kind+" reports "+why+": "+detail
+	}
+	return s.r.status(ctx, s.c, s.events, s.comp, phase, status, reason, msg, state, ref)
 }
 
 // childOf builds the child object from the template.

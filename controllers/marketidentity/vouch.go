@@ -52,39 +52,15 @@ func (r *Reconciler) vouch(k string, id *marketv1alpha1.MarketIdentity, net *mar
 	}
 	feeds := r.follow(k, op, keys)
 
-	vouchers := map[string]marketv1alpha1.Voucher{}
-	var invalid int64
-	var connected, listing bool
-	var failure error
-	for _, f := range feeds {
-		state, health, version := f.sub.Snapshot()
-		r.mu.Lock()
-		if f.vouchers == nil || version != f.version {
-			f.vouchers, f.version = byVoucher(op, state), version
-		}
-		for _, v := range f.vouchers[st.DID] {
-			vouchers[v.URI] = v
-		}
-		r.mu.Unlock()
-		invalid += state.Invalid
-		connected = connected || health.Connected
-		listing = listing || health.Resyncing
-		if failure == nil {
-			failure = cmp.Or(health.ResyncErr, health.Err)
-		}
-	}
-	st.VouchedBy = make([]marketv1alpha1.Voucher, 0, len(vouchers))
-	for _, v := range vouchers {
-		st.VouchedBy = append(st.VouchedBy, v)
-	}
-	slices.SortFunc(st.VouchedBy, func(a, b marketv1alpha1.Voucher) int { return cmp.Compare(a.URI, b.URI) })
-	st.InvalidRecords = invalid
+	got := r.read(op, st.DID, feeds)
+	st.VouchedBy, st.InvalidRecords = got.vouchedBy, got.invalid
+	failure := got.failure
 	switch {
 	case len(st.VouchedBy) > 0:
 		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonVouched, "vouched for by the operator "+op)
 	case failure != nil:
 		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, failureReason(failure), "reading the operator's association records: "+failure.Error())
-	case !connected || listing:
+	case !got.connected || got.listing:
 		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, marketv1alpha1.ReasonConnecting, "reading the operator's association records from the network's firehoses")
 	default:
 		conditions.Set(&st.Conditions, marketv1alpha1.ConditionVouched, id.Generation, metav1.ConditionFalse, marketv1alpha1.ReasonNotVouched, "no association record of the operator "+op+" names this identity")
@@ -121,6 +97,48 @@ func byVoucher(op string, state firehose.State) map[string][]marketv1alpha1.Vouc
 		out[a.Subject] = append(out[a.Subject], marketv1alpha1.Voucher{DID: op, Roles: roles, URI: rec.URI, CID: rec.CID})
 	}
 	return out
+}
+
+// reading is what the operator's feeds say of one identity.
+type reading struct {
+	// vouchedBy are the operator's association records that name it,
+	// by URI.
+	vouchedBy []marketv1alpha1.Voucher
+	// invalid counts the records the feeds refused.
+	invalid int64
+	// connected: a feed is connected; listing: a feed is listing.
+	connected, listing bool
+	// failure is the first feed's failure, if any.
+	failure error
+}
+
+// read returns what feeds of the operator op say of the identity did.
+func (r *Reconciler) read(op, did string, feeds []*feed) reading {
+	var got reading
+	vouchers := map[string]marketv1alpha1.Voucher{}
+	for _, f := range feeds {
+		state, health, version := f.sub.Snapshot()
+		r.mu.Lock()
+		if f.vouchers == nil || version != f.version {
+			f.vouchers, f.version = byVoucher(op, state), version
+		}
+		for _, v := range f.vouchers[did] {
+			vouchers[v.URI] = v
+		}
+		r.mu.Unlock()
+		got.invalid += state.Invalid
+		got.connected = got.connected || health.Connected
+		got.listing = got.listing || health.Resyncing
+		if got.failure == nil {
+			got.failure = cmp.Or(health.ResyncErr, health.Err)
+		}
+	}
+	got.vouchedBy = make([]marketv1alpha1.Voucher, 0, len(vouchers))
+	for _, v := range vouchers {
+		got.vouchedBy = append(got.vouchedBy, v)
+	}
+	slices.SortFunc(got.vouchedBy, func(a, b marketv1alpha1.Voucher) int { return cmp.Compare(a.URI, b.URI) })
+	return got
 }
 
 // follow makes the identity k use exactly the feeds of keys (source|DID),

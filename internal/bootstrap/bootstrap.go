@@ -89,26 +89,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 
-	schemas, exports, err := readExports(o.Exports)
-	if err != nil {
+	res := &Result{}
+	if res.Exports, err = applyExports(ctx, o, c); err != nil {
 		return nil, err
 	}
-	res := &Result{}
-	for _, obj := range schemas {
-		if err := createSchema(ctx, c, obj); err != nil {
-			return nil, err
-		}
-	}
-	for _, obj := range exports {
-		if err := addStandardClaims(obj); err != nil {
-			return nil, err
-		}
-		if err := apply(ctx, c, obj); err != nil {
-			return nil, err
-		}
-		res.Exports = append(res.Exports, obj.GetName())
-	}
-	o.Log.Info("applied APIs", "workspace", o.Workspace.String(), "schemas", len(schemas), "exports", res.Exports)
 	reportStaleBindings(ctx, o, cfg, c, res.Exports)
 
 	res.InitializerPermissions, err = hasInitializerPermissions(cfg)
@@ -116,18 +100,60 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("detecting WorkspaceType fields: %w", err)
 	}
 
-	wts, err := readDir(o.WorkspaceTypes)
+	n, err := applyWorkspaceTypes(ctx, o, c, res.InitializerPermissions)
 	if err != nil {
 		return nil, err
 	}
-	// RBAC first, so a WorkspaceType is usable as soon as it exists.
+	if err := bindProvider(ctx, o, c); err != nil {
+		return nil, fmt.Errorf("binding %s to the provider: %w", ProviderRole, err)
+	}
+	o.Log.Info("applied workspace types", "workspace", o.Workspace.String(), "objects", n, "initializerPermissions", res.InitializerPermissions)
+	return res, nil
+}
+
+// applyExports creates the APIResourceSchemas of o.Exports (immutable:
+// created once) and applies its APIExports with the standard permission
+// claims, and returns the exports' names.
+func applyExports(ctx context.Context, o Options, c client.Client) ([]string, error) {
+	schemas, exports, err := readExports(o.Exports)
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range schemas {
+		if err := createSchema(ctx, c, obj); err != nil {
+			return nil, err
+		}
+	}
+	var names []string
+	for _, obj := range exports {
+		if err := addStandardClaims(obj); err != nil {
+			return nil, err
+		}
+		if err := apply(ctx, c, obj); err != nil {
+			return nil, err
+		}
+		names = append(names, obj.GetName())
+	}
+	o.Log.Info("applied APIs", "workspace", o.Workspace.String(), "schemas", len(schemas), "exports", names)
+	return names, nil
+}
+
+// applyWorkspaceTypes applies the WorkspaceTypes of o.WorkspaceTypes and
+// their RBAC (RBAC first, so a type is usable as soon as it exists; a
+// type without initializerPermissions on a kcp that lacks the field), and
+// returns how many objects it applied.
+func applyWorkspaceTypes(ctx context.Context, o Options, c client.Client, initializerPermissions bool) (int, error) {
+	wts, err := readDir(o.WorkspaceTypes)
+	if err != nil {
+		return 0, err
+	}
 	sort.SliceStable(wts, func(i, j int) bool { return wts[i].GetKind() != "WorkspaceType" && wts[j].GetKind() == "WorkspaceType" })
 	for _, obj := range wts {
 		if obj.GetKind() == "WorkspaceType" {
 			if err := waitForDefaultExports(ctx, o, c, obj); err != nil {
-				return nil, err
+				return 0, err
 			}
-			if !res.InitializerPermissions {
+			if !initializerPermissions {
 				if _, found, _ := unstructured.NestedFieldNoCopy(obj.Object, "spec", "initializerPermissions"); found {
 					o.Log.Info("this kcp has no WorkspaceType initializerPermissions; applying the type without them", "workspaceType", obj.GetName())
 					unstructured.RemoveNestedField(obj.Object, "spec", "initializerPermissions")
@@ -139,19 +165,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			// exists: it is created, never reverted (the ClusterRole's
 			// rules are knotless's and applied like the rest).
 			if err := createIfMissing(ctx, c, obj); err != nil {
-				return nil, err
+				return 0, err
 			}
 			continue
 		}
 		if err := apply(ctx, c, obj); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
-	if err := bindProvider(ctx, o, c); err != nil {
-		return nil, fmt.Errorf("binding %s to the provider: %w", ProviderRole, err)
-	}
-	o.Log.Info("applied workspace types", "workspace", o.Workspace.String(), "objects", len(wts), "initializerPermissions", res.InitializerPermissions)
-	return res, nil
+	return len(wts), nil
 }
 
 // ensureWorkspace creates every missing workspace along the provider path

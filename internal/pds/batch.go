@@ -226,19 +226,7 @@ func (c *Client) flush(ctx context.Context, ops []*ensureOp) {
 // ensureBatch reads, decides and writes one batch; see Ensure and
 // EnsureOwned.
 func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResult, error) {
-	// What the batch reads: each record, then the markers of the owned ones.
-	keys := make([]Key, 0, 2*len(ops))
-	marker := make([]int, len(ops)) // index in keys of op i's marker, or -1
-	for _, op := range ops {
-		keys = append(keys, Key{op.collection, op.rkey})
-	}
-	for i, op := range ops {
-		marker[i] = -1
-		if op.owner != "" {
-			marker[i] = len(keys)
-			keys = append(keys, Key{InventoryCollection, MarkerKey(op.owner, Key{op.collection, op.rkey})})
-		}
-	}
+	keys, marker := batchKeys(ops)
 	for attempt := 1; ; attempt++ {
 		head, err := c.latestCommit(ctx)
 		if err != nil {
@@ -248,39 +236,11 @@ func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResu
 		if err != nil {
 			return nil, err
 		}
-		results := make([]EnsureResult, len(ops))
-		var writes []Write
-		var written []Key
-		var at []int
-		for i, op := range ops {
-			before := read[i]
-			results[i] = EnsureResult{Before: before, After: before, Rev: head.Rev}
-			var mark *Record
-			if marker[i] >= 0 {
-				mark = read[marker[i]]
-			}
-			if (op.prune && mark == nil) || (op.want != nil && !op.want(ctx)) {
-				results[i].Skipped = true
-				continue
-			}
-			if w, ok := decide(op.collection, op.rkey, op.value, before); ok {
-				writes, written, at = append(writes, w), append(written, keys[i]), append(at, i)
-			}
-			if marker[i] >= 0 {
-				mk := keys[marker[i]]
-				var want json.RawMessage
-				if op.value != nil {
-					want = markerValue(op.owner, Key{op.collection, op.rkey})
-				}
-				if w, ok := decide(mk.Collection, mk.RKey, want, mark); ok {
-					writes = append(writes, w)
-				}
-			}
+		p := planBatch(ctx, ops, keys, marker, read, head.Rev)
+		if len(p.writes) == 0 {
+			return p.results, nil
 		}
-		if len(writes) == 0 {
-			return results, nil
-		}
-		_, err = c.applyWrites(ctx, writes, &head.CID)
+		_, err = c.applyWrites(ctx, p.writes, &head.CID)
 		var se *StatusError
 		switch {
 		case err == nil:
@@ -291,7 +251,7 @@ func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResu
 		default:
 			return nil, err
 		}
-		after, err := c.getMany(ctx, written)
+		after, err := c.getMany(ctx, p.written)
 		if err != nil {
 			return nil, err
 		}
@@ -299,14 +259,78 @@ func (c *Client) ensureBatch(ctx context.Context, ops []*ensureOp) ([]EnsureResu
 		if err != nil {
 			return nil, err
 		}
-		for i := range results {
-			results[i].Rev = rev
+		for i := range p.results {
+			p.results[i].Rev = rev
 		}
-		for j, i := range at {
-			results[i].After, results[i].Wrote = after[j], true
+		for j, i := range p.at {
+			p.results[i].After, p.results[i].Wrote = after[j], true
 		}
-		return results, nil
+		return p.results, nil
 	}
+}
+
+// batchKeys returns what a batch reads: each op's record, then the
+// markers of the owned ones; marker[i] is the index in keys of op i's
+// marker, or -1.
+func batchKeys(ops []*ensureOp) (keys []Key, marker []int) {
+	keys = make([]Key, 0, 2*len(ops))
+	marker = make([]int, len(ops))
+	for _, op := range ops {
+		keys = append(keys, Key{op.collection, op.rkey})
+	}
+	for i, op := range ops {
+		marker[i] = -1
+		if op.owner != "" {
+			marker[i] = len(keys)
+			keys = append(keys, Key{InventoryCollection, MarkerKey(op.owner, Key{op.collection, op.rkey})})
+		}
+	}
+	return keys, marker
+}
+
+// batchPlan is what one pass of a batch writes.
+type batchPlan struct {
+	// results are the ops' results if nothing is written.
+	results []EnsureResult
+	// writes go in one applyWrites commit.
+	writes []Write
+	// written are the records written, at[j] the op of written[j].
+	written []Key
+	at      []int
+}
+
+// planBatch decides the writes of ops from what was read at revision rev
+// (read[i] for keys[i]): a record that differs from its op's value, and
+// its marker; an op whose prune finds no marker, or whose want says no
+// more, is skipped.
+func planBatch(ctx context.Context, ops []*ensureOp, keys []Key, marker []int, read []*Record, rev string) batchPlan {
+	p := batchPlan{results: make([]EnsureResult, len(ops))}
+	for i, op := range ops {
+		before := read[i]
+		p.results[i] = EnsureResult{Before: before, After: before, Rev: rev}
+		var mark *Record
+		if marker[i] >= 0 {
+			mark = read[marker[i]]
+		}
+		if (op.prune && mark == nil) || (op.want != nil && !op.want(ctx)) {
+			p.results[i].Skipped = true
+			continue
+		}
+		if w, ok := decide(op.collection, op.rkey, op.value, before); ok {
+			p.writes, p.written, p.at = append(p.writes, w), append(p.written, keys[i]), append(p.at, i)
+		}
+		if marker[i] >= 0 {
+			mk := keys[marker[i]]
+			var want json.RawMessage
+			if op.value != nil {
+				want = markerValue(op.owner, Key{op.collection, op.rkey})
+			}
+			if w, ok := decide(mk.Collection, mk.RKey, want, mark); ok {
+				p.writes = append(p.writes, w)
+			}
+		}
+	}
+	return p
 }
 
 // decide returns the write that makes collection/rkey hold value (absent

@@ -228,55 +228,16 @@ func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema
 	if err != nil {
 		return 0, err
 	}
-	for i, m := range snap.Objects {
-		o := &unstructured.Unstructured{Object: m}
-		if o.GetAPIVersion() == "" || o.GetKind() == "" || o.GetName() == "" {
-			return 0, fmt.Errorf("%w: object %d has no apiVersion, kind or name", ErrInvalid, i)
-		}
-		// A name the client cannot put in a URL ("..", "a/b") would fail
-		// the apply after the objects before it were applied.
-		if len(content.IsPathSegmentName(o.GetName())) > 0 || len(content.IsPathSegmentName(o.GetNamespace())) > 0 {
-			return 0, fmt.Errorf("%w: object %d has a name or namespace that is not a path segment", ErrInvalid, i)
-		}
+	if err := checkNames(snap.Objects); err != nil {
+		return 0, err
 	}
 	cl, err := connect(cfg)
 	if err != nil {
 		return 0, err
 	}
-	type apply struct {
-		ri  dynamic.ResourceInterface
-		obj *unstructured.Unstructured
-	}
-	var applies []apply
-	for _, m := range snap.Objects {
-		o := &unstructured.Unstructured{Object: m}
-		gvk := o.GroupVersionKind()
-		mp, err := cl.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			return 0, fmt.Errorf("%w: the tenant serves no %s", ErrInvalid, gvk.String())
-		}
-		gr := mp.Resource.GroupResource()
-		namespaced := mp.Scope.Name() == meta.RESTScopeNameNamespace
-		switch {
-		case gr == schema.GroupResource{Resource: "namespaces"}:
-		case !slices.Contains(allowed, gr):
-			return 0, fmt.Errorf("%w: %s is not a kind the requester exports", ErrInvalid, gr.String())
-		case !namespaced:
-			return 0, fmt.Errorf("%w: %s is cluster-scoped", ErrInvalid, gr.String())
-		case o.GetNamespace() == "":
-			return 0, fmt.Errorf("%w: %s %s has no namespace", ErrInvalid, gvk.Kind, o.GetName())
-		}
-		if skip(gr, o) {
-			return 0, fmt.Errorf("%w: %s %s is never exported", ErrInvalid, gvk.Kind, name(o))
-		}
-		c := &unstructured.Unstructured{Object: clean(o)}
-		var ri dynamic.ResourceInterface = cl.dyn.Resource(mp.Resource)
-		if namespaced {
-			ri = cl.dyn.Resource(mp.Resource).Namespace(c.GetNamespace())
-		} else {
-			c.SetNamespace("")
-		}
-		applies = append(applies, apply{ri, c})
+	applies, err := plan(cl, snap.Objects, allowed)
+	if err != nil {
+		return 0, err
 	}
 	for i, a := range applies {
 		if _, err := a.ri.Apply(ctx, a.obj.GetName(), a.obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
@@ -288,6 +249,68 @@ func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema
 		}
 	}
 	return len(applies), nil
+}
+
+// checkNames refuses a snapshot with an object the client could not
+// apply: no apiVersion, kind or name, or a name or namespace it cannot put
+// in a URL ("..", "a/b"), which would fail the apply after the objects
+// before it were applied.
+func checkNames(objects []map[string]any) error {
+	for i, m := range objects {
+		o := &unstructured.Unstructured{Object: m}
+		if o.GetAPIVersion() == "" || o.GetKind() == "" || o.GetName() == "" {
+			return fmt.Errorf("%w: object %d has no apiVersion, kind or name", ErrInvalid, i)
+		}
+		if len(content.IsPathSegmentName(o.GetName())) > 0 || len(content.IsPathSegmentName(o.GetNamespace())) > 0 {
+			return fmt.Errorf("%w: object %d has a name or namespace that is not a path segment", ErrInvalid, i)
+		}
+	}
+	return nil
+}
+
+// apply is one object of a snapshot, cleaned, and where it is applied.
+type apply struct {
+	ri  dynamic.ResourceInterface
+	obj *unstructured.Unstructured
+}
+
+// plan returns the applies of a snapshot's objects, or refuses the whole
+// snapshot when one is of a kind the tenant does not serve, the requester
+// does not export, is cluster-scoped (but namespaces) or is never
+// exported.
+func plan(cl *clients, objects []map[string]any, allowed []schema.GroupResource) ([]apply, error) {
+	var applies []apply
+	for _, m := range objects {
+		o := &unstructured.Unstructured{Object: m}
+		gvk := o.GroupVersionKind()
+		mp, err := cl.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return nil, fmt.Errorf("%w: the tenant serves no %s", ErrInvalid, gvk.String())
+		}
+		gr := mp.Resource.GroupResource()
+		namespaced := mp.Scope.Name() == meta.RESTScopeNameNamespace
+		switch {
+		case gr == schema.GroupResource{Resource: "namespaces"}:
+		case !slices.Contains(allowed, gr):
+			return nil, fmt.Errorf("%w: %s is not a kind the requester exports", ErrInvalid, gr.String())
+		case !namespaced:
+			return nil, fmt.Errorf("%w: %s is cluster-scoped", ErrInvalid, gr.String())
+		case o.GetNamespace() == "":
+			return nil, fmt.Errorf("%w: %s %s has no namespace", ErrInvalid, gvk.Kind, o.GetName())
+		}
+		if skip(gr, o) {
+			return nil, fmt.Errorf("%w: %s %s is never exported", ErrInvalid, gvk.Kind, name(o))
+		}
+		c := &unstructured.Unstructured{Object: clean(o)}
+		var ri dynamic.ResourceInterface = cl.dyn.Resource(mp.Resource)
+		if namespaced {
+			ri = cl.dyn.Resource(mp.Resource).Namespace(c.GetNamespace())
+		} else {
+			c.SetNamespace("")
+		}
+		applies = append(applies, apply{ri, c})
+	}
+	return applies, nil
 }
 
 func name(o *unstructured.Unstructured) string {

@@ -285,55 +285,73 @@ func (c *Client) acquire(ctx context.Context, suspect string) (*token, error) {
 		}
 		if f := c.flight; f != nil {
 			c.mu.Unlock()
-			select {
-			case <-f.done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			switch {
-			case f.abandoned && ctx.Err() == nil:
-				continue
-			case f.err != nil:
-				return nil, f.err
-			case suspect != "" && f.valid == suspect:
-				return nil, errPolicyDenied
-			case f.tok != nil && f.tok.value != suspect:
-				return f.tok, nil
-			default:
+			tok, again, err := join(ctx, f, suspect)
+			if again {
 				continue
 			}
+			return tok, err
 		}
 		f := &flight{done: make(chan struct{})}
 		c.flight = f
 		c.mu.Unlock()
-
-		tok, verdict, err := c.obtain(ctx, cur, suspect)
-
-		c.mu.Lock()
-		c.flight = nil
-		if verdict == suspectInvalid && c.tok != nil && c.tok.value == suspect {
-			c.tok = nil
-		}
-		switch {
-		case verdict == suspectValid:
-			f.valid = suspect
-		case err != nil:
-			f.err = err
-			f.abandoned = ctx.Err() != nil
-		default:
-			c.tok, f.tok = tok, tok
-			select {
-			case c.kick <- struct{}{}:
-			default:
-			}
-		}
-		close(f.done)
-		c.mu.Unlock()
-		if verdict == suspectValid {
-			return nil, errPolicyDenied
-		}
-		return tok, err
+		return c.lead(ctx, f, cur, suspect)
 	}
+}
+
+// join waits for another caller's acquisition f and returns its outcome
+// for a caller whose read with suspect was refused (suspect empty: no
+// read yet), or again when the caller must look again: the leader gave up
+// because its own context ended, or brought no token this caller can use.
+func join(ctx context.Context, f *flight, suspect string) (tok *token, again bool, err error) {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	switch {
+	case f.abandoned && ctx.Err() == nil:
+		return nil, true, nil
+	case f.err != nil:
+		return nil, false, f.err
+	case suspect != "" && f.valid == suspect:
+		return nil, false, errPolicyDenied
+	case f.tok != nil && f.tok.value != suspect:
+		return f.tok, false, nil
+	default:
+		return nil, true, nil
+	}
+}
+
+// lead runs the acquisition f that this caller started (c.flight is f):
+// it checks suspect or logs in, keeps the new token, and tells the
+// callers that joined f its outcome.
+func (c *Client) lead(ctx context.Context, f *flight, cur *token, suspect string) (*token, error) {
+	tok, verdict, err := c.obtain(ctx, cur, suspect)
+
+	c.mu.Lock()
+	c.flight = nil
+	if verdict == suspectInvalid && c.tok != nil && c.tok.value == suspect {
+		c.tok = nil
+	}
+	switch {
+	case verdict == suspectValid:
+		f.valid = suspect
+	case err != nil:
+		f.err = err
+		f.abandoned = ctx.Err() != nil
+	default:
+		c.tok, f.tok = tok, tok
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+	close(f.done)
+	c.mu.Unlock()
+	if verdict == suspectValid {
+		return nil, errPolicyDenied
+	}
+	return tok, err
 }
 
 // What lookup-self said about a suspect token.

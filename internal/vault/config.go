@@ -106,8 +106,15 @@ func (c Config) complete() (Config, error) {
 			return c, fmt.Errorf("vault: prefix %q: %w", c.Prefix, err)
 		}
 	}
+	return c.completeAuth()
+}
 
+// completeAuth reads the token file, or takes VAULT_TOKEN, and checks that
+// exactly one way to authenticate is configured: a token or an AppRole
+// with a secret ID.
+func (c Config) completeAuth() (Config, error) {
 	if c.Token == "" && c.TokenFile != "" {
+		var err error
 		if c.Token, err = readSecretFile(c.TokenFile); err != nil {
 			return c, fmt.Errorf("vault: token file: %w", err)
 		}

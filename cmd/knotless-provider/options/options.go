@@ -219,14 +219,7 @@ func (l LeaderElectionOptions) validate() []error {
 }
 
 func (m MountOptions) validate() []error {
-	errs := []error{flagcheck.Positive("--tenant-probe-interval", m.ProbeInterval)}
-	if m.MountURL != "" {
-		if u, err := flagcheck.URL("--mount-url", m.MountURL); err != nil {
-			errs = append(errs, err)
-		} else if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			errs = append(errs, fmt.Errorf("--mount-url %q must be an https:// (or http://) URL with a host and no query or fragment", m.MountURL))
-		}
-	}
+	errs := []error{flagcheck.Positive("--tenant-probe-interval", m.ProbeInterval), m.validateMountURL()}
 	if m.ProxyURL == "" {
 		if m.CAFile != "" || m.ClientCertFile != "" || m.ClientKeyFile != "" {
 			errs = append(errs, errors.New("--mountproxy-ca-file and --mountproxy-client-cert-file/-key-file need --mountproxy-url"))
@@ -236,6 +229,29 @@ func (m MountOptions) validate() []error {
 		}
 		return errs
 	}
+	return append(errs, m.validateProxy()...)
+}
+
+// validateMountURL checks --mount-url, when set.
+func (m MountOptions) validateMountURL() error {
+	if m.MountURL == "" {
+		return nil
+	}
+	u, err := flagcheck.URL("--mount-url", m.MountURL)
+	if err != nil {
+		return err
+	}
+	if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("--mount-url %q must be an https:// (or http://) URL with a host and no query or fragment", m.MountURL)
+	}
+	return nil
+}
+
+// validateProxy checks the flags of the mount proxy the prober asks, once
+// --mountproxy-url is set: its URL, the probe's client certificate and CA,
+// and the two identity headers.
+func (m MountOptions) validateProxy() []error {
+	var errs []error
 	if u, err := flagcheck.URL("--mountproxy-url", m.ProxyURL); err != nil {
 		errs = append(errs, err)
 	} else if u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {

@@ -62,8 +62,9 @@ type nodeList struct {
 func main() {
 	log.SetFlags(log.LstdFlags | log.LUTC)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	err := run(ctx)
+	stop() // before log.Fatal, which runs no deferred call
+	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Fatal(err)
 	}
 }
