@@ -190,6 +190,9 @@ func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, pha
 		status = metav1.ConditionTrue
 	}
 	conditions.Set(&st.Conditions, computev1alpha1.ConditionRunning, vm.Generation, status, reason, msg)
+	// Ready is Running under the name every knotless kind has (kubectl
+	// wait --for=condition=Ready).
+	conditions.SetReady(&st.Conditions, vm.Generation, status, reason, msg)
 }
 
 func (r *Reconciler) write(ctx context.Context, vm *computev1alpha1.ComputeVM, st *computev1alpha1.ComputeVMStatus) error {

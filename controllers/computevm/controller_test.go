@@ -59,6 +59,9 @@ func TestVMLifecycle(t *testing.T) {
 	if got.Status.Phase != computev1alpha1.VMRunning || got.Status.Endpoint == "" || got.Status.CAFingerprint == "" || got.Status.CredentialSecret != "vm-credential" {
 		t.Fatalf("running: %+v", got.Status)
 	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, "Ready"); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Ready of a running VM: %+v", c)
+	}
 	if e := got.Status.Enforced; e == nil || *e != (computev1alpha1.EnforcedShape{LimitCPUMillis: 1000, LimitMemoryMiB: 1024, AllocatableCPUMillis: 1000, AllocatableMemoryMiB: 1020}) {
 		t.Errorf("enforced shape in the status: %+v", e)
 	}

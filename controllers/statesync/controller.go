@@ -270,6 +270,9 @@ func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, pha
 		status = metav1.ConditionTrue
 	}
 	conditions.Set(&st.Conditions, computev1alpha1.ConditionSynced, ss.Generation, status, reason, msg)
+	// Ready is Synced under the name every knotless kind has (kubectl
+	// wait --for=condition=Ready).
+	conditions.SetReady(&st.Conditions, ss.Generation, status, reason, msg)
 }
 
 func (r *Reconciler) write(ctx context.Context, ss *computev1alpha1.StateSync, st *computev1alpha1.StateSyncStatus) error {

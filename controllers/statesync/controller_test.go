@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -82,6 +83,9 @@ func TestExportThenImport(t *testing.T) {
 	if got.Status.Phase != computev1alpha1.SyncCompleted || got.Status.Chunks != 3 || got.Status.Objects != 7 ||
 		got.Status.Bytes != int64(len(snap)) || got.Status.SHA256 != statesync.Sum(snap) {
 		t.Fatalf("export: %+v", got.Status)
+	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, "Ready"); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Ready of a completed export: %+v", c)
 	}
 	if len(d.Exported) != 1 || len(d.Exported[0]) != 1 || d.Exported[0][0].Resource != "configmaps" {
 		t.Errorf("exported %v", d.Exported)

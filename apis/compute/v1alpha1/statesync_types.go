@@ -165,6 +165,7 @@ type StateSyncStatus struct {
 // +kubebuilder:printcolumn:name="VM",type=string,JSONPath=`.spec.vmName`
 // +kubebuilder:printcolumn:name="Direction",type=string,JSONPath=`.spec.direction`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Objects",type=integer,JSONPath=`.status.objects`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

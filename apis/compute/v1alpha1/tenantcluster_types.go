@@ -177,6 +177,7 @@ type TenantClusterStatus struct {
 // +kubebuilder:resource:path=tenantclusters,scope=Cluster,categories=knotless,shortName=tc
 // +kubebuilder:metadata:annotations="experimental.tenancy.kcp.io/is-mount=true"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.URL`,priority=1
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.tenantVersion`

@@ -116,7 +116,7 @@ type BidStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=knotless;market,shortName=mbids
+// +kubebuilder:resource:categories=knotless;market
 // +kubebuilder:printcolumn:name="Side",type=string,JSONPath=`.spec.side`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Price",type=integer,JSONPath=`.spec.pricePerHour.amount`

@@ -138,6 +138,8 @@ type ComputeContractStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
 // +kubebuilder:printcolumn:name="Price",type=integer,JSONPath=`.spec.pricePerHour.amount`
+// +kubebuilder:printcolumn:name="Bidder",type=string,JSONPath=`.spec.bidderDID`
+// +kubebuilder:printcolumn:name="Requester",type=string,JSONPath=`.spec.requesterDID`,priority=1
 // +kubebuilder:printcolumn:name="Reclaimed-By",type=string,JSONPath=`.status.reclaim.terminateAfter`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ComputeContract struct {

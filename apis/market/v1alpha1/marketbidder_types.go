@@ -184,7 +184,7 @@ type MarketBidderStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=knotless;market,shortName=mbid
+// +kubebuilder:resource:categories=knotless;market,shortName=mbidder
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="DID",type=string,JSONPath=`.status.did`
 // +kubebuilder:printcolumn:name="Suspend",type=boolean,JSONPath=`.spec.suspend`
