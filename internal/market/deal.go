@@ -19,7 +19,9 @@ import (
 // network's operator vouches for it (an association record in the
 // operator's repo), or the participant's own identity approves it
 // (spec.approvedAssociations).
-func Vouched(r Reader, operator string, id *marketv1alpha1.MarketIdentity, subject string, role marketv1alpha1.Role) bool {
+func Vouched(r interface {
+	Vouches(voucher, subject, role string) bool
+}, operator string, id *marketv1alpha1.MarketIdentity, subject string, role marketv1alpha1.Role) bool {
 	if subject == "" {
 		return false
 	}
