@@ -20,7 +20,6 @@
 package marketbidder
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,9 +41,9 @@ import (
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
-	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/lexicon"
@@ -87,7 +86,7 @@ type Reconciler struct {
 	Resync time.Duration
 	// Connect returns the Publisher of a repo (default market.Client with
 	// Pool); tests replace it.
-	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -95,22 +94,6 @@ type Reconciler struct {
 	// repo.
 	absent market.Absences
 }
-
-func (r *Reconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
-}
-
-func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
-	if r.Connect != nil {
-		return r.Connect(ctx, c, lc, repo)
-	}
-	return market.Client(ctx, r.Pool, c, lc, repo)
-}
-
-func (r *Reconciler) resync() time.Duration { return cmp.Or(r.Resync, 2*time.Minute) }
 
 // tenantAdmins are the tenant admins that the requester of a contract
 // names, found by the requester's DID (the index of requesters over every
@@ -131,18 +114,6 @@ func (r *Reconciler) tenantAdmins(ctx context.Context, cc *marketv1alpha1.Comput
 	return computev1alpha1.TenantAdmins{}
 }
 
-func key(req mcreconcile.Request) string {
-	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
-}
-
-func (r *Reconciler) forget(req mcreconcile.Request) {
-	if r.Market != nil {
-		r.Market.Unfollow(req)
-	}
-	if r.Inventories != nil {
-		r.Inventories.Forget(key(req))
-	}
-}
 
 // SetupWithManager registers the controller and its indexes.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
@@ -207,7 +178,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	b := &marketv1alpha1.MarketBidder{}
 	if err := c.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forget(req)
+			market.Forget(r.Market, r.Inventories, req)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -225,9 +196,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	st := b.Status.DeepCopy()
 	st.ObservedGeneration = b.Generation
 	t, cause := r.sync(ctx, cl, req, b, st)
-	result := reconcile.Result{RequeueAfter: r.resync()}
-	if t != nil && !t.next.IsZero() {
-		result.RequeueAfter = min(max(t.next.Sub(r.now())+50*time.Millisecond, 50*time.Millisecond), r.resync())
+	resync := clock.Resync(r.Resync)
+	result := reconcile.Result{RequeueAfter: resync}
+	if t != nil && !t.next().IsZero() {
+		result.RequeueAfter = min(max(t.next().Sub(clock.Now(r.Now))+50*time.Millisecond, 50*time.Millisecond), resync)
 	}
 	var ce *conditions.Error
 	switch {
@@ -237,12 +209,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		if ce.Reason == marketv1alpha1.ReasonInvalidSpec {
 			st.Phase = marketv1alpha1.PhaseFailed
 		}
-		setReady(st, b.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
 		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || ce.Reason == marketv1alpha1.ReasonInvalidSpec {
 			cause = nil // a watch or a spec edit brings the bidder back
 		}
 	default:
-		setReady(st, b.Generation, metav1.ConditionFalse, "Error", cause.Error())
+		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionFalse, "Error", cause.Error())
 	}
 	ready := meta.FindStatusCondition(st.Conditions, marketv1alpha1.ConditionReady)
 	if err := ssa.WriteStatus(ctx, c, b, &b.Status, st, ssa.StatusOptions{
@@ -261,7 +233,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 // Event says so.
 func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(b, Finalizer) {
-		r.forget(req)
+		market.Forget(r.Market, r.Inventories, req)
 		return reconcile.Result{}, nil
 	}
 	c := cl.GetClient()
@@ -286,7 +258,7 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcrec
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	r.forget(req)
+	market.Forget(r.Market, r.Inventories, req)
 	return reconcile.Result{}, nil
 }
 
@@ -306,7 +278,7 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 	if err != nil {
 		return nil, err
 	}
-	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: r.now(), id: id, net: net,
+	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: clock.Now(r.Now), id: id, net: net,
 		network: network.Name(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
 		admins: func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) }}
 	if b.Spec.Suspend {
@@ -316,11 +288,11 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 	if t.view, err = r.Market.Follow(fl, net.Spec.Firehoses); err != nil {
 		return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", net.Name, err)
 	}
-	pub, err := r.connect(ctx, c, string(req.ClusterName), repo)
+	pub, err := market.Connect(ctx, r.Connect, r.Pool, c, string(req.ClusterName), repo)
 	if err != nil {
 		return nil, err
 	}
-	if t.inv, err = r.Inventories.Open(ctx, key(req), id.Status.DID, t.owner, pub, lexicon.Bid, lexicon.Lease, lexicon.Reclaim); err != nil {
+	if t.inv, err = r.Inventories.Open(ctx, engage.Key(req), id.Status.DID, t.owner, pub, lexicon.Bid, lexicon.Lease, lexicon.Reclaim); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -358,10 +330,10 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		if t, tradeErr = r.trader(ctx, cl, req, b, st); tradeErr == nil {
 			t.run()
 			tradeErr = errors.Join(t.errs...)
-			st.OpenBids, st.Leased, st.IgnoredRecords = 0, 0, int64(len(t.ignored))
+			st.OpenBids, st.Leased, st.IgnoredRecords = 0, 0, int64(len(t.plan.Ignored))
 			for i := range b.Spec.Offers {
-				st.OpenBids += t.reserved[i]
-				st.Leased += t.used[i]
+				st.OpenBids += t.reserved(i)
+				st.Leased += t.used(i)
 			}
 		}
 	}
@@ -395,14 +367,14 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being published", p.Name)
 	case b.Spec.Suspend:
 		st.Phase = marketv1alpha1.PhaseSuspended
-		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, "suspended: the presence says the bidder takes no new requests; leases still end when released")
+		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, "suspended: the presence says the bidder takes no new requests; leases still end when released")
 	default:
 		st.Phase = marketv1alpha1.PhaseReady
 		msg := "presence published as " + st.PresenceURI
 		if t != nil {
 			msg += fmt.Sprintf("; %d open bid(s), %d VM(s) leased", st.OpenBids, st.Leased)
 		}
-		setReady(st, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
+		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
 	}
 	return t, nil
 }
@@ -444,14 +416,10 @@ func Presence(b *marketv1alpha1.MarketBidder, network string, t *trader) *market
 		// and the presence would change with every bid (status.openBids
 		// counts them).
 		free := o.Capacity
-		if t != nil && t.used != nil {
-			free = max(o.Capacity-t.used[i], 0)
+		if t != nil && t.plan != nil {
+			free = max(o.Capacity-t.used(i), 0)
 		}
 		p.Spec.Offers = append(p.Spec.Offers, marketv1alpha1.PresenceOffer{Offer: o, Free: free})
 	}
 	return p
-}
-
-func setReady(st *marketv1alpha1.MarketBidderStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
 }

@@ -18,7 +18,6 @@
 package marketrequester
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,9 +44,9 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
-	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	kclock "github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/lexicon"
@@ -110,7 +109,7 @@ type Reconciler struct {
 	Resync time.Duration
 	// Connect returns the Publisher of a repo (default market.Client with
 	// Pool); tests replace it.
-	Connect func(ctx context.Context, c client.Client, cluster string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error)
+	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -190,24 +189,6 @@ func tenantToRequester() func(multicluster.ClusterName, cluster.Cluster) handler
 	}
 }
 
-func (r *Reconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
-}
-
-func (r *Reconciler) connect(ctx context.Context, c client.Client, lc string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
-	if r.Connect != nil {
-		return r.Connect(ctx, c, lc, repo)
-	}
-	return market.Client(ctx, r.Pool, c, lc, repo)
-}
-
-func key(req mcreconcile.Request) string {
-	return string(req.ClusterName) + "|" + req.Namespace + "/" + req.Name
-}
-
 // Reconcile implements mcreconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
 	cl, err := r.GetCluster(ctx, req.ClusterName)
@@ -218,13 +199,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	mr := &marketv1alpha1.MarketRequester{}
 	if err := c.Get(ctx, req.NamespacedName, mr); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forget(req)
+			market.Forget(r.Market, r.Inventories, req)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	deleting := !mr.DeletionTimestamp.IsZero()
 	if deleting && !controllerutil.ContainsFinalizer(mr, Finalizer) {
-		r.forget(req)
+		market.Forget(r.Market, r.Inventories, req)
 		return reconcile.Result{}, nil
 	}
 	if !deleting && !controllerutil.ContainsFinalizer(mr, Finalizer) {
@@ -234,7 +215,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	}
 
 	s := &session{r: r, req: req, ctx: ctx, c: c, lc: string(req.ClusterName), mr: mr, events: cl.GetEventRecorder(Name),
-		now: r.now(), st: mr.Status.DeepCopy(), deleting: deleting, ignored: map[string]bool{}}
+		now: kclock.Now(r.Now), st: mr.Status.DeepCopy(), deleting: deleting, ignored: map[string]bool{}}
 	s.st.ObservedGeneration = mr.Generation
 	cause := s.run()
 	result := reconcile.Result{RequeueAfter: s.requeue()}
@@ -249,14 +230,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		if deleting {
 			s.st.Phase = marketv1alpha1.PhaseDeleting
 		}
-		setReady(s.st, mr.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		conditions.SetReady(&s.st.Conditions, mr.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
 		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || s.st.Phase == marketv1alpha1.PhaseFailed {
 			// A watch or a spec edit brings the requester back; look again
 			// at the resync, no retry storm.
-			cause, result = nil, reconcile.Result{RequeueAfter: r.resync()}
+			cause, result = nil, reconcile.Result{RequeueAfter: kclock.Resync(r.Resync)}
 		}
 	default:
-		setReady(s.st, mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
+		conditions.SetReady(&s.st.Conditions, mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
 	}
 	if deleting && s.done {
 		if err := s.sweepMounts(); err != nil {
@@ -268,7 +249,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 			}
 			return reconcile.Result{}, client.IgnoreNotFound(err)
 		}
-		r.forget(req)
+		market.Forget(r.Market, r.Inventories, req)
 		return reconcile.Result{}, nil
 	}
 	ready := meta.FindStatusCondition(s.st.Conditions, marketv1alpha1.ConditionReady)
@@ -289,20 +270,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	return result, nil
 }
 
-func (r *Reconciler) resync() time.Duration { return cmp.Or(r.Resync, 2*time.Minute) }
-
-func (r *Reconciler) forget(req mcreconcile.Request) {
-	if r.Market != nil {
-		r.Market.Unfollow(req)
-	}
-	if r.Inventories != nil {
-		r.Inventories.Forget(key(req))
-	}
-}
-
-func setReady(st *marketv1alpha1.MarketRequesterStatus, gen int64, status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen})
-}
 
 // session is one reconcile of one MarketRequester.
 type session struct {
@@ -353,11 +320,11 @@ func (s *session) due(t time.Time) {
 
 func (s *session) requeue() time.Duration {
 	if s.next.IsZero() {
-		return s.r.resync()
+		return kclock.Resync(s.r.Resync)
 	}
-	d := s.next.Sub(s.r.now())
+	d := s.next.Sub(kclock.Now(s.r.Now))
 	// A little after the deadline, so that it has passed by then.
-	return min(max(d+50*time.Millisecond, 50*time.Millisecond), s.r.resync())
+	return min(max(d+50*time.Millisecond, 50*time.Millisecond), kclock.Resync(s.r.Resync))
 }
 
 // run does everything the requester needs and reports the outcome in
@@ -408,11 +375,11 @@ func (s *session) run() error {
 	if s.view, err = s.r.Market.Follow(fl, s.net.Spec.Firehoses); err != nil {
 		return conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", s.net.Name, err)
 	}
-	pub, err := s.r.connect(s.ctx, s.c, s.lc, repo)
+	pub, err := market.Connect(s.ctx, s.r.Connect, s.r.Pool, s.c, s.lc, repo)
 	if err != nil {
 		return err
 	}
-	if s.inv, err = s.r.Inventories.Open(s.ctx, key(s.req), s.st.DID, s.owner, pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
+	if s.inv, err = s.r.Inventories.Open(s.ctx, engage.Key(s.req), s.st.DID, s.owner, pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
 		return err
 	}
 	if err := s.loadObjects(); err != nil {
@@ -542,7 +509,7 @@ func (s *session) trade() error {
 		rr.attempt = max(rr.attempt, rs.Attempt)
 	}
 	for _, cc := range s.contracts {
-		if live(cc) {
+		if deal.LiveContract(cc) {
 			get(cc.Spec.ReplicaIndex)
 		}
 	}
@@ -599,28 +566,28 @@ func (s *session) summarise(desired int32) {
 	}
 	provisioning := 0
 	for _, cc := range s.contracts {
-		if live(cc) && cc.Status.Phase != marketv1alpha1.ContractActive {
+		if deal.LiveContract(cc) && cc.Status.Phase != marketv1alpha1.ContractActive {
 			provisioning++
 		}
 	}
 	switch {
 	case s.deleting:
 		st.Phase = marketv1alpha1.PhaseDeleting
-		setReady(st, gen, metav1.ConditionFalse, marketv1alpha1.ReasonReleasing, fmt.Sprintf("being deleted: %d replica(s) to release", len(st.Requests)))
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionFalse, marketv1alpha1.ReasonReleasing, fmt.Sprintf("being deleted: %d replica(s) to release", len(st.Requests)))
 	case s.stop != "":
 		st.Phase = marketv1alpha1.PhaseSuspended
 		msg := s.stop + ": no new requests"
 		if n := len(st.Requests); n > 0 {
 			msg += fmt.Sprintf("; %d replica(s) being released", n)
 		}
-		setReady(st, gen, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, msg)
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, msg)
 	case st.Contracted >= desired && counts[marketv1alpha1.RequestReleasing] == 0:
 		st.Phase = marketv1alpha1.PhaseReady
 		msg := fmt.Sprintf("%d of %d replica(s) contracted", st.Contracted, desired)
 		if provisioning > 0 {
 			msg += fmt.Sprintf("; %d VM(s) not running yet", provisioning)
 		}
-		setReady(st, gen, metav1.ConditionTrue, marketv1alpha1.ReasonContracted, msg)
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionTrue, marketv1alpha1.ReasonContracted, msg)
 	default:
 		st.Phase = marketv1alpha1.PhasePending
 		reason := marketv1alpha1.ReasonBidding
@@ -641,11 +608,8 @@ func (s *session) summarise(desired int32) {
 				break
 			}
 		}
-		setReady(st, gen, metav1.ConditionFalse, reason, msg)
+		conditions.SetReady(&st.Conditions, gen, metav1.ConditionFalse, reason, msg)
 	}
 }
 
 // live reports whether a contract still holds (or is giving back) a VM.
-func live(cc *marketv1alpha1.ComputeContract) bool {
-	return cc.Status.Phase != marketv1alpha1.ContractCompleted && cc.Status.Phase != marketv1alpha1.ContractFailed
-}

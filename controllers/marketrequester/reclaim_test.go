@@ -43,7 +43,7 @@ func contractWith(t *testing.T, ws *clustertest.Cluster, did string) *marketv1al
 	t.Helper()
 	var found *marketv1alpha1.ComputeContract
 	for _, cc := range contracts(t, ws) {
-		if cc.Spec.BidderDID == did && live(&cc) {
+		if cc.Spec.BidderDID == did && deal.LiveContract(&cc) {
 			if found != nil {
 				t.Fatalf("two live contracts with %s", did)
 			}

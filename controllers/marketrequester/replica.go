@@ -614,7 +614,7 @@ func (s *session) contract(rr *replicaRecords, cur *ownRecord, acc *ownAccept, l
 func (s *session) contractsOf(index int32) []*marketv1alpha1.ComputeContract {
 	var out []*marketv1alpha1.ComputeContract
 	for _, cc := range s.contracts {
-		if cc.Spec.ReplicaIndex == index && live(cc) {
+		if cc.Spec.ReplicaIndex == index && deal.LiveContract(cc) {
 			out = append(out, cc)
 		}
 	}
@@ -638,7 +638,7 @@ func anyActive(ccs []*marketv1alpha1.ComputeContract) bool {
 // restsOn reports whether a live contract rests on the request at uri.
 func (s *session) restsOn(uri string) bool {
 	for _, cc := range s.contracts {
-		if live(cc) && cc.Spec.Request.URI == uri {
+		if deal.LiveContract(cc) && cc.Spec.Request.URI == uri {
 			return true
 		}
 	}
@@ -649,7 +649,7 @@ func (s *session) restsOn(uri string) bool {
 // this requester: its bids are not taken meanwhile.
 func (s *session) reclaiming(did string) bool {
 	for _, cc := range s.contracts {
-		if live(cc) && cc.Status.Reclaim != nil && cc.Spec.BidderDID == did {
+		if deal.LiveContract(cc) && cc.Status.Reclaim != nil && cc.Spec.BidderDID == did {
 			return true
 		}
 	}
@@ -669,7 +669,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	}
 	st := cc.Status.DeepCopy()
 	st.ObservedGeneration = cc.Generation
-	st.Records.Request, st.Records.Bid, st.Records.Accept = ptr(cc.Spec.Request), ptr(cc.Spec.Bid), ptr(cc.Spec.Accept)
+	st.Records.Request, st.Records.Bid, st.Records.Accept = new(cc.Spec.Request), new(cc.Spec.Bid), new(cc.Spec.Accept)
 	rs.State, rs.Contract = marketv1alpha1.RequestContracted, cc.Name
 	rs.Record = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Request.URI, CID: cc.Spec.Request.CID}
 	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
@@ -812,7 +812,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 			}
 		}
 	}
-	finished := !live(&marketv1alpha1.ComputeContract{Status: *st})
+	finished := !deal.LiveContract(&marketv1alpha1.ComputeContract{Status: *st})
 	if err := s.contractStatus(cc, st, mountReason, mountMsg, unresponsive != ""); err != nil {
 		return false, err
 	}
@@ -959,8 +959,6 @@ func (s *session) releaseOf(leaseURI string) *ownRelease {
 	return &ownRelease{uri: rec.URI, cid: rec.CID, rkey: rkey, release: &rel}
 }
 
-func ptr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
-
 // contractStatus writes a contract's status when it changed, with an
 // Event when its phase did.
 func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, mountReason, mount string, unresponsive bool) error {
@@ -1013,7 +1011,7 @@ func (s *session) prune() error {
 	var finished []*marketv1alpha1.ComputeContract
 	kept := map[string]bool{}
 	for _, cc := range s.contracts {
-		if !live(cc) {
+		if !deal.LiveContract(cc) {
 			finished = append(finished, cc)
 			continue
 		}

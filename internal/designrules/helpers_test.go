@@ -14,24 +14,7 @@ import (
 // copiedInTheMarketWing are the helpers the market bidder and requester
 // still each have a copy of; the deal engine's rewrite of the market wing
 // (issue 28) removes them, and with them this list.
-var copiedInTheMarketWing = []string{
-	"controllers/marketbidder/controller.go now",
-	"controllers/marketrequester/controller.go now",
-	"controllers/marketbidder/controller.go connect",
-	"controllers/marketrequester/controller.go connect",
-	"controllers/marketbidder/controller.go key",
-	"controllers/marketrequester/controller.go key",
-	"controllers/marketbidder/controller.go resync",
-	"controllers/marketrequester/controller.go resync",
-	"controllers/marketbidder/controller.go forget",
-	"controllers/marketrequester/controller.go forget",
-	"controllers/marketbidder/controller.go setReady",
-	"controllers/marketrequester/controller.go setReady",
-	"controllers/marketbidder/trade.go live",
-	"controllers/marketrequester/controller.go live",
-	"controllers/marketbidder/trade.go refPtr",
-	"controllers/marketrequester/replica.go ptr",
-}
+var copiedInTheMarketWing = []string{}
 
 // TestNoHelperIsCopiedBetweenControllers: a function whose body is the
 // same in two controller packages belongs once under internal/ (clock,

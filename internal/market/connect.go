@@ -10,8 +10,10 @@ import (
 	"context"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 )
 
@@ -26,4 +28,16 @@ func Connect(ctx context.Context, connect Connector, pool *repoconn.Pool, c clie
 		return connect(ctx, c, cluster, repo)
 	}
 	return Client(ctx, pool, c, cluster, repo)
+}
+
+// Forget drops what the market keeps for the follower of req (its object
+// is gone): it is no longer followed and its inventory goes. m and invs
+// may be nil.
+func Forget(m Market, invs *Inventories, req mcreconcile.Request) {
+	if m != nil {
+		m.Unfollow(req)
+	}
+	if invs != nil {
+		invs.Forget(engage.Key(req))
+	}
 }

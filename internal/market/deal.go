@@ -148,3 +148,24 @@ func (a *Absences) Present(key string) {
 	defer a.mu.Unlock()
 	delete(a.since, key)
 }
+
+// Since is when key was found missing, if it was (deal.Missing).
+func (a *Absences) Since(key string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.since[key]
+	return t, ok
+}
+
+// Note remembers that key was found missing at at (unless it was
+// before).
+func (a *Absences) Note(key string, at time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.since == nil {
+		a.since = map[string]time.Time{}
+	}
+	if _, ok := a.since[key]; !ok {
+		a.since[key] = at
+	}
+}

@@ -332,7 +332,7 @@ func (d *bidder) contractOf(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Co
 	st := cur
 	st.ObservedGeneration = gen
 	st.Phase, st.Reason = phase, string(reason)
-	st.Records.Request, st.Records.Bid, st.Records.Accept = refPtr(spec.Request), refPtr(spec.Bid), refPtr(spec.Accept)
+	st.Records.Request, st.Records.Bid, st.Records.Accept = new(spec.Request), new(spec.Bid), new(spec.Accept)
 	st.Records.Lease = &marketv1alpha1.RecordRef{URI: ol.uri, CID: ol.cid}
 	if rel := d.releaseOf(ol, spec.RequesterDID); rel != nil {
 		st.Records.Release = &marketv1alpha1.RecordRef{URI: rel.URI, CID: rel.CID}
@@ -391,8 +391,6 @@ func (d *bidder) contractSpec(ol *ownLease, acc *market.Rec) *marketv1alpha1.Com
 	}
 	return spec
 }
-
-func refPtr(r marketv1alpha1.RecordRef) *marketv1alpha1.RecordRef { return &r }
 
 // bidOf is the Bid object write of one of the bidder's bids in state.
 func (d *bidder) bidOf(ob *ownBid, req *market.Rec, name string, state State, msg string, needs int) {
