@@ -114,7 +114,6 @@ func (r *Reconciler) tenantAdmins(ctx context.Context, cc *marketv1alpha1.Comput
 	return computev1alpha1.TenantAdmins{}
 }
 
-
 // SetupWithManager registers the controller and its indexes.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &marketv1alpha1.MarketBidder{}, byIdentity, func(o client.Object) []string {

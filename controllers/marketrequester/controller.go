@@ -270,7 +270,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	return result, nil
 }
 
-
 // session is one reconcile of one MarketRequester.
 type session struct {
 	r        *Reconciler

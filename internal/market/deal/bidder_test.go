@@ -400,7 +400,9 @@ func leaseCases() []bidderCase {
 		}},
 		{name: "a lost VM ends the lease (vm-lost)", setup: func(f *fixture) { f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMLost) },
 			want: []TransitionID{LeaseVMLost}, check: ended(VMLost)},
-		{name: "a failed VM ends the lease (driver-failed)", setup: func(f *fixture) { f.leased(LeaseConfirmed, marketv1alpha1.ContractProvisioning, computev1alpha1.VMFailed) },
+		{name: "a failed VM ends the lease (driver-failed)", setup: func(f *fixture) {
+			f.leased(LeaseConfirmed, marketv1alpha1.ContractProvisioning, computev1alpha1.VMFailed)
+		},
 			want: []TransitionID{LeaseVMLost}, check: ended(DriverFailed)},
 		{name: "spec.reclaims publishes a reclaim with the request's notice", setup: func(f *fixture) {
 			_, _, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
