@@ -105,14 +105,61 @@ func parseLabels(s string) map[string]string {
 	return out
 }
 
-// since is what was written after before, by resource and verb, per n.
+// authChecks are resources kcp writes to authorize a request (not an
+// object any client changes).
+var authChecks = map[string]bool{"subjectaccessreviews": true, "tokenreviews": true, "localsubjectaccessreviews": true, "selfsubjectaccessreviews": true}
+
+// since is what clients wrote after before, by resource and verb, per n.
+// kcp counts a write through an APIExport's virtual workspace twice (the
+// client's APPLY or PATCH, then the GET and PUT or POST it makes of it):
+// for a resource written with APPLY or PATCH only those (and DELETE) are
+// counted, else POST, PUT and DELETE; kcp's own authorization checks are
+// left out.
 func (w kcpWrites) since(before kcpWrites, n int) (lines []string, total float64) {
+	byRes := map[string]map[string]float64{}
 	for k, v := range w {
 		if d := v - before[k]; d > 0 {
-			lines = append(lines, fmt.Sprintf("%s %.2f", k, d/float64(n)))
-			total += d
+			res, verb, _ := strings.Cut(k, " ")
+			if authChecks[strings.Split(res, "/")[0]] {
+				continue
+			}
+			if byRes[res] == nil {
+				byRes[res] = map[string]float64{}
+			}
+			byRes[res][verb] = d
+		}
+	}
+	for res, verbs := range byRes {
+		counted := []string{"POST", "PUT", "DELETE", "DELETECOLLECTION"}
+		if verbs["APPLY"] > 0 || verbs["PATCH"] > 0 {
+			counted = []string{"APPLY", "PATCH", "DELETE", "DELETECOLLECTION"}
+		}
+		for _, verb := range counted {
+			if d := verbs[verb]; d > 0 {
+				lines = append(lines, fmt.Sprintf("%s %s %.2f", res, verb, d/float64(n)))
+				total += d
+			}
 		}
 	}
 	sort.Strings(lines)
 	return lines, total / float64(n)
+}
+
+// providerWrites are the provider's own requests to kcp that change
+// something, by method (client-go's rest_client_requests_total).
+func providerWrites(text string) map[string]float64 {
+	out := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "rest_client_requests_total{") {
+			continue
+		}
+		labels := parseLabels(line[len("rest_client_requests_total{"):strings.LastIndexByte(line, '}')])
+		switch m := labels["method"]; m {
+		case "POST", "PUT", "PATCH", "DELETE":
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			out[m] += v
+		}
+	}
+	return out
 }

@@ -61,6 +61,7 @@ func TestMarketThroughput(t *testing.T) {
 	events0 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
 	cpu0, _ := env.provider.CPU()
 	writes0 := readKCPWrites(ctx, t)
+	pw0 := providerWrites(mustMetrics(t))
 
 	start := time.Now()
 	names := make([]string, nReq)
@@ -101,6 +102,7 @@ func TestMarketThroughput(t *testing.T) {
 	rss, _ := env.provider.RSS()
 	events1 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
 	writes1 := readKCPWrites(ctx, t)
+	pw1 := providerWrites(mustMetrics(t))
 
 	// Request made → agreed, and bid deadline → agreed, from the request
 	// records (the requester's own clock, which is this machine's).
@@ -168,6 +170,13 @@ func TestMarketThroughput(t *testing.T) {
 		lines, total := writes1.since(writes0, len(agreed))
 		t.Logf("FIGURE %.1f kcp writes per contract (every client's, by resource and verb, per contract):\n\t%s", total, strings.Join(lines, "\n\t"))
 	}
+	var pw []string
+	pwTotal := 0.0
+	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+		d := (pw1[m] - pw0[m]) / float64(len(agreed))
+		pw, pwTotal = append(pw, fmt.Sprintf("%s %.2f", m, d)), pwTotal+d
+	}
+	t.Logf("FIGURE %.1f provider requests to kcp that write, per contract (%s)", pwTotal, strings.Join(pw, ", "))
 	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(len(agreed))).Round(time.Millisecond),
 		(cpu1 - cpu0).Round(time.Millisecond), rss>>20)
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -342,14 +343,8 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		// keeps what it last said (nothing free if it said nothing).
 		keepFree(ctx, c, desired)
 	}
-	if err := ssa.Child(ctx, c, desired, b, FieldManager); err != nil {
-		return t, err
-	}
-	p := &marketv1alpha1.MarketPresence{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(desired), p); err != nil {
-		if apierrors.IsNotFound(err) {
-			return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being created", desired.Name)
-		}
+	p, err := applyPresence(ctx, c, b, desired)
+	if err != nil {
 		return t, err
 	}
 	if p.Status.Record != nil {
@@ -376,6 +371,30 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
 	}
 	return t, nil
+}
+
+// applyPresence applies the desired presence when the one there differs
+// (a pass that changes nothing writes nothing) and returns the presence
+// there, or a *conditions.Error while it is being created.
+func applyPresence(ctx context.Context, c client.Client, b *marketv1alpha1.MarketBidder, desired *marketv1alpha1.MarketPresence) (*marketv1alpha1.MarketPresence, error) {
+	p := &marketv1alpha1.MarketPresence{}
+	err := c.Get(ctx, client.ObjectKeyFromObject(desired), p)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	if err == nil && metav1.IsControlledBy(p, b) && apiequality.Semantic.DeepEqual(p.Spec, desired.Spec) {
+		return p, nil
+	}
+	if err := ssa.Child(ctx, c, desired, b, FieldManager); err != nil {
+		return nil, err
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(desired), p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being created", desired.Name)
+		}
+		return nil, err
+	}
+	return p, nil
 }
 
 // keepFree sets the free capacity of the desired presence's offers to

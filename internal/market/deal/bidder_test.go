@@ -226,7 +226,7 @@ type bidderCase struct {
 }
 
 func bidderCases() []bidderCase {
-	return append(append(bidCases(), acceptCases()...), leaseCases()...)
+	return slices.Concat(bidCases(), acceptCases(), leaseCases(), releaseCases())
 }
 
 func bidCases() []bidderCase {
@@ -418,6 +418,12 @@ func leaseCases() []bidderCase {
 				}
 			}
 		}},
+	}
+}
+
+// releaseCases: the lease ends.
+func releaseCases() []bidderCase {
+	return []bidderCase{
 		{name: "a released VM is kept for its export", setup: func(f *fixture) {
 			_, leaseURI, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
 			f.release(shop, leaseURI, ReplicasLowered)
