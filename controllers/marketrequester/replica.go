@@ -141,8 +141,7 @@ func (s *session) buy(rr *replicaRecords, accepts map[string][]*ownAccept, rs ma
 	// A round without an acceptable bid: ask again later, waiting longer
 	// after every empty round; at once when the bidder taken declined or
 	// did not answer (the requester goes back to the market).
-	wait := time.Duration(s.window()) * time.Second << min(rr.attempt-1, 8)
-	next := deadline.Add(min(wait, maxRetry))
+	next := deadline.Add(retryWait(s.window(), rr.attempt))
 	if s.now.Before(next) && !turnedDown {
 		rs.NextAttempt = market.MetaTime(next)
 		rs.Message = fmt.Sprintf("no acceptable bid (%d seen); asking again at %s", len(bids), market.Time(next))
@@ -1057,4 +1056,12 @@ func deleteObject(s *session, o client.Object) error {
 		return nil
 	}
 	return err
+}
+
+// retryWait is how long after the deadline of an empty round a replica
+// asks again: the bid window, doubled with every attempt, at most
+// maxRetry. An attempt below 1 (a status write that did not land) waits
+// one window.
+func retryWait(window int32, attempt int32) time.Duration {
+	return min(time.Duration(window)*time.Second<<min(max(attempt-1, 0), 8), maxRetry)
 }
