@@ -347,30 +347,38 @@ func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconci
 	if err != nil {
 		return t, err
 	}
+	if tradeErr != nil {
+		return t, tradeErr
+	}
+	return t, ready(b, st, p, t != nil)
+}
+
+// ready reads the presence's state into the bidder's status: Ready once
+// it is published (Suspended when the bidder is), else a
+// *conditions.Error that says why not.
+func ready(b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus, p *marketv1alpha1.MarketPresence, traded bool) error {
 	if p.Status.Record != nil {
 		st.PresenceURI = p.Status.Record.URI
 	}
 	pc := meta.FindStatusCondition(p.Status.Conditions, marketv1alpha1.ConditionReady)
 	published := pc != nil && pc.Status == metav1.ConditionTrue && p.Status.ObservedGeneration == p.Generation
 	switch {
-	case tradeErr != nil:
-		return t, tradeErr
 	case !published && pc != nil && pc.ObservedGeneration == p.Generation:
-		return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s: %s: %s", p.Name, pc.Reason, pc.Message)
+		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s: %s: %s", p.Name, pc.Reason, pc.Message)
 	case !published:
-		return t, conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being published", p.Name)
+		return conditions.Errorf(marketv1alpha1.ReasonNotReady, nil, "MarketPresence %s is being published", p.Name)
 	case b.Spec.Suspend:
 		st.Phase = marketv1alpha1.PhaseSuspended
 		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonSuspended, "suspended: the presence says the bidder takes no new requests; leases still end when released")
 	default:
 		st.Phase = marketv1alpha1.PhaseReady
 		msg := "presence published as " + st.PresenceURI
-		if t != nil {
+		if traded {
 			msg += fmt.Sprintf("; %d open bid(s), %d VM(s) leased", st.OpenBids, st.Leased)
 		}
 		conditions.SetReady(&st.Conditions, b.Generation, metav1.ConditionTrue, marketv1alpha1.ReasonReady, msg)
 	}
-	return t, nil
+	return nil
 }
 
 // applyPresence applies the desired presence when the one there differs
