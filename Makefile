@@ -131,9 +131,9 @@ bench-mountproxy-unit:
 bench-market: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MARKET_BENCH=$${R:-50},$${B:-5},$${S:-5} go test -count=1 -timeout 60m -v -run TestMarketThroughput ./e2e/
 
-## bench-tenant: MarketRequester -> kubectl through the mounted tenant, p50 over N walks, plain and migrating
+## bench-tenant: MarketRequester -> kubectl through the mounted tenant, p50 over N walks, plain and migrating (DRIVER=kind: kind VMs, and -> pod Running)
 bench-tenant: tools stack-deps
-	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_TENANT_BENCH=$${N:-5} go test -count=1 -timeout 60m -v -run TestTenantWalkTimes ./e2e/
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_TENANT_BENCH=$${N:-5} KNOTLESS_E2E_TENANT_DRIVER=$(DRIVER) go test -count=1 -timeout 60m -v -run TestTenantWalkTimes ./e2e/
 
 ## bench-records: records/s of knotless vs a plain client loop (N records, W workspaces)
 bench-records: tools stack-deps

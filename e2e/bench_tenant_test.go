@@ -18,6 +18,7 @@ import (
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/driver/kind"
 	"github.com/knotless-dev/knotless/internal/driver/process"
 )
 
@@ -27,7 +28,10 @@ import (
 // migration (a snapshot taken from the first walk's tenant, restored into
 // each new one), with the import in the provisioning part; and the
 // agent's RSS and CPU per VM. Run with KNOTLESS_E2E_TENANT_BENCH=N (make
-// bench-tenant); it asserts only that every walk ends mounted.
+// bench-tenant); it asserts only that every walk ends mounted. With
+// KNOTLESS_E2E_TENANT_DRIVER=kind (make bench-tenant DRIVER=kind) the
+// bidder runs kind VMs, and each plain walk also runs a Deployment of the
+// test image through the mount (MarketRequester -> pod Running).
 func TestTenantWalkTimes(t *testing.T) {
 	spec := os.Getenv("KNOTLESS_E2E_TENANT_BENCH")
 	if spec == "" {
@@ -37,13 +41,21 @@ func TestTenantWalkTimes(t *testing.T) {
 	n = max(n, 1)
 	defer failWithLogs(t)
 	ctx := t.Context()
-	d, a, _ := tenantDeal(ctx, t, "bt", "acme")
-	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 30, 1))
+	drv := marketv1alpha1.Driver(os.Getenv("KNOTLESS_E2E_TENANT_DRIVER"))
+	var agentArgs []string
+	var kroot, testImage string
+	if drv == marketv1alpha1.DriverKind {
+		k := kindSetup(t)
+		agentArgs, kroot = kindAgent(t, k)
+		testImage = k.testImage
+	}
+	d, a, _ := tenantDealWith(ctx, t, "bt", agentArgs, "acme")
+	d.bidderWith(ctx, t, "acme", drv, offerOf("small", 1000, 1024, 30, 1))
 	spec0 := requesterSpec("buyer", 1000, 1024, 50, 5)
 	spec0.TenantAdmins.Users = []string{"alice"}
 	spec0.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
 
-	type walk struct{ market, provisioning, total time.Duration }
+	type walk struct{ market, provisioning, total, pod time.Duration }
 	// one walk: replicas 1 (with restoreFrom), until the namespaces (or
 	// the restored ConfigMap) are read through the mount.
 	one := func(restore string) (walk, *marketv1alpha1.ComputeContract) {
@@ -80,6 +92,10 @@ func TestTenantWalkTimes(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.total = time.Since(start)
+		if drv == marketv1alpha1.DriverKind && restore == "" {
+			runTestImage(ctx, t, cs, testImage)
+			w.pod = time.Since(start)
+		}
 		return w, rc
 	}
 	release := func() {
@@ -96,7 +112,7 @@ func TestTenantWalkTimes(t *testing.T) {
 					open++
 				}
 			}
-			return len(vms.Items) == 0 && len(process.PIDs(a.root)) == 0 && open == 0, fmt.Sprintf("%d VMs, %d contracts not over", len(vms.Items), open), nil
+			return len(vms.Items) == 0 && len(process.PIDs(a.root)) == 0 && len(kind.VMs(kroot)) == 0 && open == 0, fmt.Sprintf("%d VMs, %d contracts not over", len(vms.Items), open), nil
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -144,6 +160,14 @@ func TestTenantWalkTimes(t *testing.T) {
 		release()
 	}
 	report("MarketRequester wanted -> kubectl get namespaces through the mount", plain)
+	if drv == marketv1alpha1.DriverKind {
+		pods := make([]time.Duration, len(plain))
+		for i, w := range plain {
+			pods[i] = w.pod
+		}
+		slices.Sort(pods)
+		t.Logf("FIGURE MarketRequester wanted -> a Deployment's pod Running in the kind tenant, p50 over %d: %s", len(pods), pods[len(pods)/2].Round(time.Millisecond))
+	}
 	var snap corev1.SecretList
 	if err := d.app.List(ctx, &snap, client.InNamespace("default"), client.MatchingLabels{marketrequester.LabelSnapshot: first.Name}); err != nil || len(snap.Items) == 0 {
 		t.Fatalf("no snapshot of the first walk's tenant: %v", err)

@@ -91,6 +91,29 @@ func mustRead(t *testing.T, path string) string {
 	return string(b)
 }
 
+// kindAgent returns the agent flags of a kind driver made of k, whose VMs
+// are kept in the returned folder, and removes every VM left there when
+// the test ends (the VMs outlive the agent on purpose).
+func kindAgent(t *testing.T, k kindParts) ([]string, string) {
+	t.Helper()
+	kroot := filepath.Join(t.TempDir(), "kind")
+	kd := &kind.Driver{Root: kroot, Kind: k.kind, PathPrefix: k.shim}
+	t.Cleanup(func() {
+		for _, id := range kind.VMs(kroot) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			if err := kd.Terminate(ctx, driver.VM{ID: id}); err != nil {
+				t.Logf("removing kind VM %s: %v", id, err)
+			}
+			cancel()
+		}
+	})
+	args := []string{"--node-image", k.nodeImage, "--kind", k.kind, "--kind-root", kroot, "--preload-image", k.testImage}
+	if k.shim != "" {
+		args = append(args, "--kind-path-prefix", k.shim)
+	}
+	return args, kroot
+}
+
 // docker runs docker and returns its output.
 func docker(ctx context.Context, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
@@ -139,22 +162,7 @@ func TestKindTenant(t *testing.T) {
 	k := kindSetup(t)
 	t.Logf("FIGURE kind setup (node image, kind, test image, from the cache when warm): %s", time.Since(begin).Round(time.Millisecond))
 
-	kroot := filepath.Join(t.TempDir(), "kind")
-	kd := &kind.Driver{Root: kroot, Kind: k.kind, PathPrefix: k.shim}
-	t.Cleanup(func() {
-		// The VMs outlive the agent on purpose: remove what is left.
-		for _, id := range kind.VMs(kroot) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			if err := kd.Terminate(ctx, driver.VM{ID: id}); err != nil {
-				t.Logf("removing kind VM %s: %v", id, err)
-			}
-			cancel()
-		}
-	})
-	args := []string{"--node-image", k.nodeImage, "--kind", k.kind, "--kind-root", kroot, "--preload-image", k.testImage}
-	if k.shim != "" {
-		args = append(args, "--kind-path-prefix", k.shim)
-	}
+	args, kroot := kindAgent(t, k)
 	d, a, _ := tenantDealWith(ctx, t, "k", args, "acme")
 	d.bidderWith(ctx, t, "acme", marketv1alpha1.DriverKind, offerOf("small", 1000, 1024, 30, 1))
 
