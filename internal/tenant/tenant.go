@@ -116,15 +116,18 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 // boundCA says whether the CA bundle pemCA that spec.caBundle names may
 // verify the tenant: it holds the same certificates as the CA bundle
 // bound in the credential Secret (bound), or, for a Secret written
-// before MountCredentialCAKey existed (no bound CA), it was read from a
-// Secret that is itself labelled for tc and bound to its URL. A CA of a
+// before MountCredentialCAKey existed (no bound CA), it was read from
+// that same credential Secret (another Secret labelled for tc and bound
+// to its URL is not enough: whoever may create Secrets could make one
+// holding her CA). A CA of a
 // ConfigMap is never trusted on its own: whoever may update the
 // TenantCluster could name one of theirs and, holding the network path
 // to spec.url, receive the token (R22). Both refusals are one, so a
 // TenantCluster does not tell whether the Secret binds a CA.
 func boundCA(tc *computev1alpha1.TenantCluster, pemCA, bound []byte) bool {
 	if len(bound) == 0 {
-		return tc.Spec.CABundle.Kind == "Secret"
+		ref, cref := tc.Spec.CABundle, tc.Spec.Credential.SecretRef
+		return ref.Kind == "Secret" && ref.Namespace == cref.Namespace && ref.Name == cref.Name
 	}
 	a, b := certificates(pemCA), certificates(bound)
 	if len(a) == 0 || len(a) != len(b) {
