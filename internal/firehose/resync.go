@@ -16,6 +16,7 @@ import (
 	"github.com/bluesky-social/indigo/api/agnostic"
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/atclient"
+	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 
 	"github.com/knotless-dev/knotless/internal/backoff"
@@ -310,14 +311,34 @@ func privateFailure(err error, private *atomic.Bool) error {
 	return fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
 }
 
+// ErrDIDUnresolved is wrapped by a listing's error when a DID's document
+// could not be read.
+var ErrDIDUnresolved = errors.New("the DID does not resolve")
+
+// lookup resolves did through the hub's directory. The cause of a
+// failure goes to the log only: the DID's owner chooses where its
+// document is read from (a did:web host, at a private address too), and
+// how that failed (refused, silent, a certificate, an HTTP status) must
+// not read differently in a watch's message (R17); the directory caches
+// failures, so a retry would not even make a connection that
+// privateFailure could see.
+func (s *stream) lookup(ctx context.Context, did string) (*identity.Identity, error) {
+	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
+	if err != nil {
+		s.log.V(1).Info("DID resolution failed", "did", did, "error", err.Error())
+		return nil, fmt.Errorf("resolving %s: %w", did, ErrDIDUnresolved)
+	}
+	return ident, nil
+}
+
 // client returns a client of did's own PDS, from its DID document. A DID
 // that does not resolve is an error: a listing from the source instead
 // would be unsigned, and a hostile source could make up another
 // participant's records.
 func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, error) {
-	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
+	ident, err := s.lookup(ctx, did)
 	if err != nil {
-		return nil, fmt.Errorf("resolving %s: %w", did, err)
+		return nil, err
 	}
 	if ident.PDSEndpoint() == "" {
 		return nil, fmt.Errorf("%s names no PDS", did)
@@ -329,11 +350,11 @@ func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, e
 // source is did's PDS, or it has the repo (a relay answers
 // getLatestCommit for every repo it follows; another PDS does not).
 func (s *stream) carries(ctx context.Context, did string) (bool, error) {
-	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
+	ident, err := s.lookup(ctx, did)
 	if err != nil {
 		// Without the DID's PDS the source cannot be told from it, and a
 		// listing from the source would be unsigned: try again later.
-		return false, fmt.Errorf("resolving %s: %w", did, err)
+		return false, err
 	}
 	if ident.PDSEndpoint() == s.source {
 		return true, nil

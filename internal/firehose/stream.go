@@ -278,6 +278,13 @@ func (s *stream) connect(ctx context.Context) error {
 		err = c
 	}
 	err = frameTooLarge(err)
+	// Whatever a private source sent or how it closed reads alike (R17):
+	// a websocket server there must not be told from a closed port by
+	// its text. knotless's own verdicts on the connection stay.
+	if private.Load() && err != nil && ctx.Err() == nil && !errors.Is(err, errRewind) && !errors.Is(err, ErrFaultyFrame) && !errors.Is(err, ErrFrameTooLarge) {
+		s.log.V(1).Info("firehose connection at a private address failed", "error", err.Error())
+		err = fmt.Errorf("%w: %w", ErrPrivateUnreachable, err)
+	}
 
 	s.mu.Lock()
 	s.connected = false
