@@ -183,7 +183,7 @@ func TestRequestsAreCountedByOutcome(t *testing.T) {
 	f.get(c, "/tenants/ws-a/other/version", alice())
 	f.get(f.client(nil, f.servingC), "/tenants/ws-a/shop/version", alice())
 	want := `
-# HELP knotless_mountproxy_requests_total Requests by outcome: Forwarded (sent to the tenant), or the reason the shim answered with (refusals, forwarding errors).
+# HELP knotless_mountproxy_requests_total Requests by outcome, each counted once: Forwarded (the tenant answered), or the reason the shim answered with (refusals, forwarding errors).
 # TYPE knotless_mountproxy_requests_total counter
 knotless_mountproxy_requests_total{outcome="Forwarded"} 1
 knotless_mountproxy_requests_total{outcome="NoClientCertificate"} 1

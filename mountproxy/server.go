@@ -272,7 +272,7 @@ func New(o Options) (*Server, error) {
 	s.proxy = s.newProxy()
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "knotless_mountproxy_requests_total",
-		Help: "Requests by outcome: Forwarded (sent to the tenant), or the reason the shim answered with (refusals, forwarding errors).",
+		Help: "Requests by outcome, each counted once: Forwarded (the tenant answered), or the reason the shim answered with (refusals, forwarding errors).",
 	}, []string{"outcome"})
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "knotless_mountproxy_request_duration_seconds",
@@ -441,7 +441,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := context.AfterFunc(e.ctx, cancel)
 	defer stop()
 	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, caller: c, rest: rest, probe: probe, start: start})
-	s.requests.WithLabelValues(OutcomeForwarded).Inc()
 	s.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -455,6 +454,9 @@ type forward struct {
 	probe bool
 	// start is when the shim received the request.
 	start time.Time
+	// counted: the request's outcome was counted (once: a tenant's
+	// answer to an upgrade can still fail the forward after it).
+	counted atomic.Bool
 	// private: a connection to a loopback, private or shared address was
 	// attempted for the request (see hidePrivate).
 	private atomic.Bool
@@ -516,7 +518,9 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			if resp.StatusCode >= 300 && resp.StatusCode < 400 && resp.Header.Get("Location") != "" {
 				return fmt.Errorf("%w (HTTP %d)", errTenantRedirect, resp.StatusCode)
 			}
-			s.latency.WithLabelValues(OutcomeForwarded).Observe(time.Since(forwardOf(resp.Request).start).Seconds())
+			if f := forwardOf(resp.Request); f.counted.CompareAndSwap(false, true) {
+				s.count(f.start, OutcomeForwarded)
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -536,7 +540,10 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 					msg = privateUnreachable
 				}
 			}
-			s.refuse(w, f.start, code, reason, msg)
+			if f.counted.CompareAndSwap(false, true) {
+				s.count(f.start, reason)
+			}
+			s.answer(w, code, reason, msg)
 		},
 	}
 }
@@ -618,8 +625,19 @@ func ClassifyForwardError(err error) (reason string, status int) {
 // refuse counts the reason and answers with a Kubernetes Status body and
 // the reason header.
 func (s *Server) refuse(w http.ResponseWriter, start time.Time, code int, reason, msg string) {
-	s.requests.WithLabelValues(reason).Inc()
-	defer func() { s.latency.WithLabelValues(reason).Observe(time.Since(start).Seconds()) }()
+	s.count(start, reason)
+	s.answer(w, code, reason, msg)
+}
+
+// count counts one request's outcome and observes its latency.
+func (s *Server) count(start time.Time, outcome string) {
+	s.requests.WithLabelValues(outcome).Inc()
+	s.latency.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+}
+
+// answer is the shim's own answer: a Kubernetes Status body and the
+// reason header.
+func (s *Server) answer(w http.ResponseWriter, code int, reason, msg string) {
 	w.Header().Set(ReasonHeader, reason)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
