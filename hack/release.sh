@@ -27,7 +27,14 @@ if ! [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
 fi
 out=${KNOTLESS_DIST:-$root/dist}/$version
 commit=$(git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
-case $commit in *-dirty) echo "hack/release.sh: warning: the work tree has uncommitted changes ($commit)" >&2 ;; esac
+# A release is what the commit holds: no uncommitted or untracked file of
+# what it packs (helm package takes any file in the chart's folder, go
+# build any .go file of a package) may slip in.
+if [ -n "$(git status --porcelain --untracked-files=all -- apis cmd controllers deploy exports internal lexicons mountproxy workspacetypes go.mod go.sum)" ]; then
+  echo "hack/release.sh: uncommitted or untracked files in what a release packs; commit or remove them:" >&2
+  git status --short --untracked-files=all -- apis cmd controllers deploy exports internal lexicons mountproxy workspacetypes go.mod go.sum >&2
+  exit 1
+fi
 rm -rf "$out"
 mkdir -p "$out/sbom"
 start=$(date +%s)
