@@ -25,7 +25,8 @@ import (
 // allowed private ranges must not tell a closed port from a certificate
 // that does not verify: otherwise any workspace user scans the operator's
 // networks with watches, as TenantClusters and AtprotoRepos no longer
-// can. Both are SourceUnreachable with one message; the cause is in the
+// can. All are SourceUnreachable with one message, also a websocket
+// server that accepts and then sends anything; the cause is in the
 // provider's log.
 func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 	m, err := firehose.NewMetrics(nil)
@@ -59,8 +60,21 @@ func TestPrivateSourceFailuresLookAlike(t *testing.T) {
 		t.Cleanup(s.Close)
 		return s.URL
 	}
+	// A websocket server that accepts, sends what is no frame and closes
+	// (from review: its text showed, the connection having opened).
+	up := websocket.Upgrader{}
+	ws := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		_ = c.WriteMessage(websocket.BinaryMessage, []byte("internal service v1.2"))
+		time.Sleep(50 * time.Millisecond)
+		_ = c.Close()
+	}))
+	t.Cleanup(ws.Close)
 	var msgs []string
-	for _, source := range []string{"https://" + nettest.ClosedAddr(t), nettest.UntrustedURL(t), "https://" + nettest.SilentAddr(t), answering(http.StatusNotFound), answering(http.StatusOK)} {
+	for _, source := range []string{"https://" + nettest.ClosedAddr(t), nettest.UntrustedURL(t), "https://" + nettest.SilentAddr(t), answering(http.StatusNotFound), answering(http.StatusOK), ws.URL} {
 		hostport := strings.TrimPrefix(strings.TrimPrefix(source, "https://"), "http://")
 		w := watchOf(source, "app.bsky.feed.post")
 		sub, err := h.Subscribe(w.Spec.Source.URL, firehose.Filter{Collections: w.Spec.Collections}, 10, firehose.State{})
