@@ -31,6 +31,7 @@ import (
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/kind"
+	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // kindParts are what the kind driver needs on this machine.
@@ -163,7 +164,7 @@ func TestKindTenant(t *testing.T) {
 	t.Logf("FIGURE kind setup (node image, kind, test image, from the cache when warm): %s", time.Since(begin).Round(time.Millisecond))
 
 	args, kroot := kindAgent(t, k)
-	d, a, _ := tenantDealWith(ctx, t, "k", args, "acme")
+	d, a, _ := tenantDealWith(ctx, t, "kind", args, "acme")
 	d.bidderWith(ctx, t, "acme", marketv1alpha1.DriverKind, offerOf("small", 1000, 1024, 30, 1))
 
 	start := time.Now()
@@ -363,10 +364,27 @@ func TestKindTenant(t *testing.T) {
 		if out, err := docker(ctx, "kill", node); err != nil {
 			t.Fatalf("docker kill: %v: %s", err, out)
 		}
-		lost := waitVM(ctx, t, d.bid, bc.Name, "the kind VM Lost", 2*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
-			return vm.Status.Phase == computev1alpha1.VMLost
-		})
-		if lost.Status.Reason != computev1alpha1.ReasonProcessGone || lost.Status.Endpoint != "" || lost.Status.Enforced != nil {
+		// The bidder ends the contract of a Lost VM (vm-lost) and deletes
+		// the VM, which can happen between two looks: the VM is seen Lost,
+		// or its contract Failed as vm-lost, which only a Lost VM makes.
+		var lost *computev1alpha1.ComputeVM
+		if err := framework.Eventually(ctx, 2*time.Minute, "the kind VM Lost", func(ctx context.Context) (bool, string, error) {
+			vm := &computev1alpha1.ComputeVM{}
+			if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bc.Name}, vm); err == nil && vm.Status.Phase == computev1alpha1.VMLost {
+				lost = vm
+				return true, "", nil
+			}
+			cc := &marketv1alpha1.ComputeContract{}
+			if err := d.bid.Get(ctx, client.ObjectKey{Namespace: "default", Name: bc.Name}, cc); err != nil {
+				return false, err.Error(), nil
+			}
+			return cc.Status.Phase == marketv1alpha1.ContractFailed && cc.Status.Reason == string(mdeal.VMLost), string(cc.Status.Phase) + " " + cc.Status.Reason, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if lost == nil {
+			t.Log("the VM was Lost and already removed with its contract (Failed, vm-lost)")
+		} else if lost.Status.Reason != computev1alpha1.ReasonProcessGone || lost.Status.Endpoint != "" || lost.Status.Enforced != nil {
 			t.Errorf("lost VM status %+v", lost.Status)
 		}
 	})
