@@ -299,7 +299,7 @@ func TestMountedTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Stop()
+	defer func() { w.Stop() }()
 	tcfg, _ := tenant.Config()
 	tcs := kubernetes.NewForConfigOrDie(tcfg)
 	created := time.Now()
@@ -646,7 +646,8 @@ func TestMountRotation(t *testing.T) {
 	}
 	tcs := kubernetes.NewForConfigOrDie(tcfg)
 	// expectEvent creates a namespace on the tenant and waits for it on
-	// the watch that was opened before any rotation.
+	// the watch (opened before any rotation; again after the tenant's CA
+	// bundle changed).
 	expectEvent := func(name string) {
 		t.Helper()
 		if _, err := tcs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
@@ -702,8 +703,19 @@ func TestMountRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The CA bundle is bound in the credential Secret (ca.crt) and must be
+	// the one spec.caBundle names (R22, CABundleNotBound otherwise): whoever
+	// rotates it writes both, the Secret first.
 	setBundle := func(pemBytes []byte) {
 		t.Helper()
+		sec := &corev1.Secret{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "tenant-credential"}, sec); err != nil {
+			t.Fatal(err)
+		}
+		sec.Data[computev1alpha1.MountCredentialCAKey] = pemBytes
+		if err := c.Update(ctx, sec); err != nil {
+			t.Fatal(err)
+		}
 		cm := &corev1.ConfigMap{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "tenant-ca"}, cm); err != nil {
 			t.Fatal(err)
@@ -714,9 +726,22 @@ func TestMountRotation(t *testing.T) {
 		}
 	}
 	setBundle(append(append([]byte{}, other.PEM...), caPEM...))
-	time.Sleep(2 * time.Second) // the shim's registry follows the ConfigMap
-	if _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
-		t.Fatalf("list through the mount after the tenant CA bundle changed: %v", err)
+	// The shim's registry follows the Secret and the ConfigMap. Between
+	// the two writes the tenant is not used (CABundleNotBound), which ends
+	// its requests: the kept watch may close here (unlike across the
+	// shim's own rotation above), so a client watches again.
+	if err := framework.Eventually(ctx, time.Minute, "a list through the mount after the tenant CA bundle changed", func(ctx context.Context) (bool, string, error) {
+		nss, err = cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.Stop()
+	if w, err = cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{ResourceVersion: nss.ResourceVersion}); err != nil {
+		t.Fatal(err)
 	}
 	expectEvent(env.prefix + "-after-ca-rotation")
 	// The new bundle is the one in use: without the tenant's CA the
