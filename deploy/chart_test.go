@@ -44,7 +44,9 @@ func repoRoot(t *testing.T) string {
 // secretsFor returns contents for every Secret key the workload reads:
 // a CA for CA bundles, a certificate and key for TLS Secrets, valid
 // header names, and a placeholder elsewhere.
-func secretsFor(t *testing.T, w *deploy.Workload) deploy.Secrets {
+// Secrets the chart rendered (the mount path's, made by the chart) are
+// taken as rendered.
+func secretsFor(t *testing.T, w *deploy.Workload, rendered deploy.Secrets) deploy.Secrets {
 	t.Helper()
 	ca, err := framework.NewCA("chart-test")
 	if err != nil {
@@ -60,6 +62,13 @@ func secretsFor(t *testing.T, w *deploy.Workload) deploy.Secrets {
 	}
 	s := deploy.Secrets{}
 	put := func(name, k string) {
+		if v, ok := rendered[name][k]; ok {
+			if s[name] == nil {
+				s[name] = map[string]string{}
+			}
+			s[name][k] = v
+			return
+		}
 		if s[name] == nil {
 			s[name] = map[string]string{}
 		}
@@ -100,9 +109,9 @@ func secretsFor(t *testing.T, w *deploy.Workload) deploy.Secrets {
 // validate parses the workload's arguments with its binary's flags and
 // runs the binary's Validate on them, with the mounted files written
 // where the flags point.
-func validate(t *testing.T, w *deploy.Workload) error {
+func validate(t *testing.T, w *deploy.Workload, rendered deploy.Secrets) error {
 	t.Helper()
-	secrets := secretsFor(t, w)
+	secrets := secretsFor(t, w, rendered)
 	args, err := w.Args(secrets)
 	if err != nil {
 		t.Fatal(err)
@@ -185,16 +194,13 @@ func TestChartArgumentsAreAcceptedByTheBinaries(t *testing.T) {
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			ws, err := deploy.Render(t.Context(), root, nil, f)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ws, _, rendered := renderAll(t, root, nil, f)
 			if len(ws) == 0 {
 				t.Fatal("no Deployment rendered")
 			}
 			for _, w := range ws {
 				checkPod(t, w)
-				if err := validate(t, w); err != nil {
+				if err := validate(t, w, rendered); err != nil {
 					t.Errorf("%s: the binary refuses the chart's arguments: %v", w.Name, err)
 				}
 			}
@@ -257,7 +263,7 @@ func TestChartBadValues(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = validate(t, ws[tc.workload])
+			err = validate(t, ws[tc.workload], nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate: %v, want an error naming %s", err, tc.want)
 			}
@@ -276,8 +282,24 @@ func TestChartBadValues(t *testing.T) {
 		{"an unknown log encoder", map[string]any{"logging": map[string]any{"encoder": "xml"}}, "encoder"},
 		{"replicas without leader election", map[string]any{"provider": map[string]any{"leaderElection": map[string]any{"enabled": false}}}, "needs provider.leaderElection.enabled"},
 		{"Vault without credentials", map[string]any{"provider": map[string]any{"vault": map[string]any{"address": "https://vault:8200"}}}, "provider.vault.address needs"},
-		{"no identity header Secret", map[string]any{"identityHeaders": map[string]any{"secretName": ""}}, "identityHeaders.secretName"},
-		{"no serving certificate", map[string]any{"mountproxy": map[string]any{"servingCertSecret": map[string]any{"name": ""}}}, "mountproxy.servingCertSecret.name"},
+		{"a namespace as a number", map[string]any{"namespaceOverride": 5}, "namespaceOverride"},
+		{"a namespace that is no name", map[string]any{"namespaceOverride": "Knotless_System"}, "namespaceOverride"},
+		{"extraEnv as a map", map[string]any{"extraEnv": map[string]any{"A": "b"}}, "extraEnv"},
+		{"an env entry without a name", map[string]any{"provider": map[string]any{"extraEnv": []any{map[string]any{"value": "b"}}}}, "name"},
+		{"extraVolumes as a string", map[string]any{"extraVolumes": "ca"}, "extraVolumes"},
+		{"an unknown strategy", map[string]any{"mountproxy": map[string]any{"strategy": map[string]any{"type": "BlueGreen"}}}, "type"},
+		{"a spread constraint without a key", map[string]any{"provider": map[string]any{"topologySpreadConstraints": []any{map[string]any{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}}}}, "topologyKey"},
+		{"a Deployment label that is no string", map[string]any{"provider": map[string]any{"deploymentLabels": map[string]any{"tier": 1}}}, "tier"},
+		{"commonLabels as a list", map[string]any{"commonLabels": []any{"a"}}, "commonLabels"},
+		{"certManager.enabled as a word", map[string]any{"certManager": map[string]any{"enabled": "yes"}}, "enabled"},
+		{"an issuer kind cert-manager has not", map[string]any{"certManager": map[string]any{"issuerRef": map[string]any{"kind": "Vault"}}}, "kind"},
+		{"validity in words", map[string]any{"mountPathSecrets": map[string]any{"validityDays": "ten"}}, "validityDays"},
+		{"an alert ratio as a word", map[string]any{"metrics": map[string]any{"prometheusRule": map[string]any{"reconcileErrorRatio": "high"}}}, "reconcileErrorRatio"},
+		{"an alert ratio above 1", map[string]any{"metrics": map[string]any{"prometheusRule": map[string]any{"mountProxyErrorRatio": 5}}}, "mountProxyErrorRatio"},
+		{"a CA named for a generated serving certificate", map[string]any{"mountproxy": map[string]any{"servingCertSecret": map[string]any{"name": ""}}}, "name both or neither"},
+		{"a probe certificate named for a generated CA", map[string]any{"mountproxy": map[string]any{"requestHeaderCASecret": map[string]any{"name": ""}}}, "name both or neither"},
+		{"no identity header Secret without the mount proxy", map[string]any{"identityHeaders": map[string]any{"secretName": ""}, "mountproxy": map[string]any{"enabled": false}, "provider": map[string]any{"mount": map[string]any{"proxyURL": "https://shim.example.com:9443"}}}, "identityHeaders.secretName"},
+		{"no mount proxy CA without the mount proxy", map[string]any{"mountproxy": map[string]any{"enabled": false}, "provider": map[string]any{"mount": map[string]any{"proxyURL": "https://shim.example.com:9443", "caSecret": map[string]any{"name": ""}}}}, "provider.mount.caSecret.name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := deploy.Render(t.Context(), root, tc.values, base)

@@ -60,11 +60,22 @@ func Render(ctx context.Context, root string, values map[string]any, files ...st
 // RenderChart is Render of another chart: a directory or a packaged
 // chart (the .tgz of make release).
 func RenderChart(ctx context.Context, root, chart string, values map[string]any, files ...string) (map[string]*Workload, error) {
+	out, err := Template(ctx, root, chart, nil, values, files...)
+	if err != nil {
+		return nil, err
+	}
+	return Workloads(out)
+}
+
+// Template runs helm template knotless chart --namespace knotless-system
+// with the flags, the values files and values (marshalled to a file after
+// them, so they win) and returns the manifests.
+func Template(ctx context.Context, root, chart string, flags []string, values map[string]any, files ...string) ([]byte, error) {
 	helm, err := Helm(root)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"template", "knotless", chart, "--namespace", "knotless-system"}
+	args := append([]string{"template", "knotless", chart, "--namespace", "knotless-system"}, flags...)
 	for _, f := range files {
 		args = append(args, "-f", f)
 	}
@@ -93,12 +104,70 @@ func RenderChart(ctx context.Context, root, chart string, values map[string]any,
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("helm template: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
-	return parse(stdout.Bytes())
+	return stdout.Bytes(), nil
 }
 
-func parse(out []byte) (map[string]*Workload, error) {
+// Object is one rendered manifest.
+type Object struct {
+	Kind, APIVersion string
+	Name, Namespace  string
+	// Doc is the manifest as rendered.
+	Doc []byte
+}
+
+// Objects splits rendered manifests into objects (empty documents left out).
+func Objects(out []byte) ([]Object, error) {
+	var objs []Object
+	for _, doc := range splitDocs(out) {
+		var meta struct {
+			Kind       string `json:"kind"`
+			APIVersion string `json:"apiVersion"`
+			Metadata   struct {
+				Name      string `json:"name"`
+				Namespace string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			return nil, fmt.Errorf("rendered chart: %w", err)
+		}
+		if meta.Kind == "" {
+			continue
+		}
+		objs = append(objs, Object{Kind: meta.Kind, APIVersion: meta.APIVersion, Name: meta.Metadata.Name, Namespace: meta.Metadata.Namespace, Doc: []byte(doc)})
+	}
+	return objs, nil
+}
+
+// RenderedSecrets returns the contents of the Secrets in objs (decoded).
+func RenderedSecrets(objs []Object) (Secrets, error) {
+	s := Secrets{}
+	for _, o := range objs {
+		if o.Kind != "Secret" {
+			continue
+		}
+		sec := &corev1.Secret{}
+		if err := yaml.UnmarshalStrict(o.Doc, sec); err != nil {
+			return nil, fmt.Errorf("rendered Secret %s: %w", o.Name, err)
+		}
+		s[sec.Name] = map[string]string{}
+		for k, v := range sec.Data {
+			s[sec.Name][k] = string(v)
+		}
+		for k, v := range sec.StringData {
+			s[sec.Name][k] = v
+		}
+	}
+	return s, nil
+}
+
+func splitDocs(out []byte) []string {
+	return regexp.MustCompile(`(?m)^---\s*$`).Split(string(out), -1)
+}
+
+// Workloads returns the Deployments of rendered manifests by name.
+func Workloads(out []byte) (map[string]*Workload, error) {
 	ws := map[string]*Workload{}
-	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(out), -1) {
+	for _, doc := range splitDocs(out) {
 		var meta struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
 			return nil, fmt.Errorf("rendered chart: %w", err)
