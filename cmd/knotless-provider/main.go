@@ -361,6 +361,10 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	if err := metrics.Registry.Register(invalid); err != nil {
 		return err
 	}
+	steps := market.NewStepSeconds()
+	if err := metrics.Registry.Register(steps); err != nil {
+		return fmt.Errorf("registering the market step metrics: %w", err)
+	}
 	if err := (&marketnetwork.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the marketnetwork controller: %w", err)
 	}
@@ -376,13 +380,13 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	}
 	if err := (&marketbidder.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleBidder),
-		Inventories: &market.Inventories{TTL: resync}, Resync: resync,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketbidder controller: %w", err)
 	}
 	if err := (&marketrequester.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
-		Inventories: &market.Inventories{TTL: resync}, Resync: resync,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,6 +91,9 @@ type Reconciler struct {
 	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// StepSeconds observes the bidder's market steps (request_bid,
+	// accept_lease) when set (market.NewStepSeconds).
+	StepSeconds *prometheus.HistogramVec
 
 	// absent tells a record missing from the view from one gone from its
 	// repo.
@@ -280,7 +284,8 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 	}
 	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: clock.Now(r.Now), id: id, net: net,
 		network: network.Name(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
-		admins: func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) }}
+		admins:  func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) },
+		observe: func(step string, since time.Time) { market.ObserveStep(r.StepSeconds, step, since, clock.Now(r.Now)) }}
 	if b.Spec.Suspend {
 		t.stop = "suspended"
 	}

@@ -49,6 +49,8 @@ type trader struct {
 	stop string
 	// admins are the tenant admins the requester of a contract names.
 	admins func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins
+	// observe records a market step ended by a record write (nil: none).
+	observe func(step string, since time.Time)
 
 	snap *deal.BidderSnapshot
 	plan *deal.Plan
@@ -194,6 +196,9 @@ func (t *trader) execute() {
 				return nil
 			}
 			done[i] = true
+			if op.MarketStep != "" && t.observe != nil {
+				t.observe(op.MarketStep, op.Since)
+			}
 			if uri != "" {
 				cids[uri] = cid
 			}

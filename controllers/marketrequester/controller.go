@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -112,10 +114,19 @@ type Reconciler struct {
 	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// StepSeconds observes the requester's market steps (deadline_accept,
+	// lease_active) when set (market.NewStepSeconds).
+	StepSeconds *prometheus.HistogramVec
 
 	// absent tells a lease or bid missing from the view from one gone
 	// from its repo.
 	absent market.Absences
+}
+
+// observeStep records a market step begun at since that a write just
+// ended (knotless_market_step_seconds).
+func (r *Reconciler) observeStep(step string, since time.Time) {
+	market.ObserveStep(r.StepSeconds, step, since, kclock.Now(r.Now))
 }
 
 // SetupWithManager registers the controller and its indexes.

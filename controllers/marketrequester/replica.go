@@ -549,6 +549,7 @@ func (s *session) accept(rr *replicaRecords, cur *ownRecord, best *judged, bids 
 	if err != nil {
 		return err
 	}
+	s.r.observeStep(market.StepDeadlineAccept, market.ParseTime(cur.request.BidDeadline))
 	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Accepted", "Accept", "replica %d: accepted the bid of %s at %d %s per hour",
 		rr.index, best.rec.DID, best.rec.Bid.PricePerHour.Amount, best.rec.Bid.PricePerHour.Currency)
 	best.state, best.message = marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.ConfirmBy+" to confirm"
@@ -812,8 +813,12 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 	}
 	finished := !deal.LiveContract(&marketv1alpha1.ComputeContract{Status: *st})
+	active := st.Phase == marketv1alpha1.ContractActive && cc.Status.Phase != marketv1alpha1.ContractActive
 	if err := s.contractStatus(cc, st, mountReason, mountMsg, unresponsive != ""); err != nil {
 		return false, err
+	}
+	if active {
+		s.r.observeStep(market.StepLeaseActive, cc.CreationTimestamp.Time)
 	}
 	if !finished {
 		rs.Message = fmt.Sprintf("ComputeContract %s is %s", cc.Name, st.Phase)

@@ -125,14 +125,14 @@ func (d *bidder) answer(ob *ownBid, acc, req *market.Rec, name string) {
 	if reason != "" {
 		d.p.step(AcceptDecline, acc.URI)
 		lease.State = LeaseDeclined
-		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: rkey, Value: lease, Undo: Undo{Offer: ob.offer, Reserved: 1}})
+		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: rkey, Value: lease, Undo: Undo{Offer: ob.offer, Reserved: 1}, MarketStep: market.StepAcceptLease, Since: acc.FirstSeen})
 		d.p.event("", corev1.EventTypeWarning, "Declined", "Lease", fmt.Sprintf("declined the accept %s: %s", acc.URI, reason), i)
 		d.bidOf(ob, req, name, marketv1alpha1.BidDeclined, "declined: "+string(reason), i)
 		return
 	}
 	d.p.step(AcceptConfirm, acc.URI)
 	c.Used[ob.offer]++
-	i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: rkey, Value: lease, Undo: Undo{Offer: ob.offer, Used: -1, Reserved: 1}})
+	i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: rkey, Value: lease, Undo: Undo{Offer: ob.offer, Used: -1, Reserved: 1}, MarketStep: market.StepAcceptLease, Since: acc.FirstSeen})
 	ol := &ownLease{uri: market.URI(d.s.DID, lexicon.Lease, rkey), rkey: rkey, lease: lease, bid: ob}
 	d.bidOf(ob, req, name, marketv1alpha1.BidLeased, "leased: ComputeContract "+market.ChildName(d.s.Name, acc.URI), i)
 	d.contractOf(ol, acc, nil, marketv1alpha1.ContractProvisioning, "", i, nil)
@@ -216,7 +216,7 @@ func (d *bidder) bidOnRequests(bids map[string]*ownBid) {
 			CreatedAt:    market.Time(d.now),
 		}
 		d.p.step(BidPlace, req.URI)
-		i := d.p.record(RecordOp{Collection: lexicon.Bid, RKey: rkey, Value: value, Undo: Undo{Offer: offer, Reserved: -1}})
+		i := d.p.record(RecordOp{Collection: lexicon.Bid, RKey: rkey, Value: value, Undo: Undo{Offer: offer, Reserved: -1}, MarketStep: market.StepRequestBid, Since: req.FirstSeen})
 		ob := &ownBid{uri: uri, rkey: rkey, bid: value, offer: offer}
 		d.bidOf(ob, req, name, marketv1alpha1.BidOpen, "open until "+value.ValidUntil, i)
 		d.p.due(market.ParseTime(value.ValidUntil))

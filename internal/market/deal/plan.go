@@ -71,6 +71,11 @@ type RecordOp struct {
 	Value            any
 	Then             *RecordOp
 	Undo             Undo
+	// MarketStep is the market step the write ends (market.Steps(); ""
+	// for none), begun at Since: the executor observes it once the write
+	// succeeded (knotless_market_step_seconds).
+	MarketStep string
+	Since      time.Time
 }
 
 // Undo is what a failed record write gives back: the capacity a
