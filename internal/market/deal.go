@@ -1,11 +1,13 @@
 package market
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -49,19 +51,52 @@ func Approved(id *marketv1alpha1.MarketIdentity, role marketv1alpha1.Role) []str
 	return out
 }
 
-// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the DER of
-// the first certificate in pemBytes: how a lease names a tenant's CA.
+// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the
+// concatenated DER of every certificate of the PEM bundle pemBytes, in
+// order: how a lease pins a tenant's CA bundle. It covers every
+// certificate a mount trusts (x509.CertPool.AppendCertsFromPEM takes
+// them all), so a bundle that adds a certificate to a pinned one has
+// another pin; a bundle of one certificate keeps the SHA-256 of its DER,
+// what leases carried when only the first certificate was hashed. A
+// bundle is refused unless it is one or more CERTIFICATE blocks that
+// parse, without PEM headers, with nothing but white space around and
+// between them: nothing the pin does not cover can ride along.
 func CAFingerprint(pemBytes []byte) (string, error) {
-	block, _ := pem.Decode(pemBytes)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return "", errors.New("no PEM certificate")
+	h := sha256.New()
+	n := 0
+	rest := bytes.TrimLeft(pemBytes, pemSpace)
+	for len(rest) > 0 {
+		if !bytes.HasPrefix(rest, []byte(pemBegin)) {
+			return "", errors.New("the CA bundle has bytes outside its PEM blocks")
+		}
+		block, next := pem.Decode(rest)
+		// pem.Decode skips a block it cannot decode and goes on to the
+		// next one: a decoded block must be the first that begins here.
+		if block == nil || bytes.Count(rest[:len(rest)-len(next)], []byte(pemBegin)) != 1 {
+			return "", errors.New("the CA bundle has a PEM block that does not decode")
+		}
+		n++
+		if block.Type != "CERTIFICATE" || len(block.Headers) != 0 {
+			return "", fmt.Errorf("block %d of the CA bundle is not a certificate", n)
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return "", fmt.Errorf("certificate %d of the CA bundle does not parse: %w", n, err)
+		}
+		h.Write(block.Bytes)
+		rest = bytes.TrimLeft(next, pemSpace)
 	}
-	if _, err := x509.ParseCertificate(block.Bytes); err != nil {
-		return "", err
+	if n == 0 {
+		return "", errors.New("the CA bundle holds no PEM certificate")
 	}
-	sum := sha256.Sum256(block.Bytes)
-	return "sha256:" + hex.EncodeToString(sum[:]), nil
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// pemSpace is the white space CAFingerprint allows around PEM blocks, and
+// pemBegin how a block begins.
+const (
+	pemSpace = " \t\r\n"
+	pemBegin = "-----BEGIN "
+)
 
 // Fits reports whether a VM of shape have is at least want.
 func Fits(have, want Shape) bool {
