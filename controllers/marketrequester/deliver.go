@@ -39,12 +39,40 @@ func ownsMount(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantClu
 	return cc.UID != "" && tc.Labels[LabelContract] == string(cc.UID)
 }
 
+// ReasonBidderAmbiguous: more than one workspace passes as the bidder of
+// the contract (the Ready condition's reason while the contract waits):
+// an impostor is present, so the tenant is delivered to none of them.
+const ReasonBidderAmbiguous = "BidderAmbiguous"
+
+// ReasonCABundleNotPinned: the VM's CA bundle is not the one the
+// bidder's lease record pins (market.CAFingerprint over the whole
+// bundle), or is not a bundle of certificates: the tenant is not mounted.
+const ReasonCABundleNotPinned = "CABundleNotPinned"
+
+// errBidderAmbiguous: bidderVM found more than one workspace claiming the
+// contract's bidder.
+var errBidderAmbiguous = errors.New(ReasonBidderAmbiguous)
+
 // bidderVM finds the VM of the requester's contract in the bidder's
 // workspace, through the index of bidders by DID: the bidder's contract
-// must rest on the same accept and name this requester, and the VM must
-// be its own. It returns the bidder workspace's client and the VM, or
-// nil.
+// must rest on the same accept and name this requester, the bid the
+// requester accepted must be the MarketBidder's own (its record key
+// carries the MarketBidder's UID: another workspace whose PDS claims the
+// bidder's DID cannot make one), and the VM must be its own. It returns
+// the bidder workspace's client and the VM, or nil; nil too when more
+// than one workspace passes as the bidder (errBidderAmbiguous).
 func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM) {
+	c, vm, _ := s.findBidderVM(cc)
+	return c, vm
+}
+
+// findBidderVM is bidderVM, which says when more than one workspace
+// passes as the bidder (errBidderAmbiguous).
+func (s *session) findBidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM, error) {
+	_, _, bidKey := market.SplitURI(cc.Spec.Bid.URI)
+	var found client.Client
+	var foundVM *computev1alpha1.ComputeVM
+	claims := 0
 	for _, req := range s.r.Market.Followers(market.RoleBidder, cc.Spec.BidderDID) {
 		cl, err := s.r.GetCluster(s.ctx, req.ClusterName)
 		if err != nil {
@@ -52,7 +80,7 @@ func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *
 		}
 		c := cl.GetClient()
 		mb := &marketv1alpha1.MarketBidder{}
-		if err := c.Get(s.ctx, req.NamespacedName, mb); err != nil || mb.Status.DID != cc.Spec.BidderDID {
+		if err := c.Get(s.ctx, req.NamespacedName, mb); err != nil || mb.Status.DID != cc.Spec.BidderDID || !market.Owns(market.Owner(string(mb.UID)), bidKey) {
 			continue
 		}
 		bcc := &marketv1alpha1.ComputeContract{}
@@ -60,19 +88,25 @@ func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *
 			!metav1.IsControlledBy(bcc, mb) || bcc.Spec.Accept != cc.Spec.Accept || bcc.Spec.RequesterDID != s.st.DID {
 			continue
 		}
+		if claims++; claims > 1 {
+			return nil, nil, errBidderAmbiguous
+		}
 		vm := &computev1alpha1.ComputeVM{}
 		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: bcc.Name}, vm); err != nil || !metav1.IsControlledBy(vm, bcc) {
 			continue
 		}
-		return c, vm
+		found, foundVM = c, vm
 	}
-	return nil, nil
+	return found, foundVM, nil
 }
 
 // runningVM is the bidder's VM of the contract once it runs, with the
 // bidder workspace's client and the mount's token.
 func (s *session) runningVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM, string, error) {
-	c, vm := s.bidderVM(cc)
+	c, vm, err := s.findBidderVM(cc)
+	if err != nil {
+		return nil, nil, "", err
+	}
 	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning || vm.Status.CredentialSecret == "" {
 		return nil, nil, "", nil
 	}
@@ -110,14 +144,17 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	}
 	bc, vm, token, err := s.runningVM(cc)
 	switch {
+	case errors.Is(err, errBidderAmbiguous):
+		return false, ReasonBidderAmbiguous, s.refuse(cc, ReasonBidderAmbiguous, "more than one workspace claims to be the contract's bidder "+cc.Spec.BidderDID+": the tenant is delivered to none of them"), nil
 	case err != nil:
 		return false, "", "", err
 	case vm == nil:
 		return false, "", "the bidder's VM is not running yet", nil
 	}
-	fp, err := market.CAFingerprint([]byte(vm.Status.CABundle))
-	if err != nil || fp != lease.Lease.CAFingerprint {
-		return false, "", "the VM's CA does not match the fingerprint in the bidder's lease record: not mounted", nil
+	// The pin covers the whole bundle: every certificate of it is copied
+	// into the mount's ca.crt and trusted there.
+	if fp, err := market.CAFingerprint([]byte(vm.Status.CABundle)); err != nil || fp != lease.Lease.CAFingerprint {
+		return false, ReasonCABundleNotPinned, s.refuse(cc, ReasonCABundleNotPinned, "the VM's CA bundle is not the one the bidder's lease record pins: the tenant is not mounted"), nil
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
 	if from := s.mr.Spec.RestoreFrom; from != "" {
@@ -179,12 +216,18 @@ func mountState(tc *computev1alpha1.TenantCluster) (bool, string) {
 }
 
 // mountNameTaken is the message of a contract whose TenantCluster name is
-// taken; the Event saying so is emitted once, when the contract starts
-// waiting for it.
+// taken.
 func (s *session) mountNameTaken(cc *marketv1alpha1.ComputeContract) string {
-	msg := fmt.Sprintf("TenantCluster %s exists and was not made for this contract (no label %s=%s): the tenant is not mounted until it is deleted", cc.Name, LabelContract, cc.UID)
-	if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c == nil || c.Reason != ReasonMountNameTaken {
-		s.events.Eventf(cc, nil, corev1.EventTypeWarning, ReasonMountNameTaken, "Mount", "%s", msg)
+	return s.refuse(cc, ReasonMountNameTaken, fmt.Sprintf("TenantCluster %s exists and was not made for this contract (no label %s=%s): the tenant is not mounted until it is deleted", cc.Name, LabelContract, cc.UID))
+}
+
+// refuse returns msg, the message of a contract that waits with reason;
+// the Warning Event saying so is emitted once, when the contract starts
+// waiting for it. Its messages name no other workspace and nothing of
+// the VM's (R17).
+func (s *session) refuse(cc *marketv1alpha1.ComputeContract, reason, msg string) string {
+	if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c == nil || c.Reason != reason {
+		s.events.Eventf(cc, nil, corev1.EventTypeWarning, reason, "Mount", "%s", msg)
 	}
 	return msg
 }

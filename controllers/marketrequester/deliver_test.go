@@ -2,18 +2,26 @@ package marketrequester
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
+	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // TestPreCreatedTenantClusterDoesNotTakeTheMount (item 10 of issue 27): a
@@ -89,5 +97,223 @@ func TestPreCreatedTenantClusterDoesNotTakeTheMount(t *testing.T) {
 	m.round()
 	if got := contracts(t, m.shop)[0]; got.Status.Phase != marketv1alpha1.ContractActive {
 		t.Fatalf("contract %s after its TenantCluster is Ready", got.Status.Phase)
+	}
+}
+
+// dealRunning makes a deal with the bidder "fit" whose VM runs with the
+// CA bundle ca and whose lease says so (lease running, with the VM's
+// caFingerprint); the requester has not looked at the running lease yet.
+// It returns the requester's contract.
+func (m *marketFixture) dealRunning(ca []byte) marketv1alpha1.ComputeContract {
+	m.t.Helper()
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	cc := contracts(m.t, m.shop)
+	if len(cc) != 1 {
+		m.t.Fatalf("contracts %+v", cc)
+	}
+	m.runVM(m.bidders["fit"], ca)
+	m.reconcileBidder("fit")
+	return cc[0]
+}
+
+// mountedNothing fails unless the contract waits (Provisioning) with
+// reason on its Ready condition, its TenantCluster and credential Secret
+// were not made, and exactly one Warning Event with reason says why,
+// naming none of what forbidden holds.
+func (m *marketFixture) mountedNothing(name, reason string, forbidden ...string) {
+	m.t.Helper()
+	ctx := context.Background()
+	cc := &marketv1alpha1.ComputeContract{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cc); err != nil {
+		m.t.Fatal(err)
+	}
+	c := clustertest.Condition(m.t, cc.Status.Conditions, marketv1alpha1.ConditionReady)
+	if cc.Status.Phase != marketv1alpha1.ContractProvisioning || c.Reason != reason {
+		m.t.Fatalf("contract %s, Ready %+v; want Provisioning, %s", cc.Status.Phase, c, reason)
+	}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: name}, &computev1alpha1.TenantCluster{}); !apierrors.IsNotFound(err) {
+		m.t.Fatalf("the TenantCluster was made (%v)", err)
+	}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		m.t.Fatalf("the credential Secret was made (%v)", err)
+	}
+	var warned []clustertest.Event
+	for _, e := range m.shop.Events.Events() {
+		if e.Reason == reason {
+			warned = append(warned, e)
+		}
+	}
+	if len(warned) != 1 || warned[0].Type != corev1.EventTypeWarning || warned[0].Object != ns+"/"+name {
+		m.t.Fatalf("%s events %+v, want one Warning about the contract", reason, warned)
+	}
+	for _, text := range []string{c.Message, warned[0].Note, m.requester().Status.Requests[0].Message} {
+		for _, f := range forbidden {
+			if strings.Contains(text, f) {
+				m.t.Errorf("%q reveals %q", text, f)
+			}
+		}
+	}
+}
+
+// TestUnpinnedCertificateInTheCABundleIsNotMounted (issue 29): the VM's
+// CA bundle is [honest CA, attacker CA] while the bidder's lease pins the
+// honest CA. Every certificate of the bundle would be trusted by the
+// mount, so the contract is not mounted: no TenantCluster, no credential
+// Secret, the contract waits with CABundleNotPinned and one Warning Event
+// says why, naming neither CA, its pin nor the VM's endpoint. Before,
+// only the first certificate was hashed and the bundle was mounted.
+func TestUnpinnedCertificateInTheCABundleIsNotMounted(t *testing.T) {
+	ctx := context.Background()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	honest, attacker := drivertest.TestCA(t), drivertest.TestCA(t)
+	cc := m.dealRunning(honest)
+	pin, _ := market.CAFingerprint(honest)
+
+	// The VM's bundle gains the attacker's CA; its status keeps the pin.
+	var vms computev1alpha1.ComputeVMList
+	if err := m.bidders["fit"].Client.List(ctx, &vms); err != nil || len(vms.Items) != 1 {
+		t.Fatalf("VMs %v, %v", vms.Items, err)
+	}
+	vm := &vms.Items[0]
+	vm.Status.CABundle = string(honest) + string(attacker)
+	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if l := m.leaseOf(); l.State != deal.LeaseRunning || l.CAFingerprint != pin {
+		t.Fatalf("lease %+v, want running with the honest CA's pin", l)
+	}
+	m.reconcileRequester()
+	m.reconcileRequester()
+	m.mountedNothing(cc.Name, ReasonCABundleNotPinned, pin, strings.TrimPrefix(pin, "sha256:"), vm.Status.Endpoint, "BEGIN")
+
+	// The bundle is the pinned one again: the tenant is mounted, with
+	// that bundle only.
+	vm.Status.CABundle = string(honest)
+	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	m.reconcileRequester()
+	sec := &corev1.Secret{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data[computev1alpha1.MountCredentialCAKey]) != string(honest) {
+		t.Fatalf("the credential Secret: %v, ca.crt %q", err, sec.Data[computev1alpha1.MountCredentialCAKey])
+	}
+}
+
+// leaseOf is the one lease record of the bidder "fit".
+func (m *marketFixture) leaseOf() market.Lease {
+	m.t.Helper()
+	recs := m.repos["did:plc:fit"].Records(lexicon.Lease)
+	if len(recs) != 1 {
+		m.t.Fatalf("%d leases", len(recs))
+	}
+	var l market.Lease
+	if err := json.Unmarshal(recs[0].Value, &l); err != nil {
+		m.t.Fatal(err)
+	}
+	return l
+}
+
+// impostor adds the workspace "evil", whose PDS claims the bidder DID of
+// "fit" (its MarketBidder of UID uid trades as did:plc:fit), holding what
+// the bidder's workspace holds for the requester's contract cc: a
+// contract on the same accept for the same requester, and a running VM
+// with the honest VM's CA bundle (it is public) at its own endpoint, with
+// its own mount credential. It returns the impostor's follower entry and
+// its VM's endpoint.
+func (m *marketFixture) impostor(cc marketv1alpha1.ComputeContract, uid types.UID) (mcreconcile.Request, string) {
+	m.t.Helper()
+	ctx := context.Background()
+	mb := bidderObj("evil", 30, 0)
+	mb.UID = uid
+	evil := clustertest.New(append(participant("evil", cc.Spec.BidderDID), mb)...)
+	mb.Status.DID = cc.Spec.BidderDID
+	if err := evil.Client.Status().Update(ctx, mb); err != nil {
+		m.t.Fatal(err)
+	}
+	clusters := map[string]*clustertest.Cluster{"shop": m.shop, "evil": evil}
+	for name, ws := range m.bidders {
+		clusters[name] = ws
+	}
+	m.req.GetCluster, m.bid.GetCluster = clustertest.Getter(clusters), clustertest.Getter(clusters)
+	req := mcreconcile.Request{ClusterName: "evil", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "evil"}}}
+	if _, err := m.net.Follow(market.Follower{Role: market.RoleBidder, DID: cc.Spec.BidderDID, Request: req}, nil); err != nil {
+		m.t.Fatal(err)
+	}
+	var honest computev1alpha1.ComputeVMList
+	if err := m.bidders["fit"].Client.List(ctx, &honest); err != nil || len(honest.Items) != 1 {
+		m.t.Fatalf("VMs %v, %v", honest.Items, err)
+	}
+	name := market.ChildName(mb.Name, cc.Spec.Accept.URI)
+	bcc := &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: "evil-contract", OwnerReferences: []metav1.OwnerReference{
+		{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "MarketBidder", Name: mb.Name, UID: mb.UID, Controller: &isController}}},
+		Spec: cc.Spec}
+	bcc.Spec.Side = marketv1alpha1.SideBidder
+	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: "evil-vm", OwnerReferences: []metav1.OwnerReference{
+		{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "ComputeContract", Name: name, UID: bcc.UID, Controller: &isController}}}}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-credential", OwnerReferences: []metav1.OwnerReference{ownerRef(vm, "ComputeVM")}},
+		Data: map[string][]byte{"token": []byte("evil-token")}}
+	for _, o := range []client.Object{bcc, vm, sec} {
+		if err := evil.Client.Create(ctx, o); err != nil {
+			m.t.Fatal(err)
+		}
+	}
+	endpoint := "https://127.0.0.1:6666/clusters/evil"
+	vm.Status = computev1alpha1.ComputeVMStatus{Phase: computev1alpha1.VMRunning, Endpoint: endpoint,
+		CABundle: honest.Items[0].Status.CABundle, CAFingerprint: honest.Items[0].Status.CAFingerprint, CredentialSecret: sec.Name}
+	if err := evil.Client.Status().Update(ctx, vm); err != nil {
+		m.t.Fatal(err)
+	}
+	return req, endpoint
+}
+
+// TestImpostorBidderWorkspaceGetsNothing (issue 29): a workspace whose
+// PDS claims the bidder's DID holds a contract on the deal's accept and a
+// running VM with the honest CA bundle at its own endpoint. It did not
+// make the bid the requester accepted (the bid's key carries the honest
+// MarketBidder's UID), so it is not the bidder: the tenant is mounted
+// from the bidder's own VM, and the impostor's endpoint and token are
+// never copied. Before, whichever workspace the index listed first was
+// taken (each of several deals is tried: one pick of the impostor fails).
+func TestImpostorBidderWorkspaceGetsNothing(t *testing.T) {
+	ctx := context.Background()
+	for i := range 8 {
+		m := newMarket(t, bidderObj("fit", 30, 2))
+		cc := m.dealRunning(drivertest.TestCA(t))
+		_, endpoint := m.impostor(cc, "evil-uid")
+		m.reconcileRequester()
+		tc := &computev1alpha1.TenantCluster{}
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL == endpoint {
+			t.Fatalf("deal %d: the TenantCluster %+v, %v: want the bidder's VM mounted, not the impostor's", i, tc.Spec, err)
+		}
+		sec := &corev1.Secret{}
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data["token"]) != "tok" {
+			t.Fatalf("deal %d: the credential Secret: %v, token %q; want the bidder's", i, err, sec.Data["token"])
+		}
+	}
+}
+
+// TestAmbiguousBidderGetsNothing (issue 29): should two workspaces both
+// pass as the contract's bidder (the impostor here even has the bidder's
+// MarketBidder UID, which kcp never gives two objects), the requester
+// cannot tell which is the bidder: the tenant is delivered to none, the
+// contract waits with BidderAmbiguous and one Warning Event says so,
+// naming neither workspace nor the impostor's endpoint. Once the impostor
+// is gone the bidder's tenant is mounted.
+func TestAmbiguousBidderGetsNothing(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	cc := m.dealRunning(drivertest.TestCA(t))
+	evil, endpoint := m.impostor(cc, "fit-uid")
+	m.reconcileRequester()
+	m.reconcileRequester()
+	m.mountedNothing(cc.Name, ReasonBidderAmbiguous, "evil", endpoint, `"fit"`, "workspace fit")
+
+	m.net.Unfollow(evil)
+	m.reconcileRequester()
+	tc := &computev1alpha1.TenantCluster{}
+	if err := m.shop.Client.Get(context.Background(), client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL == endpoint {
+		t.Fatalf("the TenantCluster %+v, %v: want the bidder's VM mounted", tc.Spec, err)
 	}
 }
