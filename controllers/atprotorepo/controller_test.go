@@ -57,10 +57,17 @@ func credential(password string) *corev1.Secret {
 }
 
 // setup returns a reconciler of one workspace holding objs. The account's
-// DID document names its PDS http://localhost, as the reference PDS's do:
-// the fake PDSes listen on 127.0.0.1.
+// DID document names the PDS of the AtprotoRepo among objs as
+// http://localhost:<port>, as the reference PDS's do: the fake PDSes
+// listen on 127.0.0.1.
 func setup(policy *netpolicy.Policy, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
-	return setupWith(policy, pdstest.Directory("http://localhost:2583"), objs...)
+	pdsURL := "http://localhost:2583"
+	for _, o := range objs {
+		if repo, ok := o.(*atprotov1alpha1.AtprotoRepo); ok {
+			pdsURL = pdstest.Localhost(repo.Spec.PDS.URL)
+		}
+	}
+	return setupWith(policy, pdstest.Directory(pdsURL), objs...)
 }
 
 func setupWith(policy *netpolicy.Policy, dir identity.Directory, objs ...client.Object) (*Reconciler, *clustertest.Cluster) {
@@ -148,18 +155,21 @@ func TestLoginSetsDIDAndHandle(t *testing.T) {
 // Ready: DIDMismatch, retried with backoff, and the status keeps no DID
 // of it (R20).
 func TestAnotherAccountsDIDIsDIDMismatch(t *testing.T) {
-	for name, ident := range map[string]identity.Identity{
-		"another PDS": pdstest.Identity("https://pds.elsewhere.example"),
-		"another handle": func() identity.Identity {
-			i := pdstest.Identity("http://localhost")
+	for name, ident := range map[string]func(f *pdstest.PDS) identity.Identity{
+		"another PDS": func(*pdstest.PDS) identity.Identity { return pdstest.Identity("https://pds.elsewhere.example") },
+		"another handle": func(f *pdstest.PDS) identity.Identity {
+			i := pdstest.Identity(pdstest.Localhost(f.URL()))
 			i.AlsoKnownAs = []string{"at://bob.test"}
 			return i
-		}(),
+		},
+		// Issue 29: another PDS of the same machine claims the account
+		// of the PDS on another port.
+		"another loopback port": func(*pdstest.PDS) identity.Identity { return pdstest.Identity("http://localhost:2583") },
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := pdstest.New(t)
 			dir := identity.NewMockDirectory()
-			dir.Insert(ident)
+			dir.Insert(ident(f))
 			r, ws := setupWith(local, dir, repoOn(f.URL()), credential(pdstest.Password))
 			if _, err := reconcileRepo(r); err == nil {
 				t.Fatal("no error: the failure would not back off")

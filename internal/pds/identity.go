@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,25 +88,49 @@ func (c *Client) identityMismatch(ctx context.Context, did syntax.DID, handle st
 	return "", nil
 }
 
-// SameHost reports whether two http(s) URLs name the same host, ignoring
-// scheme, port and case: a PDS's DID document names its public URL, which
-// a TLS-terminating proxy or another port may serve. Loopback names
-// (localhost, 127.0.0.0/8, ::1) are one host: a local PDS names itself
-// http://localhost:<port> while a repo reaches it as 127.0.0.1.
+// SameHost reports whether two http(s) URLs name the same PDS: the same
+// host name (case and a final dot aside) and the same effective port (the
+// port given, or the scheme's default: 80 for http, 443 for https); the
+// scheme and path are not compared. A DID document names the PDS's public
+// URL, which a TLS-terminating proxy may serve; a repo reaches the PDS at
+// that URL, so the ports agree.
+//
+// Loopback names (localhost, *.localhost, 127.0.0.0/8, ::1) are one host
+// name: a local PDS names itself http://localhost:<port> while a repo
+// reaches it as 127.0.0.1:<port>. The port is compared there as
+// everywhere (issue 29): another port of the same machine is another
+// server, and a PDS there could otherwise pass off every account whose
+// document names the first. The port is compared for other hosts too,
+// for the same reason: another port of one name is another origin, which
+// may be another operator's (a shared host), and nothing tells the two
+// apart. A repo that reaches its PDS through another port than its DID
+// document names is DIDMismatch (docs/atproto.md).
 func SameHost(a, b string) bool {
-	ha, hb := hostOf(a), hostOf(b)
-	if ha == "" || hb == "" {
+	ha, pa := hostPort(a)
+	hb, pb := hostPort(b)
+	if ha == "" || hb == "" || pa != pb {
 		return false
 	}
 	return ha == hb || (loopback(ha) && loopback(hb))
 }
 
-func hostOf(raw string) string {
+// hostPort is the lowercase host name (no final dot) and the effective
+// port of an http(s) URL, or "" when it is not one.
+func hostPort(raw string) (string, int) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		return ""
+		return "", 0
 	}
-	return strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	port := 443
+	if u.Scheme == "http" {
+		port = 80
+	}
+	if p := u.Port(); p != "" {
+		if port, err = strconv.Atoi(p); err != nil || port < 1 || port > 65535 {
+			return "", 0
+		}
+	}
+	return strings.TrimSuffix(strings.ToLower(u.Hostname()), "."), port
 }
 
 func loopback(host string) bool {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +90,10 @@ func TestConnectChecksTheDIDDocument(t *testing.T) {
 			p.set(strings.Replace(f.URL(), "127.0.0.1", "localhost", 1), "ALICE.test")
 		}, false},
 		{"another PDS", func(p *fakePLC) { p.set("https://pds.elsewhere.example", pdstest.Handle) }, true},
+		// Issue 29: another PDS on the same machine (a loopback one in a
+		// dev or e2e set-up) claims an account of the PDS on another port.
+		{"another port of the loopback host", func(p *fakePLC) { p.set(otherPort(t, f.URL(), "localhost"), pdstest.Handle) }, true},
+		{"another port of the same address", func(p *fakePLC) { p.set(otherPort(t, f.URL(), "127.0.0.1"), pdstest.Handle) }, true},
 		{"another handle", func(p *fakePLC) { p.set(f.URL(), "bob.test") }, true},
 		{"no document", func(*fakePLC) {}, true},
 	} {
@@ -120,6 +127,21 @@ func TestConnectChecksTheDIDDocument(t *testing.T) {
 			}
 		})
 	}
+}
+
+// otherPort is u (an http://127.0.0.1:<port> URL) on host at another
+// port.
+func otherPort(t *testing.T, u, host string) string {
+	t.Helper()
+	parsed, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(parsed.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s://%s:%d", parsed.Scheme, host, port%65535+1)
 }
 
 // A document that does not match is looked up again past the cache once:
@@ -170,22 +192,44 @@ func TestConnectWithHugeOrMissingDIDDocument(t *testing.T) {
 	}
 }
 
+// TestSameHost: a DID document's PDS and the PDS a repo reaches are one
+// host when their names agree and so do their effective ports (the
+// scheme's default when none is given). Loopback names are one name (a
+// local PDS names itself localhost while repos reach 127.0.0.1), but
+// never two ports of it: another port of the same machine is another
+// PDS, which could otherwise pass off every account of the first
+// (issue 29).
 func TestSameHost(t *testing.T) {
 	for _, tc := range []struct {
 		a, b string
 		want bool
 	}{
 		{"https://pds.example", "https://PDS.example.:443", true},
-		{"http://localhost:2583", "http://127.0.0.1:40000", true},
-		{"http://[::1]:1", "http://127.0.0.2", true},
-		{"http://app.localhost", "http://localhost", true},
+		{"https://pds.example", "https://pds.example/", true},
+		{"http://pds.example", "http://pds.example:80", true},
+		{"http://localhost:2583", "http://127.0.0.1:2583", true},
+		{"http://localhost:2583", "https://127.0.0.1:2583", true},
+		{"http://[::1]:2583", "http://127.0.0.2:2583", true},
+		{"http://app.localhost", "http://localhost:80", true},
+		{"https://localhost", "https://[::1]:443", true},
+		{"http://localhost:2583", "http://127.0.0.1:40000", false},
+		{"http://[::1]:1", "http://127.0.0.2", false},
+		{"http://localhost", "https://localhost", false},
+		{"https://pds.example", "https://pds.example:8443", false},
+		{"https://pds.example", "http://pds.example", false},
 		{"https://pds.example", "https://pds.example.evil", false},
 		{"https://localhost.evil", "http://127.0.0.1", false},
 		{"https://pds.example", "", false},
 		{"ftp://pds.example", "https://pds.example", false},
+		{"https://pds.example:0", "https://pds.example:0", false},
+		{"https://pds.example:99999", "https://pds.example:99999", false},
+		{"https://pds.example:x", "https://pds.example:x", false},
 	} {
 		if got := pds.SameHost(tc.a, tc.b); got != tc.want {
 			t.Errorf("SameHost(%q, %q) = %v", tc.a, tc.b, got)
+		}
+		if got := pds.SameHost(tc.b, tc.a); got != tc.want {
+			t.Errorf("SameHost(%q, %q) = %v", tc.b, tc.a, got)
 		}
 	}
 }

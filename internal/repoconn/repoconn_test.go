@@ -315,9 +315,10 @@ func TestConnectChecksTheAccountsDIDDocument(t *testing.T) {
 		doc, want string
 	}{
 		{document("https://pds.elsewhere.example"), atprotov1alpha1.ReasonDIDMismatch},
+		{document("http://localhost:2583"), atprotov1alpha1.ReasonDIDMismatch}, // another port of the loopback host (issue 29)
 		{`{"id":"` + pdstest.DID + `","alsoKnownAs":["` + strings.Repeat("a", pds.MaxDIDDocument) + `"]}`, atprotov1alpha1.ReasonResponseTooLarge},
 		{`not a document`, atprotov1alpha1.ReasonDIDUnresolvable},
-		{document("http://localhost:2583"), ""},
+		{document(pdstest.Localhost(f.URL())), ""},
 	} {
 		doc.Store(tc.doc)
 		p := &Pool{Policy: local, Directory: pds.NewDirectory(plc.URL, local, 5*time.Second)}
