@@ -142,7 +142,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 	}
 	fp, err := market.CAFingerprint(s.CA)
 	if err != nil {
-		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonDriverFailed, "the VM's CA is not a certificate: "+err.Error())
+		set(st, vm, computev1alpha1.VMFailed, computev1alpha1.ReasonDriverFailed, "the VM's CA bundle cannot be pinned: "+err.Error())
 		return reconcile.Result{}, nil
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)

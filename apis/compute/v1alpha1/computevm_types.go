@@ -100,8 +100,9 @@ type ComputeVMStatus struct {
 	// serving certificate.
 	// +optional
 	CABundle string `json:"caBundle"`
-	// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the CA
-	// certificate (DER): what the lease record carries.
+	// CAFingerprint is "sha256:" and the lowercase hex SHA-256 of the DER
+	// of every certificate of caBundle, in order: what the lease record
+	// carries.
 	// +optional
 	CAFingerprint string `json:"caFingerprint"`
 	// CredentialSecret names the Secret (owned by the VM, key token) with
