@@ -31,7 +31,9 @@ import (
 )
 
 // repoWorkspace creates a workspace with a Ready AtprotoRepo "repo" for a
-// new account and returns its client and the account's DID.
+// new account and returns its client and the account's DID. A repo that
+// reaches the PDS at pdsURL (a proxy in front of it) has the account's
+// DID document name pdsURL.
 func repoWorkspace(ctx context.Context, t *testing.T, name, handle, pdsURL string) (client.Client, string) {
 	t.Helper()
 	c, _ := appWorkspace(ctx, t, name)
@@ -41,6 +43,7 @@ func repoWorkspace(ctx context.Context, t *testing.T, name, handle, pdsURL strin
 	}
 	repo := secretRepo("repo", acct.Handle, "cred")
 	if pdsURL != "" {
+		movePDSEndpoint(ctx, t, acct.DID, pdsURL)
 		repo.Spec.PDS.URL = pdsURL
 	}
 	create(ctx, t, c, passwordSecret("cred", acct.AppPassword), repo)
@@ -446,8 +449,9 @@ func TestVaultTokenRevoked(t *testing.T) {
 	}
 }
 
-// TestAtprotoCABundleRotation: a PDS behind TLS with a private CA is
-// reached through the repo's CA bundle ConfigMap. When the PDS's
+// TestAtprotoCABundleRotation: a PDS behind TLS with a private CA (a
+// proxy, which the account's DID document names) is reached through the
+// repo's CA bundle ConfigMap. When the PDS's
 // certificate is replaced by one of another CA, writes fail with
 // PDSUnreachable naming the certificate; updating the ConfigMap (no
 // restart) makes the repo connect again and the record sync (R08).
@@ -477,6 +481,7 @@ func TestAtprotoCABundleRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	movePDSEndpoint(ctx, t, acct.DID, proxy.URL())
 	bundle := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pds-ca", Namespace: "default"}, Data: map[string]string{"ca.crt": string(ca1.PEM)}}
 	repo := secretRepo("repo", acct.Handle, "cred")
 	repo.Spec.PDS.URL = proxy.URL()
