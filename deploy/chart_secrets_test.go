@@ -203,7 +203,8 @@ func (f *fakeAPIServer) store(t *testing.T, objs []deploy.Object) {
 // that serves the Secrets of the first render. The second render (an
 // upgrade) keeps every Secret's data; a deleted client certificate is made
 // again from the kept CA. This is helm's own lookup over HTTP against a
-// stand-in API server; no test here runs it against a real cluster.
+// stand-in API server; e2e TestChartKeepsSecretsOnUpgradeInKCP does the
+// same against kcp.
 func TestChartKeepsMountPathSecretsOnUpgrade(t *testing.T) {
 	root := repoRoot(t)
 	api := &fakeAPIServer{secrets: map[string]*corev1.Secret{}}
