@@ -42,10 +42,10 @@ var errRewind = errors.New("a subscription needs events the connection has passe
 // provider's log only, so a caller reports all of them alike (R17).
 var ErrPrivateUnreachable = errors.New("unreachable at a private address")
 
-// ErrFaultyFrame marks a connection that ended because decoding or
-// handling one of the source's frames panicked (a hostile or broken
-// source): the source is reconnected after backoff like any failed one,
-// and the provider goes on (R21).
+// ErrFaultyFrame marks a connection that ended because decoding one of
+// the source's frames panicked (a hostile or broken source): the source
+// is reconnected after backoff like any failed one, and the provider goes
+// on (R21). An event whose handling panics is rejected instead.
 var ErrFaultyFrame = errors.New("the source sent a frame that could not be read")
 
 // ErrFaultyListing marks a listing that failed because handling one of
@@ -269,13 +269,10 @@ func (s *stream) connect(ctx context.Context) error {
 	idle := s.hub.opts.IdleTimeout
 	_ = con.SetReadDeadline(time.Now().Add(idle))
 	sched := newScheduler(connCtx, s, gen, tracker, idle, con)
-	sched.fault = cancel
 	err = s.readLoop(connCtx, con, sched)
 	switch c := context.Cause(connCtx); {
 	case errors.Is(c, errRewind):
 		err = errRewind
-	case errors.Is(c, ErrFaultyFrame):
-		err = c
 	}
 	err = frameTooLarge(err)
 	// Whatever a private source sent or how it closed reads alike (R17):
@@ -344,9 +341,6 @@ type scheduler struct {
 	con     interface{ SetReadDeadline(time.Time) error }
 	queues  []chan job
 	wg      sync.WaitGroup
-	// fault ends the connection with the given cause (nil: nothing to
-	// end, as in the fuzz target).
-	fault func(error)
 }
 
 type job struct {
@@ -382,22 +376,41 @@ func newScheduler(ctx context.Context, s *stream, gen uint64, tracker *cursorTra
 }
 
 // handle handles one event on a worker. A panic while handling it (indigo
-// verifying a #sync's CAR, resolving a DID, ...) makes the source faulty:
-// the connection ends with ErrFaultyFrame, the event is not marked done
-// (the cursor stays before it), and the provider goes on (R21). It
-// reports whether the event was handled.
+// verifying a #sync's CAR, resolving a DID, a check of a record, ...) is
+// an event that failed verification: counted as rejected by the
+// subscriptions that wanted its repo, nothing of it applied, and marked
+// done, so that the source goes on with its next event. Closing the
+// connection instead would stall the source for good: the cursor would
+// stay before the event and every reconnection would send it again (one
+// hostile repo on a shared relay would halt every watch of that relay).
+// The provider goes on either way (R21). It reports whether the event is
+// done (false: stopping, it is replayed).
 func (sc *scheduler) handle(ctx context.Context, j job) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			sc.s.log.Info("an event of the source panicked its handling; closing the connection", "seq", j.seq, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			if sc.fault != nil {
-				sc.fault(fmt.Errorf("%w: closed while handling event %d", ErrFaultyFrame, j.seq))
-			}
-			ok = false
+			did := eventDID(j.ev)
+			sc.s.log.Info("an event of the source panicked its handling; rejected", "seq", j.seq, "did", did, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			sc.s.reject(interested(j.subs, did), did, j.seq, fmt.Errorf("invalid event: its handling panicked (%v)", p))
+			ok = ctx.Err() == nil
 		}
 	}()
 	sc.s.handle(ctx, j)
 	return true
+}
+
+// eventDID is the DID of the repo an event is about ("" when none).
+func eventDID(ev *events.XRPCStreamEvent) string {
+	switch {
+	case ev.RepoCommit != nil:
+		return ev.RepoCommit.Repo
+	case ev.RepoSync != nil:
+		return ev.RepoSync.Did
+	case ev.RepoIdentity != nil:
+		return ev.RepoIdentity.Did
+	case ev.RepoAccount != nil:
+		return ev.RepoAccount.Did
+	}
+	return ""
 }
 
 // AddWork implements events.Scheduler.
