@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -245,15 +244,7 @@ func createPLCIdentity(ctx context.Context, t *testing.T, handle, pds string) st
 		"services":            map[string]any{"atproto_pds": map[string]any{"type": "AtprotoPersonalDataServer", "endpoint": pds}},
 		"prev":                nil,
 	}
-	unsigned, err := atdata.MarshalCBOR(op)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, err := key.HashAndSign(unsigned)
-	if err != nil {
-		t.Fatal(err)
-	}
-	op["sig"] = base64.RawURLEncoding.EncodeToString(sig)
+	signPLC(t, key, op)
 	signed, err := atdata.MarshalCBOR(op)
 	if err != nil {
 		t.Fatal(err)

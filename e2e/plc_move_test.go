@@ -63,15 +63,7 @@ func movePDSEndpoint(ctx context.Context, t *testing.T, did, endpoint string) {
 	pdsService["endpoint"] = endpoint
 	delete(op, "sig")
 	op["prev"] = last.CID
-	unsigned, err := atdata.MarshalCBOR(op)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, err := key.HashAndSign(unsigned)
-	if err != nil {
-		t.Fatal(err)
-	}
-	op["sig"] = base64.RawURLEncoding.EncodeToString(sig)
+	signPLC(t, key, op)
 	body, err := json.Marshal(op)
 	if err != nil {
 		t.Fatal(err)
@@ -102,4 +94,19 @@ func plcDo(ctx context.Context, t *testing.T, method, u string, body []byte, out
 			t.Fatalf("PLC %s %s: %v", method, u, err)
 		}
 	}
+}
+
+// signPLC signs the PLC operation op (without its sig) with key and sets
+// its sig.
+func signPLC(t *testing.T, key atcrypto.PrivateKey, op map[string]any) {
+	t.Helper()
+	unsigned, err := atdata.MarshalCBOR(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := key.HashAndSign(unsigned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op["sig"] = base64.RawURLEncoding.EncodeToString(sig)
 }
