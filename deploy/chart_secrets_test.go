@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -262,6 +263,11 @@ func TestChartCertManager(t *testing.T) {
 	if got := names(objs, "Issuer"); !slices.Equal(got, []string{"knotless-ca", "knotless-selfsigned"}) {
 		t.Errorf("Issuers %v", got)
 	}
+	for name, issuer := range certIssuers(t, objs) {
+		if name != "knotless-ca" && issuer != "Issuer/knotless-ca" {
+			t.Errorf("Certificate %s issued by %s, want the chart's Issuer/knotless-ca", name, issuer)
+		}
+	}
 	if got := names(objs, "Secret"); !slices.Equal(got, []string{"knotless-identity-headers"}) {
 		t.Errorf("Secrets %v, want only the header names", got)
 	}
@@ -286,23 +292,82 @@ func TestChartCertManager(t *testing.T) {
 			}
 		}
 	}
-	_, objs, _ = renderAll(t, root, map[string]any{
+	if _, objs, _ := renderAll(t, root, nil, ciValues(root, "generated-values")); len(names(objs, "Certificate")) > 0 {
+		t.Error("Certificates without certManager.enabled")
+	}
+}
+
+// certIssuers maps each rendered Certificate to its issuerRef as
+// "kind/name".
+func certIssuers(t *testing.T, objs []deploy.Object) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, o := range objs {
+		if o.Kind != "Certificate" {
+			continue
+		}
+		var c struct {
+			Spec struct {
+				IssuerRef struct{ Name, Kind string } `json:"issuerRef"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(o.Doc, &c); err != nil {
+			t.Fatalf("Certificate %s: %v", o.Name, err)
+		}
+		out[o.Name] = c.Spec.IssuerRef.Kind + "/" + c.Spec.IssuerRef.Name
+	}
+	return out
+}
+
+// TestChartCertManagerIssuerRef: certManager.issuerRef (often a shared
+// ClusterIssuer) issues the serving certificate only. The client
+// certificates (CN kcp-front-proxy, knotless-probe) and so the mount
+// proxy's requestheader CA always come from the chart's own namespaced CA:
+// whoever may request from a shared issuer must not be able to mint a
+// kcp-front-proxy certificate the mount proxy takes identity headers from.
+func TestChartCertManagerIssuerRef(t *testing.T) {
+	root := repoRoot(t)
+	corp := map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}
+	ws, objs, _ := renderAll(t, root, map[string]any{
 		"identityHeaders": map[string]any{"secretName": "headers"},
-		"certManager":     map[string]any{"issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}},
+		"certManager":     map[string]any{"issuerRef": corp},
 	}, ciValues(root, "cert-manager-values"))
 	if got := names(objs, "Secret"); len(got) > 0 {
 		t.Errorf("Secrets %v with cert-manager and named header names", got)
 	}
+	if got := names(objs, "Issuer"); !slices.Equal(got, []string{"knotless-ca", "knotless-selfsigned"}) {
+		t.Errorf("Issuers %v with an issuerRef, want the chart's own CA issuer for the client certificates", got)
+	}
+	want := map[string]string{
+		"knotless-ca":                 "Issuer/knotless-selfsigned",
+		"knotless-front-proxy-client": "Issuer/knotless-ca",
+		"knotless-probe":              "Issuer/knotless-ca",
+		"knotless-mountproxy-serving": "ClusterIssuer/corp-ca",
+	}
+	if got := certIssuers(t, objs); !maps.Equal(got, want) {
+		t.Errorf("Certificate issuers %v, want %v", got, want)
+	}
+	mounts, err := ws["knotless-mountproxy"].Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(mounts, func(m deploy.Mount) bool {
+		return slices.ContainsFunc(m.Files, func(f deploy.File) bool { return f.Secret == "knotless-probe" && f.Key == "ca.crt" })
+	}) {
+		t.Errorf("mount proxy mounts %v, not the chart CA's knotless-probe/ca.crt as requestheader CA", mounts)
+	}
+	// Client certificates brought by the operator: no chart CA is needed.
+	_, objs, _ = renderAll(t, root, map[string]any{
+		"certManager": map[string]any{"issuerRef": corp},
+		"mountproxy":  map[string]any{"requestHeaderCASecret": map[string]any{"name": "rh-ca"}},
+		"provider":    map[string]any{"mount": map[string]any{"probeCertSecret": map[string]any{"name": "probe"}}},
+	}, ciValues(root, "cert-manager-values"))
 	if got := names(objs, "Issuer"); len(got) > 0 {
-		t.Errorf("Issuers %v with an issuerRef", got)
+		t.Errorf("Issuers %v with an issuerRef and brought client certificates", got)
 	}
-	for _, o := range objs {
-		if o.Kind == "Certificate" && !strings.Contains(string(o.Doc), "kind: ClusterIssuer") {
-			t.Errorf("Certificate %s does not use the ClusterIssuer: %s", o.Name, o.Doc)
-		}
-	}
-	if _, objs, _ := renderAll(t, root, nil, ciValues(root, "generated-values")); len(names(objs, "Certificate")) > 0 {
-		t.Error("Certificates without certManager.enabled")
+	want = map[string]string{"knotless-mountproxy-serving": "ClusterIssuer/corp-ca"}
+	if got := certIssuers(t, objs); !maps.Equal(got, want) {
+		t.Errorf("Certificate issuers %v, want %v", got, want)
 	}
 }
 
