@@ -321,9 +321,8 @@ func (s *syncer) failed(ctx context.Context, err error) (reconcile.Result, error
 	if serr := s.status(ctx, metav1.ConditionFalse, reason, err.Error(), nil); serr != nil {
 		return reconcile.Result{}, serr
 	}
-	var rl *pds.RateLimitedError
-	if errors.As(err, &rl) {
-		return reconcile.Result{RequeueAfter: max(time.Until(rl.Reset), 0) + time.Second}, nil
+	if wait, ok := pds.RateLimitWait(err, time.Now()); ok {
+		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	return reconcile.Result{}, err
 }

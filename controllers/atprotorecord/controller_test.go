@@ -3,11 +3,13 @@ package atprotorecord
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -526,5 +528,35 @@ func TestRepoChangesThatReachRecords(t *testing.T) {
 		if got := p.Update(event.UpdateEvent{ObjectOld: base, ObjectNew: n}); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A PDS that answers 429 with no reset backs the record off through the
+// workqueue's growing delay (an error), never at a fixed second, which
+// kept a PDS's login limit spent (from review); one that names its reset
+// is waited for until then, at most an hour (R13).
+func TestRateLimitWithoutResetBacksOff(t *testing.T) {
+	w := newWorld(t, record("note", coll, "self", `{"text":"hello","n":1}`))
+	if _, err := w.reconcile("note"); err != nil {
+		t.Fatal(err)
+	}
+	w.pds.SetRateLimit(http.Header{})
+	rec := w.get("note")
+	rec.Spec.Value = apiextensionsv1.JSON{Raw: []byte(`{"text":"again","n":2}`)}
+	if err := w.ws.Client.Update(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.reconcile("note")
+	if err == nil || res.RequeueAfter != 0 {
+		t.Fatalf("rate limited without a reset: result %+v, error %v; want an error (the workqueue backs off)", res, err)
+	}
+	w.pds.SetRateLimit(http.Header{"Retry-After": {"30"}})
+	res, err = w.reconcile("note")
+	if err != nil || res.RequeueAfter < 29*time.Second || res.RequeueAfter > 32*time.Second {
+		t.Fatalf("rate limited for 30 s: result %+v, error %v; want a requeue after about 31 s", res, err)
+	}
+	w.pds.SetRateLimit(http.Header{"Retry-After": {"86400"}})
+	if res, err = w.reconcile("note"); err != nil || res.RequeueAfter != pds.MaxRateLimitWait {
+		t.Fatalf("rate limited for a day: result %+v, error %v; want a requeue after %v", res, err, pds.MaxRateLimitWait)
 	}
 }

@@ -102,9 +102,8 @@ func (r *Reconciler) pruneDeleted(ctx context.Context, cl cluster.Cluster, req m
 	for i, t := range ts {
 		if err := r.prune(ctx, cl, req, t); err != nil {
 			r.deleted.add(req, ts[i:]...)
-			var rl *pds.RateLimitedError
-			if errors.As(err, &rl) {
-				return reconcile.Result{RequeueAfter: max(time.Until(rl.Reset), 0) + time.Second}, nil
+			if wait, ok := pds.RateLimitWait(err, time.Now()); ok {
+				return reconcile.Result{RequeueAfter: wait}, nil
 			}
 			return reconcile.Result{}, fmt.Errorf("deleting the record %s of the deleted AtprotoRecord %s: %w", t.key, req.Name, err)
 		}

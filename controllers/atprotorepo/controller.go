@@ -290,9 +290,8 @@ func setReady(st *atprotov1alpha1.AtprotoRepoStatus, gen int64, err error, resyn
 		return reconcile.Result{RequeueAfter: resync}, nil
 	case errors.As(err, &ce):
 		conditions.SetReady(&st.Conditions, gen, metav1.ConditionFalse, ce.Reason, ce.Message)
-		var rl *pds.RateLimitedError
-		if errors.As(err, &rl) {
-			return reconcile.Result{RequeueAfter: max(time.Until(rl.Reset), 0) + time.Second}, nil
+		if wait, ok := pds.RateLimitWait(err, time.Now()); ok {
+			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 		// Back off through the rate-limited workqueue.
 		return reconcile.Result{}, err

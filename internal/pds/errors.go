@@ -1,6 +1,7 @@
 package pds
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -81,6 +82,24 @@ func (e *RateLimitedError) Error() string {
 		return "rate limited by the PDS"
 	}
 	return "rate limited by the PDS until " + e.Reset.UTC().Format(time.RFC3339)
+}
+
+// MaxRateLimitWait bounds how long a PDS's rate limit is waited for at
+// once: a reset further away is looked at again after this.
+const MaxRateLimitWait = time.Hour
+
+// RateLimitWait is how long to wait before calling the PDS again after
+// err, when err is a rate limit whose reset the PDS named and that is
+// still ahead (a second past it, at most MaxRateLimitWait). It is false
+// for any other error, and for a rate limit without a reset (or one
+// already past): the caller backs off as for any failure (through the
+// workqueue's growing delay), never retrying at a fixed short interval.
+func RateLimitWait(err error, now time.Time) (time.Duration, bool) {
+	var rl *RateLimitedError
+	if !errors.As(err, &rl) || !rl.Reset.After(now) {
+		return 0, false
+	}
+	return min(rl.Reset.Sub(now)+time.Second, MaxRateLimitWait), true
 }
 
 // InvalidRequestError is a 400 answer other than the ones with their own
