@@ -16,13 +16,11 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/market/dealexec"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
 const (
-	// publishers bounds the records written at once (the writes of one
-	// repo go together in applyWrites batches).
-	publishers = 32
 	// kcpWriters bounds the kcp writes (Bids, contracts, VMs) made at once.
 	kcpWriters = 16
 )
@@ -160,63 +158,30 @@ func (t *trader) load() error {
 
 // look lists again the repos the plan asks for and remembers what it
 // found missing.
-func (t *trader) look() {
-	l := t.plan.Look
-	for _, k := range l.Note {
-		t.absent.Note(k, t.now)
-	}
-	for _, k := range l.Forget {
-		t.absent.Present(k)
-	}
-	for _, did := range l.List {
-		t.view.List(did)
-	}
-	for _, did := range l.Refresh {
-		t.view.Refresh(did)
-	}
-}
+func (t *trader) look() { dealexec.Look(t.plan.Look, t.absent, t.view, t.now) }
 
 // execute makes the plan's writes: the record writes at once (those of
 // one repo share applyWrites commits), then the kcp writes of those that
 // succeeded, then the deletions of finished objects.
 func (t *trader) execute() {
 	p := t.plan
-	done := make([]bool, len(p.Records))
-	cids := map[string]string{} // record URI -> CID written
-	var g errgroup.Group
-	g.SetLimit(publishers)
-	for i, op := range p.Records {
-		g.Go(func() error {
-			uri, cid, err := t.write(&op)
-			t.mu.Lock()
-			defer t.mu.Unlock()
-			if err != nil {
-				t.errs = append(t.errs, err)
-				undo(&p.Counts, op.Undo)
-				return nil
-			}
-			done[i] = true
-			if op.MarketStep != "" && t.observe != nil {
-				t.observe(op.MarketStep, op.Since)
-			}
-			if uri != "" {
-				cids[uri] = cid
-			}
-			return nil
-		})
-	}
-	_ = g.Wait() // errors are in t.errs
-	ready := func(needs int) bool { return needs == deal.None || done[needs] }
+	w := dealexec.Records(t.ctx, t.inv, p.Records, t.observe, func(op deal.RecordOp, err error) {
+		t.fail(err)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		undo(&p.Counts, op.Undo)
+	})
+	ready := w.Ready
 	var k errgroup.Group
 	k.SetLimit(kcpWriters)
 	for _, op := range p.Bids {
 		if ready(op.Needs) {
-			k.Go(func() error { t.fail(t.bid(op, cids)); return nil })
+			k.Go(func() error { t.fail(t.bid(op, w)); return nil })
 		}
 	}
 	for _, op := range p.Contracts {
 		if ready(op.Needs) {
-			k.Go(func() error { t.fail(t.contract(op, cids)); return nil })
+			k.Go(func() error { t.fail(t.contract(op, w)); return nil })
 		}
 	}
 	for _, op := range p.VMs {
@@ -244,58 +209,15 @@ func undo(c *deal.Counts, u deal.Undo) {
 	c.Reserved[u.Offer] += u.Reserved
 }
 
-// write makes one record write (and what follows it), returning the
-// at-URI and CID of the record written (empty for a deletion).
-func (t *trader) write(op *deal.RecordOp) (uri, cid string, err error) {
-	for ; op != nil; op = op.Then {
-		if op.Value == nil {
-			if err := t.inv.Delete(t.ctx, op.Collection, op.RKey); err != nil {
-				return "", "", err
-			}
-			continue
-		}
-		rec, err := t.inv.Put(t.ctx, op.Collection, op.RKey, op.Value)
-		if err != nil {
-			return "", "", err
-		}
-		if rec != nil {
-			uri, cid = rec.URI, rec.CID
-		}
-	}
-	return uri, cid, nil
-}
-
-// withCID sets the CID of ref to the one written for its URI this pass.
-func withCID(ref *marketv1alpha1.RecordRef, cids map[string]string) {
-	if ref == nil {
-		return
-	}
-	if cid, ok := cids[ref.URI]; ok {
-		ref.CID = cid
-	}
-}
-
 // bid makes a Bid object (when asked to) and writes its status.
-func (t *trader) bid(op *deal.BidOp, cids map[string]string) error {
-	b := t.snap.BidObjects[op.Name]
-	if op.Create != nil {
-		spec := op.Create.DeepCopy()
-		withCID(&spec.Bid, cids)
-		b = &marketv1alpha1.Bid{ObjectMeta: metav1.ObjectMeta{Name: op.Name, Namespace: t.b.Namespace}, Spec: *spec}
-		if err := ssa.Child(t.ctx, t.c, b, t.b, FieldManager); err != nil {
-			return err
-		}
-	}
-	if b == nil {
-		return nil
-	}
-	want := op.Status
-	return ssa.WriteStatus(t.ctx, t.c, b, &b.Status, &want, ssa.StatusOptions{Manager: FieldManager})
+func (t *trader) bid(op *deal.BidOp, w *dealexec.Written) error {
+	_, err := dealexec.Bid(t.ctx, t.c, t.b, t.snap.BidObjects[op.Name], op, w, FieldManager)
+	return err
 }
 
 // contract makes a ComputeContract (when asked to) and writes its status
 // when it changed.
-func (t *trader) contract(op *deal.ContractOp, cids map[string]string) error {
+func (t *trader) contract(op *deal.ContractOp, w *dealexec.Written) error {
 	cc := t.snap.Contracts[op.Name]
 	if op.Create != nil {
 		cc = &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Name: op.Name, Namespace: t.b.Namespace}, Spec: *op.Create}
@@ -307,8 +229,8 @@ func (t *trader) contract(op *deal.ContractOp, cids map[string]string) error {
 		return nil
 	}
 	st := op.Status.DeepCopy()
-	withCID(st.Records.Lease, cids)
-	withCID(st.Records.Reclaim, cids)
+	w.WithCID(st.Records.Lease)
+	w.WithCID(st.Records.Reclaim)
 	msg := ""
 	if len(st.Conditions) > 0 {
 		msg = st.Conditions[0].Message
@@ -378,10 +300,10 @@ func (t *trader) withdrawAll() bool {
 		}
 	}
 	var g errgroup.Group
-	g.SetLimit(publishers)
+	g.SetLimit(dealexec.Publishers)
 	for _, op := range ops {
 		g.Go(func() error {
-			_, _, err := t.write(&op)
+			_, _, err := dealexec.Write(t.ctx, t.inv, &op)
 			t.fail(err)
 			return nil
 		})

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,14 +83,11 @@ const (
 	// ReasonReclaimed: an Active contract whose bidder gave notice that it
 	// takes the VM back (its Ready condition's reason).
 	ReasonReclaimed = "Reclaimed"
-	// avoidFor is how long a bidder that declined or did not answer an
-	// accept is not taken again.
-	avoidFor = 10 * time.Minute
 	// kcpWriters bounds the Bids written at once.
 	kcpWriters = 8
 	// maxRetry caps the wait before a request without an acceptable bid
 	// is made again.
-	maxRetry = 5 * time.Minute
+	maxRetry = deal.MaxRetry
 )
 
 // Reconciler reconciles MarketRequesters in every engaged workspace.
@@ -313,10 +309,6 @@ type session struct {
 	next time.Time
 	// ignored are the records (uri|cid) ignored as forged or stale.
 	ignored map[string]bool
-	// made are the Bids made by concurrent writes (under mu), added to
-	// bids once they are done.
-	made []*marketv1alpha1.Bid
-	mu   sync.Mutex
 }
 
 func (s *session) due(t time.Time) {
@@ -525,14 +517,38 @@ func (s *session) trade() error {
 	}
 
 	var errs []error
-	var out []marketv1alpha1.RequestStatus
+	type result struct {
+		rs   marketv1alpha1.RequestStatus
+		keep bool
+	}
+	var results []result
+	var buying []*deal.Replica
 	for _, i := range sortedKeys(replicas) {
-		rs, keep, err := s.replica(replicas[i], i < desired)
+		rs, keep, buy, err := s.replica(replicas[i], i < desired)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("replica %d: %w", i, err))
 		}
-		if keep {
-			out = append(out, rs)
+		if buy != nil {
+			buying = append(buying, buy)
+		}
+		results = append(results, result{rs, keep})
+	}
+	// The replicas that need a VM: their rounds are decided together.
+	if len(buying) > 0 {
+		bought, err := s.buy(buying, replicas)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for i := range results {
+			if rs, ok := bought[results[i].rs.Index]; ok {
+				results[i].rs = rs
+			}
+		}
+	}
+	var out []marketv1alpha1.RequestStatus
+	for _, r := range results {
+		if r.keep {
+			out = append(out, r.rs)
 		}
 	}
 	if err := s.prune(); err != nil {

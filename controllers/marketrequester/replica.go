@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -23,10 +21,11 @@ import (
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
-// replica runs one replica's deal; wanted says whether it should have a
-// VM. It returns the replica's status and whether the replica stays in
-// status.requests.
-func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.RequestStatus, bool, error) {
+// replica follows one replica's contracts; wanted says whether it should
+// have a VM. It returns the replica's status, whether the replica stays in
+// status.requests, and the replica's buying round when it needs a VM (its
+// status then comes from the round: deal.DecideRequester).
+func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.RequestStatus, bool, *deal.Replica, error) {
 	rs := marketv1alpha1.RequestStatus{Index: rr.index, Attempt: rr.attempt, State: marketv1alpha1.RequestOpen}
 	accepts := s.acceptsOf(rr)
 	var reclaimed *marketv1alpha1.ComputeContract
@@ -39,24 +38,24 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 				reason = deal.ReleaseReclaimed
 			}
 			if _, err := s.contracted(rr, cc, accepts, keep, reason, &marketv1alpha1.RequestStatus{}); err != nil {
-				return rs, true, err
+				return rs, true, nil, err
 			}
 		}
 		cc := ccs[len(ccs)-1]
 		finished, err := s.contracted(rr, cc, accepts, wanted, s.release, &rs)
 		switch {
 		case err != nil:
-			return rs, true, err
+			return rs, true, nil, err
 		case finished:
 			// The deal is over: the replica goes back to the market (or
 			// away).
 			s.due(s.now)
-			return rs, wanted || len(ccs) > 1, nil
+			return rs, wanted || len(ccs) > 1, nil, nil
 		case !wanted:
 			// A request for the next VM of a reclaimed one goes too.
-			return rs, true, s.withdrawOpen(rr, accepts)
+			return rs, true, nil, s.withdrawOpen(rr, accepts)
 		case cc.Status.Reclaim == nil || cc.Status.Phase == marketv1alpha1.ContractReleasing:
-			return rs, true, nil
+			return rs, true, nil, nil
 		}
 		// Its bidder reclaims it: the next VM is bought while it runs.
 		reclaimed = cc
@@ -64,131 +63,9 @@ func (s *session) replica(rr *replicaRecords, wanted bool) (marketv1alpha1.Reque
 	if !wanted {
 		// Nothing is leased: withdraw what is open.
 		err := s.withdraw(rr, accepts)
-		return rs, err != nil, err
+		return rs, err != nil, nil, err
 	}
-	rs, keep, err := s.buy(rr, accepts, rs)
-	if reclaimed != nil {
-		rs.Message = fmt.Sprintf("ComputeContract %s is reclaimed by its bidder, who stops it after %s; buying the next: %s",
-			reclaimed.Name, market.Time(reclaimed.Status.Reclaim.TerminateAfter.Time), rs.Message)
-	}
-	return rs, keep, err
-}
-
-// buy runs the market for a replica that needs a VM: a request, bids,
-// an accept, until a lease makes a contract.
-func (s *session) buy(rr *replicaRecords, accepts map[string][]*ownAccept, rs marketv1alpha1.RequestStatus) (marketv1alpha1.RequestStatus, bool, error) {
-	// Requests of earlier attempts are withdrawn first (not those a live
-	// contract rests on).
-	for stamp, rec := range rr.attempts {
-		if stamp != rr.stamp && !s.restsOn(rec.uri) {
-			if err := s.withdrawRequest(rec, accepts[rec.uri]); err != nil {
-				return rs, true, err
-			}
-		}
-	}
-	cur := rr.current
-	if cur == nil || s.restsOn(cur.uri) {
-		return rs, true, s.ask(rr, &rs)
-	}
-	rs.Record = &marketv1alpha1.PublishedRecord{URI: cur.uri, CID: cur.cid}
-	deadline := market.ParseTime(cur.request.BidDeadline)
-	rs.BidDeadline = market.MetaTime(deadline)
-
-	bids := s.judge(rr, cur, deadline)
-	rs.Bids = int32(len(bids))
-	var errs []error
-	// An accept that is still open waits for the bidder.
-	turnedDown := false
-	for _, acc := range accepts[cur.uri] {
-		done, err := s.answered(rr, cur, acc, bids, &rs)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if done {
-			errs = append(errs, s.recordBids(rr, cur, bids))
-			return rs, true, errors.Join(errs...)
-		}
-		turnedDown = true
-	}
-	if len(errs) > 0 {
-		return rs, true, errors.Join(errs...)
-	}
-	rs.Acceptable = 0
-	for _, b := range bids {
-		if b.state == marketv1alpha1.BidOpen {
-			rs.Acceptable++
-		}
-	}
-	switch {
-	case s.now.Before(deadline):
-		rs.Message = fmt.Sprintf("collecting bids until %s (%d so far)", market.Time(deadline), len(bids))
-		s.due(deadline)
-		return rs, true, errors.Join(append(errs, s.recordBids(rr, cur, bids))...)
-	case s.view.Complete() != nil:
-		err := s.view.Complete()
-		rs.Message = err.Error()
-		s.due(s.now.Add(time.Second))
-		return rs, true, errors.Join(append(errs, s.recordBids(rr, cur, bids))...)
-	}
-	if best := first(bids, marketv1alpha1.BidOpen); best != nil {
-		// The accept goes out first; the Bids are written after it.
-		errs = append(errs, s.accept(rr, cur, best, bids, &rs))
-		return rs, true, errors.Join(errs...)
-	}
-	if err := s.recordBids(rr, cur, bids); err != nil {
-		errs = append(errs, err)
-	}
-	// A round without an acceptable bid: ask again later, waiting longer
-	// after every empty round; at once when the bidder taken declined or
-	// did not answer (the requester goes back to the market).
-	next := deadline.Add(retryWait(s.window(), rr.attempt))
-	if s.now.Before(next) && !turnedDown {
-		rs.NextAttempt = market.MetaTime(next)
-		rs.Message = fmt.Sprintf("no acceptable bid (%d seen); asking again at %s", len(bids), market.Time(next))
-		if len(bids) == 0 {
-			rs.Message = "no bidder answered; asking again at " + market.Time(next)
-		}
-		s.due(next)
-		return rs, true, errors.Join(errs...)
-	}
-	if err := s.withdrawRequest(cur, nil); err != nil {
-		return rs, true, errors.Join(append(errs, err)...)
-	}
-	rr.current = nil
-	return rs, true, errors.Join(append(errs, s.ask(rr, &rs))...)
-}
-
-func (s *session) window() int32 { return cmp.Or(s.mr.Spec.BidWindowSeconds, 10) }
-
-func (s *session) confirm() time.Duration {
-	return time.Duration(cmp.Or(s.mr.Spec.ConfirmSeconds, 300)) * time.Second
-}
-
-// ask publishes the replica's next request.
-func (s *session) ask(rr *replicaRecords, rs *marketv1alpha1.RequestStatus) error {
-	spec := s.mr.Spec
-	attempt := rr.attempt + 1
-	deadline := s.now.Add(time.Duration(s.window()) * time.Second)
-	req := &market.Request{
-		Type:            lexicon.Request,
-		Shape:           market.ShapeOf(spec.Shape),
-		MaxPricePerHour: market.Price{Amount: spec.MaxPricePerHour.Amount, Currency: spec.MaxPricePerHour.Currency},
-		BidDeadline:     market.Time(deadline),
-		NoticeSeconds:   int64(spec.NoticeSeconds),
-		Network:         s.network,
-		ReplicaIndex:    int64(rr.index),
-		CreatedAt:       market.Time(s.now),
-	}
-	rec, err := s.inv.Put(s.ctx, lexicon.Request, market.RequestKey(s.owner, rr.index, s.now), req)
-	if err != nil {
-		return err
-	}
-	rs.Attempt = attempt
-	rs.Record = &marketv1alpha1.PublishedRecord{URI: rec.URI, CID: rec.CID}
-	rs.BidDeadline = market.MetaTime(deadline)
-	rs.Message = "collecting bids until " + market.Time(deadline)
-	s.due(deadline)
-	return nil
+	return rs, true, rr.buying(reclaimed), nil
 }
 
 // acceptsOf returns the requester's accept records of the replica's
@@ -247,366 +124,8 @@ func (s *session) withdrawRequest(rec *ownRecord, accepts []*ownAccept) error {
 	return s.inv.Delete(s.ctx, lexicon.Request, rec.rkey)
 }
 
-// judged is a bid as the requester judges it.
-type judged struct {
-	rec       *market.Rec
-	state     marketv1alpha1.BidState
-	message   string
-	firstSeen time.Time
-	name      string
-}
-
-// judge reads the bids on the current request and says what each one is
-// worth, most acceptable first: acceptable ones by price (then by when
-// they were first seen), the others after them.
-func (s *session) judge(rr *replicaRecords, cur *ownRecord, deadline time.Time) []*judged {
-	spec := s.mr.Spec
-	// Bidders that declined an accept of this requester, or did not answer
-	// one, are not taken again for a while (on any replica or request).
-	avoid := map[string]*marketv1alpha1.Bid{}
-	for _, b := range s.bids {
-		if (b.Status.State == marketv1alpha1.BidDeclined || b.Status.State == marketv1alpha1.BidVoid) && s.now.Before(b.CreationTimestamp.Add(avoidFor)) {
-			avoid[b.Spec.BidderDID] = b
-		}
-	}
-	// Nor is a bidder that stopped a reclaimed VM before the notice it
-	// owed, for as long after.
-	early := map[string]time.Time{}
-	for _, cc := range s.contracts {
-		if cc.Status.Reason != string(deal.ReclaimedEarly) || cc.Status.Reclaim == nil {
-			continue
-		}
-		// Until avoidFor after the notice it owed would have run out.
-		until := cc.Status.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds)*time.Second + avoidFor)
-		if s.now.Before(until) && until.After(early[cc.Spec.BidderDID]) {
-			early[cc.Spec.BidderDID] = until
-		}
-	}
-	var out []*judged
-	for _, rec := range s.view.Children(cur.uri, lexicon.Bid) {
-		if rec.DID == s.st.DID || rec.Bid == nil {
-			continue
-		}
-		j := &judged{rec: rec, name: market.ChildName(s.mr.Name, rec.URI+"|"+rec.CID), firstSeen: rec.FirstSeen}
-		prev := s.bids[j.name]
-		if prev != nil && prev.Spec.FirstSeen != nil {
-			j.firstSeen = prev.Spec.FirstSeen.Time
-		}
-		b := rec.Bid
-		validUntil := market.ParseTime(b.ValidUntil)
-		switch {
-		case b.Request.CID != cur.cid:
-			j.state, j.message = marketv1alpha1.BidInvalid, "the bid refers to another version of the request"
-		case j.firstSeen.After(deadline):
-			j.state, j.message = marketv1alpha1.BidLate, "first seen at "+market.Time(j.firstSeen)+", after the bid deadline"
-		case b.Shape != nil && !market.Fits(*b.Shape, cur.request.Shape):
-			j.state, j.message = marketv1alpha1.BidInvalid, "the bid offers a smaller VM than the request asks for"
-		case b.PricePerHour.Currency != spec.MaxPricePerHour.Currency || b.PricePerHour.Amount > spec.MaxPricePerHour.Amount:
-			j.state, j.message = marketv1alpha1.BidOverBudget, fmt.Sprintf("asks %d %s; the most this requester pays is %d %s",
-				b.PricePerHour.Amount, b.PricePerHour.Currency, spec.MaxPricePerHour.Amount, spec.MaxPricePerHour.Currency)
-		case len(spec.Policy.AllowedBidders) > 0 && !slices.Contains(spec.Policy.AllowedBidders, rec.DID):
-			j.state, j.message = marketv1alpha1.BidNotAllowed, "the bidder is not in spec.policy.allowedBidders"
-		case !market.Vouched(s.view, s.net.Spec.OperatorDID, s.id, rec.DID, marketv1alpha1.RoleBidder):
-			j.state, j.message = marketv1alpha1.BidUnvouched, "neither the network's operator nor this requester's identity vouches for the bidder"
-		case validUntil.IsZero() || !s.now.Before(validUntil):
-			j.state, j.message = marketv1alpha1.BidExpired, "valid until "+b.ValidUntil
-		default:
-			j.state, j.message = marketv1alpha1.BidOpen, "may be accepted"
-		}
-		// What happened to a bid stays: a bidder that declined or did not
-		// answer is not asked again on this request, nor for a while on
-		// another.
-		if prev != nil && j.state == marketv1alpha1.BidOpen {
-			switch prev.Status.State {
-			case marketv1alpha1.BidDeclined, marketv1alpha1.BidVoid, marketv1alpha1.BidLost:
-				j.state, j.message = prev.Status.State, prev.Status.Message
-			}
-		}
-		switch {
-		case j.state != marketv1alpha1.BidOpen:
-		case s.reclaiming(rec.DID):
-			j.state, j.message = marketv1alpha1.BidNotAllowed, "this bidder reclaims a VM of this requester"
-		case !early[rec.DID].IsZero():
-			j.state, j.message = marketv1alpha1.BidNotAllowed, "this bidder stopped a reclaimed VM before its notice ran out; not taken again before "+market.Time(early[rec.DID])
-		}
-		if a := avoid[rec.DID]; a != nil && j.state == marketv1alpha1.BidOpen && a.Name != j.name {
-			j.state = a.Status.State
-			j.message = "this bidder declined or did not answer an accept at " + market.Time(a.CreationTimestamp.Time) + "; not taken again before " + market.Time(a.CreationTimestamp.Add(avoidFor))
-		}
-		out = append(out, j)
-	}
-	slices.SortStableFunc(out, func(a, b *judged) int {
-		ao, bo := a.state == marketv1alpha1.BidOpen, b.state == marketv1alpha1.BidOpen
-		switch {
-		case ao != bo:
-			if ao {
-				return -1
-			}
-			return 1
-		case a.rec.Bid.PricePerHour.Amount != b.rec.Bid.PricePerHour.Amount:
-			return cmp.Compare(a.rec.Bid.PricePerHour.Amount, b.rec.Bid.PricePerHour.Amount)
-		case !a.firstSeen.Equal(b.firstSeen):
-			return a.firstSeen.Compare(b.firstSeen)
-		}
-		return cmp.Compare(a.rec.URI, b.rec.URI)
-	})
-	return out
-}
-
-func first(bids []*judged, state marketv1alpha1.BidState) *judged {
-	for _, b := range bids {
-		if b.state == state {
-			return b
-		}
-	}
-	return nil
-}
-
-// recordBids keeps a Bid object for each of the (at most
-// maxBidsPerRequest) best bids on the current request, with what became
-// of it. It goes through every bid, whatever fails.
-func (s *session) recordBids(rr *replicaRecords, cur *ownRecord, bids []*judged) error {
-	limit := int(cmp.Or(s.mr.Spec.MaxBidsPerRequest, 20))
-	var mu sync.Mutex
-	var errs []error
-	var g errgroup.Group
-	g.SetLimit(kcpWriters)
-	write := func(f func() error) {
-		g.Go(func() error {
-			if err := f(); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-			return nil
-		})
-	}
-	seen := map[string]bool{}
-	for i, j := range bids {
-		seen[j.name] = true
-		if i < limit {
-			b := s.bids[j.name]
-			write(func() error { return s.recordBid(rr, j, b) })
-		}
-	}
-	// A Bid whose record went or changed (a new version is a new Bid).
-	for name, b := range s.bids {
-		if b.Spec.Request.URI == cur.uri && !seen[name] && b.Status.State == marketv1alpha1.BidOpen {
-			write(func() error {
-				return s.bidState(b, marketv1alpha1.BidWithdrawn, "the bidder withdrew or changed this bid")
-			})
-		}
-	}
-	_ = g.Wait() // errors are in errs
-	for _, b := range s.made {
-		s.bids[b.Name] = b
-	}
-	s.made = nil
-	return errors.Join(errs...)
-}
-
-// recordBid writes the Bid b (nil: not made yet) of a judged bid.
-func (s *session) recordBid(rr *replicaRecords, j *judged, b *marketv1alpha1.Bid) error {
-	if b == nil {
-		fs := metav1.NewMicroTime(j.firstSeen)
-		b = &marketv1alpha1.Bid{
-			ObjectMeta: metav1.ObjectMeta{Name: j.name, Namespace: s.mr.Namespace},
-			Spec: marketv1alpha1.BidSpec{
-				Side:         marketv1alpha1.SideRequester,
-				Request:      market.APIRef(j.rec.Bid.Request),
-				Bid:          market.APIRef(j.rec.Ref()),
-				RequesterDID: s.st.DID,
-				BidderDID:    j.rec.DID,
-				ReplicaIndex: rr.index,
-				PricePerHour: marketv1alpha1.Price{Amount: j.rec.Bid.PricePerHour.Amount, Currency: j.rec.Bid.PricePerHour.Currency},
-				ValidUntil:   market.MetaTime(market.ParseTime(j.rec.Bid.ValidUntil)),
-				FirstSeen:    &fs,
-			},
-		}
-		if j.rec.Bid.Shape != nil {
-			shape := market.APIShape(*j.rec.Bid.Shape)
-			b.Spec.Shape = &shape
-		}
-		if err := ssa.Child(s.ctx, s.c, b, s.mr, FieldManager); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.made = append(s.made, b)
-		s.mu.Unlock()
-	}
-	return s.bidState(b, j.state, j.message)
-}
-
-// bidState writes a Bid's state when it changed.
-func (s *session) bidState(b *marketv1alpha1.Bid, state marketv1alpha1.BidState, msg string) error {
-	want := marketv1alpha1.BidStatus{State: state, Message: msg}
-	err := ssa.WriteStatus(s.ctx, s.c, b, &b.Status, &want, ssa.StatusOptions{Manager: FieldManager})
-	if err == nil {
-		b.Status = want
-	}
-	return err
-}
-
-// answered looks at an accept the requester published: the bidder's
-// lease makes a contract; a decline, or no answer by confirmBy, voids it
-// (the accept is deleted and another bid may be taken). It reports
-// whether the replica is settled for this reconcile.
-func (s *session) answered(rr *replicaRecords, cur *ownRecord, acc *ownAccept, bids []*judged, rs *marketv1alpha1.RequestStatus) (bool, error) {
-	bid := s.view.Get(acc.accept.Bid.URI)
-	bidderDID, _, _ := market.SplitURI(acc.accept.Bid.URI)
-	name := market.ChildName(s.mr.Name, acc.accept.Bid.URI+"|"+acc.accept.Bid.CID)
-	lease := s.leaseOf(acc.uri, acc.cid, bidderDID)
-	confirmBy := market.ParseTime(acc.accept.ConfirmBy)
-	obj := s.bids[name]
-	switch {
-	case lease != nil && (lease.Lease.State == deal.LeaseConfirmed || lease.Lease.State == deal.LeaseRunning):
-		return true, s.contract(rr, cur, acc, lease, bids, rs)
-	case lease != nil && lease.Lease.State == deal.LeaseDeclined:
-		reason := string(cmp.Or(lease.Lease.Reason, "unspecified"))
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Declined", "Accept", "bidder %s declined replica %d: %s", bidderDID, rr.index, reason)
-		if obj != nil {
-			if err := s.bidState(obj, marketv1alpha1.BidDeclined, "the bidder declined: "+reason); err != nil {
-				return false, err
-			}
-		}
-		markJudged(bids, name, marketv1alpha1.BidDeclined, "the bidder declined: "+reason)
-	case bid == nil && s.r.absent.Gone(s.view, bidderDID, "bid|"+acc.accept.Bid.URI, s.now):
-		// The bidder withdrew the bid it was accepted on: no lease will come.
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Void", "Accept", "bidder %s withdrew the bid replica %d accepted", bidderDID, rr.index)
-		if obj != nil {
-			if err := s.bidState(obj, marketv1alpha1.BidVoid, "withdrawn by the bidder after it was accepted"); err != nil {
-				return false, err
-			}
-		}
-		markJudged(bids, name, marketv1alpha1.BidVoid, "withdrawn by the bidder after it was accepted")
-	case !s.now.Before(confirmBy) && s.view.Complete() != nil:
-		// No lease by confirmBy as far as the view goes; it is incomplete.
-		s.due(s.now.Add(time.Second))
-		return true, nil
-	case !s.now.Before(confirmBy):
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "Void", "Accept", "bidder %s did not answer replica %d's accept by %s", bidderDID, rr.index, acc.accept.ConfirmBy)
-		if obj != nil {
-			if err := s.bidState(obj, marketv1alpha1.BidVoid, "no lease by "+acc.accept.ConfirmBy); err != nil {
-				return false, err
-			}
-		}
-		markJudged(bids, name, marketv1alpha1.BidVoid, "no lease by "+acc.accept.ConfirmBy)
-	default:
-		rs.State = marketv1alpha1.RequestAccepted
-		rs.Accept = &marketv1alpha1.PublishedRecord{URI: acc.uri, CID: acc.cid}
-		rs.ConfirmBy = market.MetaTime(confirmBy)
-		rs.Message = fmt.Sprintf("accepted a bid of %s; waiting for its lease until %s", bidderDID, acc.accept.ConfirmBy)
-		if bid == nil && s.view.Complete() == nil {
-			rs.Message = fmt.Sprintf("accepted a bid of %s, which it has withdrawn; waiting until %s", bidderDID, acc.accept.ConfirmBy)
-		}
-		if obj != nil {
-			if err := s.bidState(obj, marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.accept.ConfirmBy+" to confirm"); err != nil {
-				return true, err
-			}
-		}
-		markJudged(bids, name, marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.accept.ConfirmBy+" to confirm")
-		s.due(confirmBy)
-		return true, nil
-	}
-	// Declined or void: the accept goes, and another bid may be taken.
-	return false, s.inv.Delete(s.ctx, lexicon.Accept, acc.rkey)
-}
-
-func markJudged(bids []*judged, name string, state marketv1alpha1.BidState, msg string) {
-	for _, b := range bids {
-		if b.name == name {
-			b.state, b.message = state, msg
-		}
-	}
-}
-
-// leaseOf returns the bidder's lease answering the accept, if any. A
-// lease in another repo than the bidder's, or one that answers another
-// version of the accept, is forged or stale: ignored and counted.
-func (s *session) leaseOf(acceptURI, acceptCID, bidderDID string) *market.Rec {
-	var found *market.Rec
-	for _, l := range s.view.Children(acceptURI, lexicon.Lease) {
-		if l.DID != bidderDID || l.Lease == nil || l.Lease.Accept.CID != acceptCID {
-			s.ignored[l.URI+"|"+l.CID] = true
-			continue
-		}
-		found = l
-	}
-	return found
-}
-
-// accept publishes an accept of the best bid.
-func (s *session) accept(rr *replicaRecords, cur *ownRecord, best *judged, bids []*judged, rs *marketv1alpha1.RequestStatus) error {
-	confirmBy := s.now.Add(s.confirm())
-	acc := &market.Accept{
-		Type:      lexicon.Accept,
-		Bid:       best.rec.Ref(),
-		Request:   market.StrongRef{URI: cur.uri, CID: cur.cid},
-		ConfirmBy: market.Time(confirmBy),
-		CreatedAt: market.Time(s.now),
-	}
-	rec, err := s.inv.Put(s.ctx, lexicon.Accept, market.AcceptKey(s.owner, best.rec.URI), acc)
-	if err != nil {
-		return err
-	}
-	s.r.observeStep(market.StepDeadlineAccept, market.ParseTime(cur.request.BidDeadline))
-	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Accepted", "Accept", "replica %d: accepted the bid of %s at %d %s per hour",
-		rr.index, best.rec.DID, best.rec.Bid.PricePerHour.Amount, best.rec.Bid.PricePerHour.Currency)
-	best.state, best.message = marketv1alpha1.BidAccepted, "accepted; the bidder has until "+acc.ConfirmBy+" to confirm"
-	rs.State = marketv1alpha1.RequestAccepted
-	rs.Accept = &marketv1alpha1.PublishedRecord{URI: rec.URI, CID: rec.CID}
-	rs.ConfirmBy = market.MetaTime(confirmBy)
-	rs.Message = fmt.Sprintf("accepted a bid of %s; waiting for its lease until %s", best.rec.DID, acc.ConfirmBy)
-	s.due(confirmBy)
-	return s.recordBids(rr, cur, bids)
-}
-
-// contract makes the requester's ComputeContract once the bidder's lease
-// confirms an accept, and marks the other bids of the request lost.
-func (s *session) contract(rr *replicaRecords, cur *ownRecord, acc *ownAccept, lease *market.Rec, bids []*judged, rs *marketv1alpha1.RequestStatus) error {
-	name := market.ChildName(s.mr.Name, acc.uri)
-	bidName := market.ChildName(s.mr.Name, acc.accept.Bid.URI+"|"+acc.accept.Bid.CID)
-	for _, b := range bids {
-		switch {
-		case b.name == bidName:
-			b.state, b.message = marketv1alpha1.BidLeased, "leased: ComputeContract "+name
-		case b.state == marketv1alpha1.BidOpen || b.state == marketv1alpha1.BidAccepted:
-			b.state, b.message = marketv1alpha1.BidLost, "another bid was leased"
-		}
-	}
-	bidderDID, _, _ := market.SplitURI(acc.accept.Bid.URI)
-	cc := &marketv1alpha1.ComputeContract{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.mr.Namespace},
-		Spec: marketv1alpha1.ComputeContractSpec{
-			Side:          marketv1alpha1.SideRequester,
-			RequesterDID:  s.st.DID,
-			BidderDID:     bidderDID,
-			ReplicaIndex:  rr.index,
-			Shape:         s.mr.Spec.Shape,
-			NoticeSeconds: int32(cur.request.NoticeSeconds),
-			Request:       marketv1alpha1.RecordRef{URI: cur.uri, CID: cur.cid},
-			Bid:           market.APIRef(acc.accept.Bid),
-			Accept:        marketv1alpha1.RecordRef{URI: acc.uri, CID: acc.cid},
-		},
-	}
-	if bid := s.view.Get(acc.accept.Bid.URI); bid != nil && bid.Bid != nil && bid.CID == acc.accept.Bid.CID {
-		cc.Spec.PricePerHour = marketv1alpha1.Price{Amount: bid.Bid.PricePerHour.Amount, Currency: bid.Bid.PricePerHour.Currency}
-		if bid.Bid.Shape != nil {
-			cc.Spec.Shape = market.APIShape(*bid.Bid.Shape)
-		}
-	} else if b := s.bids[bidName]; b != nil {
-		cc.Spec.PricePerHour = b.Spec.PricePerHour
-		if b.Spec.Shape != nil {
-			cc.Spec.Shape = *b.Spec.Shape
-		}
-	}
-	if err := ssa.Child(s.ctx, s.c, cc, s.mr, FieldManager); err != nil {
-		return err
-	}
-	s.contracts[name] = cc
-	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Contracted", "Lease", "replica %d: %s confirmed; ComputeContract %s", rr.index, bidderDID, name)
-	_, err := s.contracted(rr, cc, map[string][]*ownAccept{cur.uri: {acc}}, true, s.release, rs)
-	return err
+func (s *session) confirm() time.Duration {
+	return time.Duration(cmp.Or(s.mr.Spec.ConfirmSeconds, 300)) * time.Second
 }
 
 // contractsOf returns the replica's live contracts, oldest first: more
@@ -645,17 +164,6 @@ func (s *session) restsOn(uri string) bool {
 	return false
 }
 
-// reclaiming reports whether the bidder (by DID) reclaims a live contract of
-// this requester: its bids are not taken meanwhile.
-func (s *session) reclaiming(did string) bool {
-	for _, cc := range s.contracts {
-		if deal.LiveContract(cc) && cc.Status.Reclaim != nil && cc.Spec.BidderDID == did {
-			return true
-		}
-	}
-	return false
-}
-
 // contracted follows a replica's contract: from the bidder's lease while
 // the replica is wanted, through a release (with relReason) when it no
 // longer is. When the deal is over (Completed or Failed) the requester's
@@ -674,7 +182,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	rs.Record = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Request.URI, CID: cc.Spec.Request.CID}
 	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
 
-	lease := s.leaseOf(cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID)
+	lease := deal.LeaseOf(s.view, cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID, s.ignored)
 	s.view.Refresh(cc.Spec.BidderDID)
 	if lease != nil {
 		st.Records.Lease = &marketv1alpha1.RecordRef{URI: lease.URI, CID: lease.CID}
@@ -1061,12 +569,4 @@ func deleteObject(s *session, o client.Object) error {
 		return nil
 	}
 	return err
-}
-
-// retryWait is how long after the deadline of an empty round a replica
-// asks again: the bid window, doubled with every attempt, at most
-// maxRetry. An attempt below 1 (a status write that did not land) waits
-// one window.
-func retryWait(window int32, attempt int32) time.Duration {
-	return min(time.Duration(window)*time.Second<<min(max(attempt-1, 0), 8), maxRetry)
 }

@@ -195,20 +195,28 @@ func (d *bidder) bidOfAccept(acceptURI string) string {
 // from did's repo: only once a listing of did ended after it was first
 // found missing (market.Absences). The first time did is listed at once.
 func (d *bidder) gone(did, key string) bool {
-	if !d.complete {
+	return gone(d.p, d.s.View, d.s.Missing, d.complete, did, key)
+}
+
+// gone reports whether the record key, missing from view now, is gone
+// from did's repo: only once a listing of did ended after it was first
+// found missing (market.Absences). The first time did is listed at once.
+// What to list and remember goes into p's Look.
+func gone(p *Plan, view View, miss Missing, complete bool, did, key string) bool {
+	if !complete {
 		return false
 	}
-	since, noted := d.s.Missing.Since(key)
+	since, noted := miss.Since(key)
 	if !noted {
-		d.p.Look.Note = append(d.p.Look.Note, key)
-		d.p.Look.List = append(d.p.Look.List, did)
+		p.Look.Note = append(p.Look.Note, key)
+		p.Look.List = append(p.Look.List, did)
 		return false
 	}
-	if d.s.View.Listed(did).After(since) {
-		d.p.Look.Forget = append(d.p.Look.Forget, key)
+	if view.Listed(did).After(since) {
+		p.Look.Forget = append(p.Look.Forget, key)
 		return true
 	}
-	d.p.Look.Refresh = append(d.p.Look.Refresh, did)
+	p.Look.Refresh = append(p.Look.Refresh, did)
 	return false
 }
 

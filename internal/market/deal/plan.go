@@ -50,6 +50,9 @@ type Plan struct {
 	Requeue time.Time
 	// Steps are the transitions taken, in order (tests and logs).
 	Steps []Step
+	// Requests are the requester's status.requests entries of the
+	// replicas it buys for, by index order.
+	Requests []RequestOp
 	// Counts are the bidder's capacity counts once the plan is done.
 	Counts Counts
 	// Ignored are the forged or stale records found (URI|CID).

@@ -68,6 +68,73 @@ func BidderTransitions() []Transition {
 	}
 }
 
+// The requester's transitions (its buying rounds).
+const (
+	RequestWithdrawEarlier  TransitionID = "request.withdraw-earlier"
+	RequestPublish          TransitionID = "request.publish"
+	BidAcceptable           TransitionID = "bid.acceptable"
+	BidOtherVersion         TransitionID = "bid.other-version"
+	BidLate                 TransitionID = "bid.late"
+	BidTooSmall             TransitionID = "bid.too-small"
+	BidOverBudget           TransitionID = "bid.over-budget"
+	BidNotAllowed           TransitionID = "bid.not-allowed"
+	BidUnvouched            TransitionID = "bid.unvouched"
+	BidJudgedExpired        TransitionID = "bid.judged-expired"
+	BidOutcomeKept          TransitionID = "bid.outcome-kept"
+	BidReclaiming           TransitionID = "bid.reclaiming"
+	BidReclaimedEarly       TransitionID = "bid.reclaimed-early"
+	BidAvoided              TransitionID = "bid.avoided"
+	BidWithdrawnByBidder    TransitionID = "bid.withdrawn"
+	RoundCollect            TransitionID = "round.collect"
+	RoundReading            TransitionID = "round.reading"
+	AcceptPublish           TransitionID = "accept.publish"
+	RoundEmpty              TransitionID = "round.empty"
+	RoundAgain              TransitionID = "round.again"
+	AcceptWait              TransitionID = "accept.wait"
+	AcceptDeclined          TransitionID = "accept.declined"
+	AcceptBidWithdrawn      TransitionID = "accept.bid-withdrawn"
+	AcceptUnanswered        TransitionID = "accept.unanswered"
+	AcceptUnansweredReading TransitionID = "accept.unanswered-reading"
+	ContractMake            TransitionID = "contract.make"
+)
+
+// RequesterTransitions is the requester's side of the protocol as
+// DecideRequester takes it: a replica's buying round, from its request
+// to the contract its lease makes (docs/market.md shows it; a test checks
+// that the two agree and that every row is taken by a test of
+// DecideRequester). What follows the contract (mount, release, reclaim)
+// is still decided by the controller.
+func RequesterTransitions() []Transition {
+	return []Transition{
+		{RequestWithdrawEarlier, "replica buying", "a request of an earlier attempt that no live contract rests on", "its accepts and the request deleted", "replica buying"},
+		{RequestPublish, "replica buying, no request (or the newest one a live contract rests on)", "always", "request record (bidDeadline = now + the bid window); status.requests attempt + 1", "collecting bids"},
+		{BidAcceptable, "collecting bids", "a bid on this version of the request, first seen by its deadline, of a VM at least as large, within budget, of an allowed and vouched bidder, before its validUntil", "Bid Open", "bid judged"},
+		{BidOtherVersion, "collecting bids", "the bid names another CID of the request", "Bid Invalid", "bid judged"},
+		{BidLate, "collecting bids", "the bid was first seen after the bid deadline", "Bid Late", "bid judged"},
+		{BidTooSmall, "collecting bids", "the bid's shape is smaller than the request's", "Bid Invalid", "bid judged"},
+		{BidOverBudget, "collecting bids", "another currency, or a price over spec.maxPricePerHour", "Bid OverBudget", "bid judged"},
+		{BidNotAllowed, "collecting bids", "spec.policy.allowedBidders does not name the bidder", "Bid NotAllowed", "bid judged"},
+		{BidUnvouched, "collecting bids", "neither the network's operator nor the requester's identity vouches for the bidder", "Bid Unvouched", "bid judged"},
+		{BidJudgedExpired, "collecting bids", "the bid's validUntil is missing or passed", "Bid Expired", "bid judged"},
+		{BidOutcomeKept, "collecting bids", "the Bid was Declined, Void or Lost before", "the Bid keeps its state", "bid judged"},
+		{BidReclaiming, "collecting bids", "the bidder reclaims a live contract of this requester", "Bid NotAllowed", "bid judged"},
+		{BidReclaimedEarly, "collecting bids", "the bidder stopped a reclaimed VM of this requester before its notice ran out (until 10 min after it would have)", "Bid NotAllowed", "bid judged"},
+		{BidAvoided, "collecting bids", "the bidder declined or did not answer an accept of this requester less than 10 min ago", "Bid Declined or Void", "bid judged"},
+		{BidWithdrawnByBidder, "Bid Open", "its bid record is gone from the view or changed", "Bid Withdrawn", "bid over"},
+		{RoundCollect, "collecting bids", "before the bid deadline", "Bids (the best spec.maxBidsPerRequest)", "collecting bids"},
+		{RoundReading, "collecting bids", "the deadline passed and the view is incomplete", "Bids", "collecting bids"},
+		{AcceptPublish, "collecting bids", "the deadline passed, the view is complete and a bid is acceptable", "accept record of the cheapest (then first seen) acceptable bid (confirmBy = now + spec.confirmSeconds); then the Bids, it Accepted", "accepted"},
+		{RoundEmpty, "collecting bids", "the deadline passed with no acceptable bid, before the retry wait (the window, doubled per attempt, at most 5 min) ran out", "Bids; status.requests nextAttempt", "collecting bids"},
+		{RoundAgain, "collecting bids", "no acceptable bid and the retry wait ran out, or an accepted bidder declined or did not answer", "the request deleted; a new request (request.publish)", "collecting bids"},
+		{AcceptWait, "accepted", "no lease answers the accept, before confirmBy", "Bid Accepted", "accepted"},
+		{AcceptDeclined, "accepted", "the bidder's lease (in its repo, answering this CID of the accept) declined", "accept deleted; Bid Declined", "collecting bids"},
+		{AcceptBidWithdrawn, "accepted", "the accepted bid is gone from the bidder's repo (a listing that ended after it was found missing)", "accept deleted; Bid Void", "collecting bids"},
+		{AcceptUnanswered, "accepted", "confirmBy passed with no lease and the view is complete", "accept deleted; Bid Void", "collecting bids"},
+		{AcceptUnansweredReading, "accepted", "confirmBy passed with no lease and the view is incomplete", "nothing (look again in 1 s)", "accepted"},
+		{ContractMake, "accepted", "the bidder's lease (in its repo, answering this CID of the accept) is confirmed or running", "ComputeContract (spec from the request, the accept and the bid); Bid Leased, the others Lost", "contracted"},
+	}
+}
+
 // Markdown renders a transition table as a Markdown table.
 func Markdown(table []Transition) string {
 	var b strings.Builder
