@@ -474,12 +474,10 @@ type ownRecord struct {
 	request        *market.Request
 }
 
-// trade runs every replica's deal and summarises them in s.st.
-func (s *session) trade() error {
-	desired := s.mr.Spec.Replicas
-	if s.stop != "" {
-		desired = 0
-	}
+// replicaRecords reads the requester's own request records by replica,
+// with the replicas it wants (desired), those its status names and those
+// a live contract holds.
+func (s *session) replicaRecords(desired int32) map[int32]*replicaRecords {
 	replicas := map[int32]*replicaRecords{}
 	get := func(i int32) *replicaRecords {
 		if replicas[i] == nil {
@@ -515,7 +513,16 @@ func (s *session) trade() error {
 			get(cc.Spec.ReplicaIndex)
 		}
 	}
+	return replicas
+}
 
+// trade runs every replica's deal and summarises them in s.st.
+func (s *session) trade() error {
+	desired := s.mr.Spec.Replicas
+	if s.stop != "" {
+		desired = 0
+	}
+	replicas := s.replicaRecords(desired)
 	var errs []error
 	type result struct {
 		rs   marketv1alpha1.RequestStatus
