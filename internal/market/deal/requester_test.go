@@ -253,6 +253,9 @@ func roundCases() []requesterCase {
 				if len(p.Records) != 1 || p.Records[0].Collection != lexicon.Accept {
 					t.Fatalf("records %+v, want one accept", p.Records)
 				}
+				if p.Records[0].MarketStep != market.StepDeadlineAccept || !p.Records[0].Since.Equal(t0.Add(-time.Second)) {
+					t.Errorf("the accept ends step %q begun at %s, want deadline_accept from the deadline", p.Records[0].MarketStep, p.Records[0].Since)
+				}
 				acc := p.Records[0].Value.(*market.Accept)
 				if !strings.HasPrefix(acc.Bid.URI, "at://"+rival) || acc.ConfirmBy != market.Time(t0.Add(time.Minute)) || acc.Request.CID != f.req.CID {
 					t.Errorf("accept %+v, want rival's bid, confirmBy in a minute", acc)
