@@ -120,7 +120,8 @@ func applyRole(ctx context.Context, cs kubernetes.Interface, name string, rules 
 }
 
 // Alive reports whether pid is a live process (a zombie that init has not
-// reaped yet is not).
+// reaped yet is not). It says nothing of which process that is: a driver
+// checks a Proc (Proc.Alive) before it signals one.
 func Alive(pid int) bool {
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false

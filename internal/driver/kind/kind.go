@@ -11,10 +11,14 @@
 // its own, so it outlives the agent: an agent that starts again finds it
 // running, or finished, and adopts the cluster. What the driver knows of
 // a VM is in its directory (<root>/<VM ID>): kind's configuration, the
-// script and its log, the provisioner's process ID (create.pid) and exit
-// status (create.rc), and the cluster's admin kubeconfig. A VM whose
-// provisioning failed, or whose node container stopped or is gone, is
-// Lost and never made again.
+// script and its log, the provisioner's process (create.pid: its ID, start
+// time and boot ID, driver.Proc) and exit status (create.rc), and the
+// cluster's admin kubeconfig. A VM whose provisioning failed, or whose node
+// container stopped or is gone, is Lost and never made again. A create.pid
+// whose PID now names another process (reused after a reboot or a crash)
+// is not the provisioner: it is gone and that process is never signalled;
+// so is a bare PID (an older driver's create.pid, or an agent that died
+// between starting the provisioner and recording its start time).
 package kind
 
 import (
@@ -185,7 +189,34 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return driver.Status{}, fmt.Errorf("kind driver: starting the provisioner: %w: %s", err, out)
 	}
+	if err := recordStart(dir); err != nil {
+		return driver.Status{}, err
+	}
 	return driver.Status{State: driver.Starting}, nil
+}
+
+// recordStart adds to create.pid the start time and boot ID of the
+// provisioner, read right after it started. When they cannot be read the
+// provisioner has already ended and create.pid keeps its bare PID, which
+// names no process of the VM's.
+func recordStart(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, filePID))
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("kind driver: starting the provisioner: no PID (%q)", b)
+	}
+	proc, err := driver.Started(pid)
+	if err != nil {
+		return nil
+	}
+	tmp := filepath.Join(dir, filePID+".tmp")
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %d %s\n", proc.PID, proc.Start, proc.Boot)), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, filePID))
 }
 
 // Status implements driver.Driver.
@@ -202,8 +233,9 @@ func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error
 
 // Progress is where a VM's provisioning stands, from its directory.
 type Progress struct {
-	// PID of the provisioner (0: none recorded).
-	PID int
+	// Proc is the provisioner (PID 0: none recorded; no start time: a
+	// bare PID, which names no process of the VM's).
+	Proc driver.Proc
 	// Done: the provisioner wrote its exit status, RC.
 	Done bool
 	RC   int
@@ -216,7 +248,7 @@ func readProgress(dir string) (Progress, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return p, err
 	}
-	p.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	p.Proc = parseProc(string(b))
 	b, err = os.ReadFile(filepath.Join(dir, fileRC))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -229,6 +261,21 @@ func readProgress(dir string) (Progress, error) {
 		}
 	}
 	return p, nil
+}
+
+// parseProc reads create.pid: "PID START BOOT", or a bare PID.
+func parseProc(s string) driver.Proc {
+	f := strings.Fields(s)
+	var p driver.Proc
+	if len(f) == 0 {
+		return p
+	}
+	p.PID, _ = strconv.Atoi(f[0])
+	if len(f) == 3 {
+		p.Start, _ = strconv.ParseUint(f[1], 10, 64)
+		p.Boot = f[2]
+	}
+	return p
 }
 
 // container is what docker says of a node container.
@@ -287,7 +334,7 @@ func (d *Driver) status(ctx context.Context, dir string, vm driver.VM) (driver.S
 	if err != nil {
 		return driver.Status{}, err
 	}
-	alive := driver.Alive(p.PID)
+	alive := p.Proc.Alive()
 	if !alive && !p.Done {
 		// It may have ended between the two reads.
 		if p, err = readProgress(dir); err != nil {
@@ -435,8 +482,9 @@ func (d *Driver) running(vm driver.VM) (*rest.Config, error) {
 	return admin(dir)
 }
 
-// Terminate implements driver.Driver: the provisioner (if it still runs)
-// is killed, kind deletes the cluster's node with its volumes, docker
+// Terminate implements driver.Driver: the provisioner (if it still runs,
+// and is the process the driver started) is killed with its process
+// group, kind deletes the cluster's node with its volumes, docker
 // removes the VM's network, and the VM's directory goes.
 func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	dir, err := d.dir(vm)
@@ -450,11 +498,13 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	if err != nil {
 		return err
 	}
-	if !p.Done && driver.Alive(p.PID) {
-		if pgid, err := syscall.Getpgid(p.PID); err == nil && pgid > 1 {
+	// Only a provisioner that is still the one the driver started (a
+	// reused PID is another process, whose group is left alone).
+	if !p.Done {
+		if pgid, ok := p.Proc.Group(); ok {
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
-		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+		_ = p.Proc.Signal(syscall.SIGKILL)
 	}
 	cluster := ClusterName(vm.ID)
 	if _, err := d.run(ctx, cluster, d.Kind, "delete", "cluster", "--name", cluster, "--kubeconfig", filepath.Join(dir, fileKubeconfig)); err != nil {

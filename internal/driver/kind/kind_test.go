@@ -3,12 +3,16 @@ package kind
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -139,13 +143,13 @@ func TestPhase(t *testing.T) {
 		c     *container
 		want  driver.State
 	}{
-		{"provisioning", Progress{PID: 10}, true, nil, driver.Starting},
-		{"provisioner gone before it finished", Progress{PID: 10}, false, nil, driver.Lost},
-		{"provisioning failed", Progress{PID: 10, Done: true, RC: 1}, false, nil, driver.Lost},
-		{"container gone", Progress{PID: 10, Done: true}, false, nil, driver.Lost},
-		{"container stopped (docker kill)", Progress{PID: 10, Done: true}, false, stopped, driver.Lost},
-		{"container restarting", Progress{PID: 10, Done: true}, false, restarting, driver.Starting},
-		{"container runs", Progress{PID: 10, Done: true}, false, running, driver.Running},
+		{"provisioning", Progress{Proc: driver.Proc{PID: 10}}, true, nil, driver.Starting},
+		{"provisioner gone before it finished", Progress{Proc: driver.Proc{PID: 10}}, false, nil, driver.Lost},
+		{"provisioning failed", Progress{Proc: driver.Proc{PID: 10}, Done: true, RC: 1}, false, nil, driver.Lost},
+		{"container gone", Progress{Proc: driver.Proc{PID: 10}, Done: true}, false, nil, driver.Lost},
+		{"container stopped (docker kill)", Progress{Proc: driver.Proc{PID: 10}, Done: true}, false, stopped, driver.Lost},
+		{"container restarting", Progress{Proc: driver.Proc{PID: 10}, Done: true}, false, restarting, driver.Starting},
+		{"container runs", Progress{Proc: driver.Proc{PID: 10}, Done: true}, false, running, driver.Running},
 	} {
 		got, reason := Phase(c.p, c.alive, c.c)
 		if got != c.want || (got == driver.Lost) != (reason != "") {
@@ -203,4 +207,138 @@ func TestProgressAndTerminateOfAFailedVM(t *testing.T) {
 	if _, err := d.Provision(ctx, driver.VM{ID: "../escape", CPUMillis: 1000, MemoryMiB: 1024}); err == nil {
 		t.Error("a VM id with a path was accepted")
 	}
+}
+
+// fakeTools writes stand-ins for kind and docker into a directory: kind
+// create stays alive (a provisioning that takes its time), every other
+// call succeeds; docker info reports 4 CPUs and 8 GiB.
+func fakeTools(t *testing.T) (kindBin, dockerBin string) {
+	t.Helper()
+	bin := t.TempDir()
+	kindBin, dockerBin = filepath.Join(bin, "kind"), filepath.Join(bin, "docker")
+	for p, s := range map[string]string{
+		kindBin:   "#!/bin/sh\n[ \"$1\" = create ] && exec sleep 60\nexit 0\n",
+		dockerBin: "#!/bin/sh\n[ \"$1\" = info ] && echo 4 8589934592\nexit 0\n",
+	} {
+		if err := os.WriteFile(p, []byte(s), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kindBin, dockerBin
+}
+
+// TestTerminateSparesAReusedPID: a VM whose create.pid names another
+// process (the PID was reused after a reboot or a crash) is not that
+// process: Terminate kills neither it nor its process group, and Status
+// reports the provisioning cut short (Lost), not Starting forever. Both
+// with a create.pid of this driver (PID, start time, boot ID) and with a
+// bare PID (an older driver's).
+func TestTerminateSparesAReusedPID(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		pid  func(pid int) string
+	}{
+		{"another process's PID", func(pid int) string {
+			return fmt.Sprintf("%d 1 00000000-0000-0000-0000-000000000000\n", pid)
+		}},
+		{"a bare PID (an older create.pid)", func(pid int) string { return fmt.Sprintf("%d\n", pid) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kindBin, dockerBin := fakeTools(t)
+			d := &Driver{Root: t.TempDir(), Kind: kindBin, Docker: dockerBin}
+			vm := driver.VM{ID: "uid-reused", CPUMillis: 1000, MemoryMiB: 1024}
+			sleep := exec.Command("sleep", "60")
+			sleep.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := sleep.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+			dir := filepath.Join(d.Root, vm.ID)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, filePID), []byte(tc.pid(sleep.Process.Pid)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if s, err := d.Status(ctx, vm); err != nil || s.State != driver.Lost {
+				t.Errorf("Status: %+v, %v; want Lost", s, err)
+			}
+			if err := d.Terminate(ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { _ = sleep.Wait(); close(done) }()
+			select {
+			case <-done:
+				t.Fatal("Terminate killed a process that is not the VM's")
+			case <-time.After(500 * time.Millisecond):
+			}
+		})
+	}
+}
+
+// TestAdoptAndTerminateAProvisioningVM: the provisioner the driver started
+// is recorded with its start time, is found alive by a driver of an agent
+// that started again (Starting, not started twice), and Terminate kills it
+// and its process group.
+func TestAdoptAndTerminateAProvisioningVM(t *testing.T) {
+	kindBin, dockerBin := fakeTools(t)
+	d := &Driver{Root: t.TempDir(), Kind: kindBin, Docker: dockerBin}
+	vm := driver.VM{ID: "uid-live", CPUMillis: 1000, MemoryMiB: 1024}
+	ctx := context.Background()
+	if s, err := d.Provision(ctx, vm); err != nil || s.State != driver.Starting {
+		t.Fatalf("Provision: %+v, %v", s, err)
+	}
+	dir := filepath.Join(d.Root, vm.ID)
+	p, err := readProgress(dir)
+	if err != nil || p.Proc.Start == 0 || p.Proc.Boot == "" {
+		t.Fatalf("create.pid: %+v, %v", p, err)
+	}
+	pgid, err := syscall.Getpgid(p.Proc.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
+	d2 := &Driver{Root: d.Root, Kind: kindBin, Docker: dockerBin}
+	if s, err := d2.Provision(ctx, vm); err != nil || s.State != driver.Starting {
+		t.Fatalf("Provision after a restart: %+v, %v", s, err)
+	}
+	if q, _ := readProgress(dir); q.Proc != p.Proc {
+		t.Fatalf("a second provisioner was started: %+v, was %+v", q.Proc, p.Proc)
+	}
+	if err := d2.Terminate(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Proc.Alive() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if p.Proc.Alive() {
+		t.Error("the provisioner still runs")
+	}
+	for groupRuns(pgid) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if groupRuns(pgid) {
+		t.Error("the provisioner's process group still runs")
+	}
+}
+
+// groupRuns reports whether a process of group pgid runs (zombies that
+// init has not reaped yet do not).
+func groupRuns(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		i := strings.LastIndexByte(string(b), ')')
+		if err != nil || i < 0 {
+			continue
+		}
+		// state ppid pgrp ...
+		if fs := strings.Fields(string(b[i+1:])); len(fs) > 2 && fs[2] == strconv.Itoa(pgid) && fs[0] != "Z" && fs[0] != "X" {
+			return true
+		}
+	}
+	return false
 }

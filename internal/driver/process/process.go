@@ -3,9 +3,12 @@
 // machine, with its own data directory, CA and free ports, started in a
 // session of its own so that it outlives a restart of the agent. What the
 // driver knows of a VM is in its directory (<root>/<VM ID>): the ports,
-// the process ID and the mount identity's token, so that an agent that
-// starts again adopts a VM that runs and reports one whose process died as
-// Lost.
+// the process (its ID, start time and boot ID: driver.Proc) and the mount
+// identity's token, so that an agent that starts again adopts a VM that
+// runs and reports one whose process died as Lost. A PID that now names
+// another process (reused after a reboot or a crash) is not the VM's: it is
+// Lost and that process is never signalled; so is a VM whose state file
+// has a bare PID (written by an older driver, without the start time).
 package process
 
 import (
@@ -53,8 +56,9 @@ var _ driver.Driver = (*Driver)(nil)
 // state is what the driver keeps of a VM, in <dir>/vm.json.
 type state struct {
 	Port, EtcdClient, EtcdPeer int
-	PID                        int
-	Token                      string
+	// The VM's kcp process (its PID, start time and boot ID).
+	driver.Proc
+	Token string
 }
 
 func (d *Driver) dir(vm driver.VM) (string, error) {
@@ -150,11 +154,18 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 	if err != nil {
 		return driver.Status{}, fmt.Errorf("process driver: starting kcp: %w", err)
 	}
-	if st.PID, err = strconv.Atoi(strings.TrimSpace(string(out))); err != nil {
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
 		return driver.Status{}, fmt.Errorf("process driver: starting kcp: no PID (%q)", out)
 	}
+	// Its start time, read now, tells it from a process that takes its
+	// PID later. When it cannot be read kcp has already ended: the bare
+	// PID recorded names no process of the VM's, which is Lost.
+	if st.Proc, err = driver.Started(pid); err != nil {
+		st.Proc = driver.Proc{PID: pid}
+	}
 	if err := save(dir, st); err != nil {
-		_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		_ = st.Signal(syscall.SIGKILL)
 		return driver.Status{}, err
 	}
 	return driver.Status{State: driver.Starting}, nil
@@ -174,7 +185,7 @@ func (d *Driver) Status(ctx context.Context, vm driver.VM) (driver.Status, error
 }
 
 func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM) (driver.Status, error) {
-	if !driver.Alive(st.PID) {
+	if !st.Alive() {
 		return driver.Status{State: driver.Lost, Reason: fmt.Sprintf("the VM's process %d is gone", st.PID)}, nil
 	}
 	cfg, err := d.admin(dir)
@@ -234,8 +245,9 @@ func (d *Driver) Credential(_ context.Context, vm driver.VM) (string, error) {
 	return st.Token, nil
 }
 
-// Terminate implements driver.Driver: SIGTERM, then SIGKILL after 30 s;
-// the VM's directory goes.
+// Terminate implements driver.Driver: SIGTERM, then SIGKILL after 30 s,
+// to the VM's process only while it is Alive (a reused PID is left
+// alone); the VM's directory goes.
 func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	dir, err := d.dir(vm)
 	if err != nil {
@@ -245,22 +257,20 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 	if err != nil {
 		return err
 	}
-	if st != nil && driver.Alive(st.PID) {
-		_ = syscall.Kill(st.PID, syscall.SIGTERM)
+	if st != nil && st.Alive() {
+		_ = st.Signal(syscall.SIGTERM)
 		// A stopped process gets its SIGTERM only once it runs again
 		// (a tenant that stopped answering may be one).
-		_ = syscall.Kill(st.PID, syscall.SIGCONT)
+		_ = st.Signal(syscall.SIGCONT)
 		deadline := time.Now().Add(30 * time.Second)
-		for driver.Alive(st.PID) && time.Now().Before(deadline) {
+		for st.Alive() && time.Now().Before(deadline) {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		if driver.Alive(st.PID) {
-			_ = syscall.Kill(st.PID, syscall.SIGKILL)
-		}
+		_ = st.Signal(syscall.SIGKILL)
 	}
 	return os.RemoveAll(dir)
 }
@@ -275,7 +285,7 @@ func (d *Driver) running(vm driver.VM) (*rest.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st == nil || !driver.Alive(st.PID) {
+	if st == nil || !st.Alive() {
 		return nil, errors.New("process driver: the VM does not run")
 	}
 	return d.admin(dir)

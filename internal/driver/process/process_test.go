@@ -3,7 +3,9 @@ package process
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -94,5 +96,72 @@ func TestTerminateStopsARunningVM(t *testing.T) {
 	}
 	if driver.Alive(pid) {
 		t.Error("the VM's process still runs")
+	}
+}
+
+// startSleep starts `sleep 60` (an unrelated process, in a group of its
+// own so that a group kill would reach it too) and returns it.
+func startSleep(t *testing.T) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("sleep", "60")
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	return c
+}
+
+// exited reports whether c ended (it is reaped here).
+func exited(c *exec.Cmd, within time.Duration) bool {
+	done := make(chan struct{})
+	go func() { _ = c.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+// TestTerminateSparesAReusedPID: a VM whose recorded PID now names
+// another process (the PID was reused after a reboot or a crash) is not
+// that process: Terminate leaves it alone and Status reports the VM Lost.
+// Both with a state file of this driver (start time and boot ID of the
+// VM's process) and with one of an older driver (a bare PID).
+func TestTerminateSparesAReusedPID(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		state func(pid int) string
+	}{
+		{"another process's PID", func(pid int) string {
+			return fmt.Sprintf(`{"Port":1,"PID":%d,"Start":1,"Boot":"00000000-0000-0000-0000-000000000000","Token":"t"}`, pid)
+		}},
+		{"a bare PID (an older state file)", func(pid int) string {
+			return fmt.Sprintf(`{"Port":1,"PID":%d,"Token":"t"}`, pid)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Driver{Root: t.TempDir(), KCP: fakeKCP(t)}
+			vm := driver.VM{ID: "uid-reused"}
+			sleep := startSleep(t)
+			dir := filepath.Join(d.Root, vm.ID)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "vm.json"), []byte(tc.state(sleep.Process.Pid)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := d.Status(ctx, vm); err != nil || st.State != driver.Lost {
+				t.Errorf("Status: %+v, %v; want Lost", st, err)
+			}
+			if err := d.Terminate(ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			if exited(sleep, 500*time.Millisecond) {
+				t.Fatal("Terminate killed a process that is not the VM's")
+			}
+		})
 	}
 }
