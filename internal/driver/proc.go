@@ -67,6 +67,13 @@ func (p Proc) Signal(sig syscall.Signal) error {
 		return ErrNotOurs
 	}
 	fd, err := unix.PidfdOpen(p.PID, 0)
+	if errors.Is(err, unix.ENOSYS) {
+		// A kernel before 5.3: checked, then signalled by PID.
+		if !p.Alive() {
+			return ErrNotOurs
+		}
+		return syscall.Kill(p.PID, sig)
+	}
 	if err != nil {
 		return ErrNotOurs
 	}
