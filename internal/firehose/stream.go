@@ -270,8 +270,7 @@ func (s *stream) connect(ctx context.Context) error {
 	_ = con.SetReadDeadline(time.Now().Add(idle))
 	sched := newScheduler(connCtx, s, gen, tracker, idle, con)
 	err = s.readLoop(connCtx, con, sched)
-	switch c := context.Cause(connCtx); {
-	case errors.Is(c, errRewind):
+	if errors.Is(context.Cause(connCtx), errRewind) {
 		err = errRewind
 	}
 	err = frameTooLarge(err)
