@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -255,20 +253,7 @@ func createPLCIdentity(ctx context.Context, t *testing.T, handle, pds string) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.plc.URL+"/"+did, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		t.Fatalf("PLC refused %s: %s: %s", did, resp.Status, msg)
-	}
+	plcDo(ctx, t, http.MethodPost, env.plc.URL+"/"+did, body, nil)
 	return did
 }
 
