@@ -345,8 +345,12 @@ func TestRaceForTheLastCapacity(t *testing.T) {
 	reconcileOther()
 	m.reconcileRequester()
 	m.reconcileBidder("fit")
-	reconcileOther()
-	m.reconcileRequester()
+	// The loser's Bid says Declined, then its accept goes, then it asks
+	// again (a pass each).
+	for range 3 {
+		reconcileOther()
+		m.reconcileRequester()
+	}
 
 	var leases []market.Lease
 	for _, rec := range m.repos["did:plc:fit"].Records(lexicon.Lease) {
@@ -408,6 +412,16 @@ func TestVoidAcceptTakesTheNextBid(t *testing.T) {
 		t.Fatalf("fit withdrew its bid before the other one was leased")
 	}
 	m.clock.advance(61 * time.Second)
+	// slow's Bid says Void, then its accept goes, then fit's bid is
+	// accepted (a pass each: never two accepts open).
+	m.reconcileRequester()
+	if s := bidStates(t, m.shop); s["did:plc:slow"] != marketv1alpha1.BidVoid || s["did:plc:fit"] != marketv1alpha1.BidOpen || m.records("did:plc:shop", lexicon.Accept) != 1 {
+		t.Fatalf("bids after confirmBy, first pass: %v, %d accepts; want slow Void, its accept kept", s, m.records("did:plc:shop", lexicon.Accept))
+	}
+	m.reconcileRequester()
+	if n := m.records("did:plc:shop", lexicon.Accept); n != 0 {
+		t.Fatalf("%d accepts after the second pass, want 0 (the void one deleted, no other yet)", n)
+	}
 	m.reconcileRequester()
 	if s := bidStates(t, m.shop); s["did:plc:slow"] != marketv1alpha1.BidVoid || s["did:plc:fit"] != marketv1alpha1.BidAccepted {
 		t.Fatalf("bids after confirmBy: %v", s)

@@ -188,18 +188,22 @@ func (d *requester) buy(rr *Replica) RequestOp {
 	rs.BidDeadline = market.MetaTime(deadline)
 	bids := d.judge(cur, deadline)
 	rs.Bids = int32(len(bids))
-	// An accept that is still open waits for the bidder.
-	turnedDown := false
-	for _, acc := range accepts[cur.URI] {
-		if op, done := d.answered(rr, cur, acc, bids, rs); done {
-			d.recordBids(rr, cur, bids, None)
-			return op
-		}
-		turnedDown = true
+	// An accept that is still open waits for the bidder; one declined or
+	// void goes first (answered).
+	if accs := accepts[cur.URI]; len(accs) > 0 {
+		op := d.answered(rr, cur, accs[0], bids, rs)
+		d.recordBids(rr, cur, bids, None)
+		return op
 	}
+	// The bidder taken on this request declined or did not answer: the
+	// requester goes back to the market at once.
+	turnedDown := false
 	for _, b := range bids {
-		if b.state == marketv1alpha1.BidOpen {
+		switch b.state {
+		case marketv1alpha1.BidOpen:
 			rs.Acceptable++
+		case marketv1alpha1.BidDeclined, marketv1alpha1.BidVoid:
+			turnedDown = true
 		}
 	}
 	return d.round(rr, cur, deadline, bids, turnedDown, rs)

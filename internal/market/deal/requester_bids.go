@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -273,36 +274,48 @@ func LeaseOf(view View, acceptURI, acceptCID, bidderDID string, ignored map[stri
 
 // answered looks at an accept the requester published: the bidder's
 // lease makes a contract; a decline, or no answer by confirmBy, voids it
-// (the accept is deleted and another bid may be taken). It reports
-// whether the replica is settled for this pass, and its status then.
-func (d *requester) answered(rr *Replica, cur *OwnRequest, acc *OwnAccept, bids []*judged, rs marketv1alpha1.RequestStatus) (RequestOp, bool) {
+// (its Bid says so, then the accept is deleted, and another bid is taken
+// in a later pass). It returns the replica's status for this pass.
+func (d *requester) answered(rr *Replica, cur *OwnRequest, acc *OwnAccept, bids []*judged, rs marketv1alpha1.RequestStatus) RequestOp {
 	bid := d.s.View.Get(acc.Accept.Bid.URI)
 	bidderDID, _, _ := market.SplitURI(acc.Accept.Bid.URI)
 	name := market.ChildName(d.s.Name, acc.Accept.Bid.URI+"|"+acc.Accept.Bid.CID)
 	lease := LeaseOf(d.s.View, acc.URI, acc.CID, bidderDID, d.p.Ignored)
 	confirmBy := market.ParseTime(acc.Accept.ConfirmBy)
-	void := func(id TransitionID, state State, reason, event, msg string) {
+	// A declined or void accept goes in two passes: first its Bid says so
+	// (the bidder is then avoided for AvoidFor, whatever fails next), and
+	// only once the Bid says so is the accept deleted; another bid is taken
+	// in a later pass, once the deletion is seen, so that no two accepts of
+	// a request are ever open (a failed deletion is tried again first).
+	void := func(id TransitionID, state State, reason, event, msg string) RequestOp {
 		d.p.step(id, acc.URI)
-		d.p.event("", corev1.EventTypeWarning, reason, "Accept", event, None)
-		d.setBid(name, state, msg, None)
+		if b := d.s.Bids[name]; b != nil && b.Status.State != state {
+			d.p.event("", corev1.EventTypeWarning, reason, "Accept", event, None)
+			d.setBid(name, state, msg, None)
+		} else {
+			d.p.record(RecordOp{Collection: lexicon.Accept, RKey: acc.RKey})
+		}
 		markJudged(bids, name, state, msg)
+		rs.Message = "the accepted bid is " + strings.ToLower(string(state)) + ": " + msg + "; taking another"
+		d.p.due(d.now)
+		return RequestOp{Status: rs, Before: rs, Needs: None}
 	}
 	switch {
 	case lease != nil && Live(lease.Lease.State):
-		return d.contract(rr, cur, acc, bids, rs), true
+		return d.contract(rr, cur, acc, bids, rs)
 	case lease != nil && lease.Lease.State == LeaseDeclined:
 		reason := string(cmp.Or(lease.Lease.Reason, "unspecified"))
-		void(AcceptDeclined, marketv1alpha1.BidDeclined, "Declined", fmt.Sprintf("bidder %s declined replica %d: %s", bidderDID, rr.Index, reason), "the bidder declined: "+reason)
+		return void(AcceptDeclined, marketv1alpha1.BidDeclined, "Declined", fmt.Sprintf("bidder %s declined replica %d: %s", bidderDID, rr.Index, reason), "the bidder declined: "+reason)
 	case bid == nil && gone(d.p, d.s.View, d.s.Missing, d.complete, bidderDID, "bid|"+acc.Accept.Bid.URI):
 		// The bidder withdrew the bid it was accepted on: no lease will come.
-		void(AcceptBidWithdrawn, marketv1alpha1.BidVoid, "Void", fmt.Sprintf("bidder %s withdrew the bid replica %d accepted", bidderDID, rr.Index), "withdrawn by the bidder after it was accepted")
+		return void(AcceptBidWithdrawn, marketv1alpha1.BidVoid, "Void", fmt.Sprintf("bidder %s withdrew the bid replica %d accepted", bidderDID, rr.Index), "withdrawn by the bidder after it was accepted")
 	case !d.now.Before(confirmBy) && !d.complete:
 		// No lease by confirmBy as far as the view goes; it is incomplete.
 		d.p.step(AcceptUnansweredReading, acc.URI)
 		d.p.due(d.now.Add(time.Second))
-		return RequestOp{Status: rs, Before: rs, Needs: None}, true
+		return RequestOp{Status: rs, Before: rs, Needs: None}
 	case !d.now.Before(confirmBy):
-		void(AcceptUnanswered, marketv1alpha1.BidVoid, "Void", fmt.Sprintf("bidder %s did not answer replica %d's accept by %s", bidderDID, rr.Index, acc.Accept.ConfirmBy), "no lease by "+acc.Accept.ConfirmBy)
+		return void(AcceptUnanswered, marketv1alpha1.BidVoid, "Void", fmt.Sprintf("bidder %s did not answer replica %d's accept by %s", bidderDID, rr.Index, acc.Accept.ConfirmBy), "no lease by "+acc.Accept.ConfirmBy)
 	default:
 		d.p.step(AcceptWait, acc.URI)
 		rs.State = marketv1alpha1.RequestAccepted
@@ -316,11 +329,8 @@ func (d *requester) answered(rr *Replica, cur *OwnRequest, acc *OwnAccept, bids 
 		d.setBid(name, marketv1alpha1.BidAccepted, msg, None)
 		markJudged(bids, name, marketv1alpha1.BidAccepted, msg)
 		d.p.due(confirmBy)
-		return RequestOp{Status: rs, Before: rs, Needs: None}, true
+		return RequestOp{Status: rs, Before: rs, Needs: None}
 	}
-	// Declined or void: the accept goes, and another bid may be taken.
-	d.p.record(RecordOp{Collection: lexicon.Accept, RKey: acc.RKey})
-	return RequestOp{}, false
 }
 
 // contract makes the requester's ComputeContract once the bidder's lease

@@ -302,16 +302,30 @@ func acceptAnswerCases() []requesterCase {
 	then := func(more func(f *rfixture), confirmBy time.Duration) func(f *rfixture) {
 		return func(f *rfixture) { setup(confirmBy)(f); more(f) }
 	}
+	// A declined or void accept: first its Bid says so, nothing else (a
+	// failed Bid write leaves the accept, so the bidder is avoided whatever
+	// fails); then, once the Bid says so, the accept is deleted and nothing
+	// else (no second accept while the deletion may fail).
 	voided := func(state State) func(t *testing.T, f *rfixture, p *Plan) {
 		return func(t *testing.T, f *rfixture, p *Plan) {
 			if got := bidStateOf(p, bid); got != state {
 				t.Errorf("Bid %s, want %s", got, state)
 			}
-			if len(p.Records) < 1 || p.Records[0].Collection != lexicon.Accept || p.Records[0].Value != nil {
-				t.Errorf("records %+v, want the accept deleted first", p.Records)
+			if len(p.Records) != 0 {
+				t.Errorf("records %+v, want none before the Bid says %s", p.Records, state)
 			}
 		}
 	}
+	deleted := func(t *testing.T, f *rfixture, p *Plan) {
+		if len(p.Records) != 1 || p.Records[0].Collection != lexicon.Accept || p.Records[0].Value != nil || p.Records[0].Then != nil {
+			t.Errorf("records %+v, want the accept deleted and nothing else", p.Records)
+		}
+	}
+	withBid := func(state State) func(f *rfixture) {
+		return func(f *rfixture) { f.bidObject(bid, fit, state, t0.Add(-time.Minute)) }
+	}
+	both := func(a, b func(f *rfixture)) func(f *rfixture) { return func(f *rfixture) { a(f); b(f) } }
+	declined := func(f *rfixture) { f.leaseFrom(fit, acc, acc.CID, LeaseDeclined, NoCapacity) }
 	return []requesterCase{
 		{name: "an accept waits for its lease until confirmBy", want: []TransitionID{BidAcceptable, AcceptWait}, setup: setup(time.Minute),
 			check: func(t *testing.T, f *rfixture, p *Plan) {
@@ -355,10 +369,19 @@ func acceptAnswerCases() []requesterCase {
 			}},
 		{name: "a running lease makes the contract", want: []TransitionID{BidAcceptable, ContractMake},
 			setup: then(func(f *rfixture) { f.leaseFrom(fit, acc, acc.CID, LeaseRunning, "") }, time.Minute)},
-		{name: "a declined accept goes and the request is made again", want: []TransitionID{BidAcceptable, AcceptDeclined, RoundAgain, RequestPublish},
-			setup: then(func(f *rfixture) { f.leaseFrom(fit, acc, acc.CID, LeaseDeclined, NoCapacity) }, time.Minute),
+		{name: "a declined accept: its Bid says Declined first, the accept stays", want: []TransitionID{BidAcceptable, AcceptDeclined},
+			setup: then(both(declined, withBid(marketv1alpha1.BidAccepted)), time.Minute),
 			check: voided(marketv1alpha1.BidDeclined)},
-		{name: "an accepted bid withdrawn from the bidder's repo voids the accept", want: []TransitionID{AcceptBidWithdrawn, RoundAgain, RequestPublish},
+		{name: "a declined accept whose Bid says so is deleted, nothing else", want: []TransitionID{BidOutcomeKept, AcceptDeclined},
+			setup: then(both(declined, withBid(marketv1alpha1.BidDeclined)), time.Minute),
+			check: deleted},
+		{name: "once the declined accept is gone the request is made again at once", want: []TransitionID{BidOutcomeKept, RoundAgain, RequestPublish},
+			setup: func(f *rfixture) {
+				f.request(-time.Minute, -50*time.Second)
+				bid = f.bidOn(fit, nil, t0.Add(-55*time.Second))
+				f.bidObject(bid, fit, marketv1alpha1.BidDeclined, t0.Add(-time.Minute))
+			}},
+		{name: "an accepted bid withdrawn from the bidder's repo voids the accept", want: []TransitionID{AcceptBidWithdrawn},
 			setup: then(func(f *rfixture) {
 				delete(f.view.recs, bid.URI)
 				f.miss["bid|"+bid.URI] = t0.Add(-10 * time.Second)
@@ -373,8 +396,10 @@ func acceptAnswerCases() []requesterCase {
 					t.Errorf("look %+v, want the bidder listed", p.Look)
 				}
 			}},
-		{name: "no lease by confirmBy voids the accept", want: []TransitionID{BidAcceptable, AcceptUnanswered, RoundAgain, RequestPublish},
-			setup: setup(-time.Second), check: voided(marketv1alpha1.BidVoid)},
+		{name: "no lease by confirmBy voids the accept", want: []TransitionID{BidAcceptable, AcceptUnanswered},
+			setup: then(withBid(marketv1alpha1.BidAccepted), -time.Second), check: voided(marketv1alpha1.BidVoid)},
+		{name: "an unanswered accept whose Bid says Void is deleted, nothing else", want: []TransitionID{BidOutcomeKept, AcceptUnanswered},
+			setup: then(withBid(marketv1alpha1.BidVoid), -time.Second), check: deleted},
 		{name: "no lease by confirmBy while the view is incomplete: wait", want: []TransitionID{BidAcceptable, AcceptUnansweredReading},
 			setup: then(func(f *rfixture) { f.view.complete = errors.New("reading") }, -time.Second),
 			check: func(t *testing.T, _ *rfixture, p *Plan) {
