@@ -67,22 +67,27 @@ func (p Proc) Signal(sig syscall.Signal) error {
 		return ErrNotOurs
 	}
 	fd, err := unix.PidfdOpen(p.PID, 0)
-	if errors.Is(err, unix.ENOSYS) {
-		// A kernel before 5.3: checked, then signalled by PID.
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return ErrNotOurs
+	case err != nil:
+		// No pidfd here (a kernel before 5.3: ENOSYS; a seccomp profile
+		// that refuses pidfd_open, as Docker's before 20.10: EPERM):
+		// checked, then signalled by PID.
 		if !p.Alive() {
 			return ErrNotOurs
 		}
 		return syscall.Kill(p.PID, sig)
-	}
-	if err != nil {
-		return ErrNotOurs
 	}
 	defer unix.Close(fd)
 	if !p.Alive() {
 		return ErrNotOurs
 	}
 	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
-		return ErrNotOurs
+		if errors.Is(err, unix.ESRCH) {
+			return ErrNotOurs
+		}
+		return fmt.Errorf("signalling the VM's process %d: %w", p.PID, err)
 	}
 	return nil
 }

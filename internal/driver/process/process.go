@@ -271,6 +271,13 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 			}
 		}
 		_ = st.Signal(syscall.SIGKILL)
+		for end := time.Now().Add(5 * time.Second); st.Alive() && time.Now().Before(end); {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if st.Alive() {
+			// Its folder stays while it runs: the next Terminate tries again.
+			return fmt.Errorf("process driver: the VM's process %d did not stop", st.PID)
+		}
 	}
 	return os.RemoveAll(dir)
 }
