@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
@@ -90,10 +91,25 @@ func (s *stream) handleCommit(ctx context.Context, seq int64, msg *comatproto.Sy
 	}
 	u.seq = seq
 	for _, sub := range subs {
-		if sub.apply(u) {
+		if s.apply(sub, u) {
 			s.requestResync(sub, u.did, ResyncPrevDataMismatch, seq)
 		}
 	}
+}
+
+// apply applies a verified commit to one subscription. A panic of that
+// subscription's check (a hostile record) rejects the commit for it
+// alone: the other subscriptions of the source still get it.
+func (s *stream) apply(sub *Subscription, u *commitUpdate) (resync bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Info("a commit panicked a subscription's check; rejected for it", "did", u.did, "seq", u.seq, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			s.hub.opts.Metrics.rejected(s.label)
+			sub.rejected()
+			resync = false
+		}
+	}()
+	return sub.apply(u)
 }
 
 // reject handles an event that failed verification: an unresolved

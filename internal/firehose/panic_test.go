@@ -94,6 +94,38 @@ func TestPanickingEventIsRejected(t *testing.T) {
 	}
 }
 
+// TestPanickingCheckRejectsForItsSubscriptionOnly (from review): two
+// subscriptions follow one source; a commit whose record panics the check
+// of one is rejected for that one only, and the other applies it.
+func TestPanickingCheckRejectsForItsSubscriptionOnly(t *testing.T) {
+	alice := newTestRepo(t, "did:plc:alice")
+	dir := identity.NewMockDirectory()
+	src := newFakeSource(t, alice)
+	dir.Insert(alice.identityAt(src.srv.URL))
+	src.write(testOp{"create", testCollection + "/a", note("a")})
+	hub, _ := startHub(t, Options{Directory: dir})
+	var subs []*Subscription
+	for _, check := range []func(string, json.RawMessage) error{boomCheck, noteCheck} {
+		sub, err := hub.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}, Check: check}, 100, State{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	for _, sub := range subs {
+		waitState(t, sub, "the first record", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
+	}
+	src.write(testOp{"create", testCollection + "/boom", note("boom")})
+	waitState(t, subs[1], "the commit, by the subscription whose check takes it", func(st State, _ Health) bool { return len(st.Records) == 2 })
+	waitState(t, subs[0], "the commit rejected by the subscription whose check panics", func(st State, _ Health) bool { return st.Errors > 0 })
+	if st, _, _ := subs[0].Snapshot(); len(st.Records) != 1 {
+		t.Errorf("the panicking subscription holds %d records, want 1", len(st.Records))
+	}
+	if st, _, _ := subs[1].Snapshot(); st.Errors != 0 {
+		t.Errorf("the other subscription counted %d errors", st.Errors)
+	}
+}
+
 // TestPanickingListedRecordFailsTheListing (R21, from review): a record
 // that panics its check while a listing reads it (a listing runs on its
 // own goroutine, not the read loop's) fails that listing with
