@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,7 +88,35 @@ func load(dir string) (*state, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("process driver: %s: %w", dir, err)
 	}
+	adoptBarePID(dir, &st)
 	return &st, nil
+}
+
+// adoptBarePID names the process of a state file an older driver wrote
+// (a bare PID) once more, when that PID runs this VM's own kcp (its
+// command line is `kcp start ... --root-directory <dir>/kcp ...`, which
+// no other process has): its start time and boot ID are recorded, so that
+// an agent upgraded under running VMs adopts them (R03) while a PID taken
+// by another process stays not ours.
+func adoptBarePID(dir string, st *state) {
+	if st.PID <= 0 || (st.Start != 0 && st.Boot != "") {
+		return
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", st.PID))
+	if err != nil {
+		return
+	}
+	args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	i := slices.Index(args, "--root-directory")
+	if i < 1 || i+1 >= len(args) || !slices.Contains(args[:i], "start") || args[i+1] != filepath.Join(dir, "kcp") {
+		return
+	}
+	p, err := driver.Started(st.PID)
+	if err != nil {
+		return
+	}
+	st.Proc = p
+	_ = save(dir, st)
 }
 
 func save(dir string, st *state) error {

@@ -165,3 +165,44 @@ func TestTerminateSparesAReusedPID(t *testing.T) {
 		})
 	}
 }
+
+// TestUpgradeAdoptsARunningVMOfAnOlderAgent: a state file of an older
+// driver (a bare PID) whose PID runs this VM's own kcp (its command line
+// names the VM's root directory) is adopted: the start time and boot ID
+// are recorded, the VM is not Lost, and Terminate stops it (R03: an
+// upgrade needs nothing done by hand).
+func TestUpgradeAdoptsARunningVMOfAnOlderAgent(t *testing.T) {
+	ctx := context.Background()
+	d := &Driver{Root: t.TempDir(), KCP: fakeKCP(t)}
+	vm := driver.VM{ID: "uid-old"}
+	dir := filepath.Join(d.Root, vm.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in for the VM's kcp: its command line names the VM's root.
+	cmd := exec.Command("/bin/sh", "-c", "while :; do sleep 1; done", "start", "--root-directory", filepath.Join(dir, "kcp"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	if err := os.WriteFile(filepath.Join(dir, "vm.json"), []byte(fmt.Sprintf(`{"Port":1,"PID":%d,"Token":"t"}`, cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Status(ctx, vm); err != nil || st.State == driver.Lost {
+		t.Fatalf("Status: %+v, %v; want the VM adopted", st, err)
+	}
+	st, err := load(dir)
+	if err != nil || st.Start == 0 || st.Boot == "" {
+		t.Fatalf("state %+v, %v: want the start time and boot ID recorded", st, err)
+	}
+	if err := d.Terminate(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Terminate did not stop the adopted VM's process")
+	}
+}
