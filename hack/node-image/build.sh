@@ -315,6 +315,14 @@ fi
 # --- build ------------------------------------------------------------------
 [ -n "$k8s_src" ] || { say "k8s.io/kubernetes $K8S_VERSION is not in the module cache and could not be listed"; exit 1; }
 command -v docker >/dev/null && docker info >/dev/null 2>&1 || { say "docker does not answer (start dockerd)"; exit 1; }
+mkdir -p "$cache"
+# One build at a time per cache (make node-image beside a test that needs
+# the image): a second caller waits, then finds the parts cached.
+exec 9>"$cache/.node-image.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+  say "another build of the node image is running; waiting for it"
+  flock 9
+fi
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   say "$IMAGE is up to date"
   echo "$IMAGE"
@@ -329,6 +337,16 @@ if [ -f "$cache/node-$key_node.tar" ]; then
 fi
 [ "$(id -u)" = 0 ] || { say "building the root filesystems needs root (debootstrap, chroot)"; exit 1; }
 command -v gcc >/dev/null || { say "gcc is needed for pause"; exit 1; }
+
+# debootstrap, from Debian's packages, once and before the two root
+# filesystems are built at once (two apt-get runs would race for dpkg's
+# lock): a fresh machine has none.
+if { [ ! -f "$cache/rootfs-node-$key_rootfs_node.tar" ] || [ ! -f "$cache/rootfs-proxy-$key_rootfs_proxy.tar" ]; } &&
+  ! command -v debootstrap >/dev/null; then
+  say "installing debootstrap (apt-get)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
+    { say "could not install debootstrap with apt-get"; exit 1; }
+fi
 
 total_start=$(date +%s)
 pids=()
