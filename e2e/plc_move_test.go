@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/atdata"
@@ -24,8 +25,13 @@ import (
 // proxy in front of the PDS on another port says so here, as an operator
 // of a PDS behind a TLS terminator does, before the provider first reads
 // the document.
+//
+// The account is deleted when the test ends: its document names a server
+// that goes with the test, and a PDS's listing that names a repo whose
+// PDS cannot be reached fails for every later watch of that PDS.
 func movePDSEndpoint(ctx context.Context, t *testing.T, did, endpoint string) {
 	t.Helper()
+	t.Cleanup(func() { deleteAccount(t, did) })
 	raw, err := os.ReadFile(filepath.Join(env.pds.DataDir, "secrets.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -109,4 +115,31 @@ func signPLC(t *testing.T, key atcrypto.PrivateKey, op map[string]any) {
 		t.Fatal(err)
 	}
 	op["sig"] = base64.RawURLEncoding.EncodeToString(sig)
+}
+
+// deleteAccount deletes did's account from the suite's PDS as its admin.
+func deleteAccount(t *testing.T, did string) {
+	t.Helper()
+	body, err := json.Marshal(map[string]string{"did": did})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, env.pds.URL+"/xrpc/com.atproto.admin.deleteAccount", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.SetBasicAuth("admin", env.pds.AdminPassword)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("deleting the account %s: %v", did, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		t.Errorf("deleting the account %s: %s: %s", did, resp.Status, msg)
+	}
 }
