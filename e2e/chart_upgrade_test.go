@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/knotless-dev/knotless/deploy"
 	"github.com/knotless-dev/knotless/e2e/framework"
@@ -51,7 +50,7 @@ func TestChartKeepsSecretsOnUpgradeInKCP(t *testing.T) {
 	}
 	flags := []string{"--dry-run=server", "--kubeconfig", writeKubeconfig(t, env.admin, ws)}
 	values := filepath.Join(repo, deploy.Chart, "ci", "generated-values.yaml")
-	render := func() map[string]*corev1.Secret {
+	render := func() deploy.Secrets {
 		t.Helper()
 		out, err := deploy.Template(ctx, repo, filepath.Join(repo, deploy.Chart), flags, nil, values)
 		if err != nil {
@@ -61,16 +60,9 @@ func TestChartKeepsSecretsOnUpgradeInKCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		secrets := map[string]*corev1.Secret{}
-		for _, o := range objs {
-			if o.Kind != "Secret" {
-				continue
-			}
-			s := &corev1.Secret{}
-			if err := yaml.Unmarshal(o.Doc, s); err != nil {
-				t.Fatal(err)
-			}
-			secrets[s.Name] = s
+		secrets, err := deploy.RenderedSecrets(objs)
+		if err != nil {
+			t.Fatal(err)
 		}
 		return secrets
 	}
@@ -79,51 +71,35 @@ func TestChartKeepsSecretsOnUpgradeInKCP(t *testing.T) {
 	if len(first) == 0 {
 		t.Fatal("the chart made no Secret with only the kubeconfigs named")
 	}
-	for _, s := range first {
-		s := s.DeepCopy()
+	for name, data := range first {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "knotless-system", Name: name}, StringData: data}
 		if err := c.Create(ctx, s); err != nil {
-			t.Fatalf("creating the rendered Secret %s in kcp: %v", s.Name, err)
+			t.Fatalf("creating the rendered Secret %s in kcp: %v", name, err)
 		}
 	}
 	second := render()
-	for name, s := range first {
-		for k, v := range secretData(s) {
-			if secretData(second[name])[k] != v {
+	for name, data := range first {
+		for k, v := range data {
+			if second[name][k] != v {
 				t.Errorf("upgrade: Secret %s key %s changed although the Secret exists", name, k)
 			}
 		}
 	}
 
-	probe := first["knotless-probe"]
-	if probe == nil {
+	if first["knotless-probe"] == nil {
 		t.Fatalf("no knotless-probe Secret among %d rendered", len(first))
 	}
-	if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: probe.Namespace, Name: probe.Name}}); err != nil {
+	if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "knotless-system", Name: "knotless-probe"}}); err != nil {
 		t.Fatal(err)
 	}
 	third := render()
-	if secretData(third["knotless-probe"])["tls.crt"] == secretData(probe)["tls.crt"] {
+	if third["knotless-probe"]["tls.crt"] == first["knotless-probe"]["tls.crt"] {
 		t.Error("the deleted probe certificate was not made again")
 	}
-	if ca := "knotless-requestheader-ca"; secretData(third[ca])["ca.crt"] != secretData(first[ca])["ca.crt"] {
+	if ca := "knotless-requestheader-ca"; third[ca]["ca.crt"] != first[ca]["ca.crt"] {
 		t.Error("the requestheader CA changed when a client certificate was made again")
 	}
 	if err := c.DeleteAllOf(ctx, &corev1.Secret{}, client.InNamespace("knotless-system")); err != nil {
 		t.Logf("cleaning up: %v", err)
 	}
-}
-
-// secretData is a Secret's data and stringData as strings (nil: none).
-func secretData(s *corev1.Secret) map[string]string {
-	out := map[string]string{}
-	if s == nil {
-		return out
-	}
-	for k, v := range s.Data {
-		out[k] = string(v)
-	}
-	for k, v := range s.StringData {
-		out[k] = v
-	}
-	return out
 }
