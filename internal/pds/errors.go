@@ -99,7 +99,12 @@ func RateLimitWait(err error, now time.Time) (time.Duration, bool) {
 	if !errors.As(err, &rl) || !rl.Reset.After(now) {
 		return 0, false
 	}
-	return min(rl.Reset.Sub(now)+time.Second, MaxRateLimitWait), true
+	// Compared before the second is added: a reset far ahead (a PDS's
+	// RateLimit-Reset of any size) saturates Sub, which would wrap.
+	if d := rl.Reset.Sub(now); d < MaxRateLimitWait-time.Second {
+		return d + time.Second, true
+	}
+	return MaxRateLimitWait, true
 }
 
 // InvalidRequestError is a 400 answer other than the ones with their own
