@@ -17,6 +17,7 @@ import (
 
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/netpolicy/nettest"
 )
 
 // watchCollection is written only by TestAtprotoRecordWatch, so a watch
@@ -399,3 +400,48 @@ func TestAtprotoRecordWatchPDSRestart(t *testing.T) {
 // pdsMetricSource is the PDS's label in the firehose metrics: its
 // host:port, which the suite's provider names in --firehose-metric-sources.
 func pdsMetricSource() string { return strings.TrimPrefix(env.pds.URL, "http://") }
+
+// TestAtprotoWatchSurvivesDeadNeighbour: mallory, with an account on the
+// shared PDS, points her DID document at a closed port. A watch of every
+// repo of that PDS still lists alice's record and follows, mallory's repo
+// counted as an error. Before, the watch's whole listing failed on
+// mallory's repo and was retried forever (R21): anyone with an account
+// on a PDS could stall every watch and market feed of it. Costs about
+// 5 s of the suite.
+func TestAtprotoWatchSurvivesDeadNeighbour(t *testing.T) {
+	defer failWithLogs(t)
+	ctx := t.Context()
+	const collection = "dev.knotless.test.neighbour"
+	alice := newWriter(ctx, t, env.prefix+"dna.test")
+	if err := alice.put(ctx, collection, "hello", "a neighbour"); err != nil {
+		t.Fatal(err)
+	}
+	mallory, err := env.pds.CreateAccount(ctx, env.prefix+"dnm.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	movePDSEndpoint(ctx, t, mallory.DID, "http://"+nettest.ClosedAddr(t))
+
+	c, _ := appWorkspace(ctx, t, env.prefix+"-neighbour")
+	create(ctx, t, c, recordWatch("all", nil, collection))
+	w := waitWatch(ctx, t, c, "all", "alice's record, Following", time.Minute, func(w *atprotov1alpha1.AtprotoRecordWatch) (bool, string) {
+		if ok, why := watchReason(atprotov1alpha1.ReasonFollowing)(w); !ok {
+			return false, why
+		}
+		got := watchedRecords(w)
+		for uri, cid := range alice.only(collection) {
+			if got[uri] != cid {
+				return false, "alice's record not listed"
+			}
+		}
+		return true, ""
+	})
+	if w.Status.Errors == 0 {
+		t.Errorf("errors %d, want mallory's repo counted", w.Status.Errors)
+	}
+	for _, r := range w.Status.Repos {
+		if r.DID == mallory.DID {
+			t.Errorf("mallory's repo listed: %+v", r)
+		}
+	}
+}

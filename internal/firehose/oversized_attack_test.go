@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -191,4 +192,63 @@ func TestAttackGiantFirehoseFrame(t *testing.T) {
 	if n > 32<<20 {
 		t.Errorf("about %d MiB of the frame sent per connection, want the client to stop reading it", n>>20)
 	}
+}
+
+// TestAttackDeadRepoPDSDoesNotStallTheSource: a source's listRepos names
+// alice's honest repo and two strangers' repos that cannot be listed: one
+// whose DID document names a PDS that fails every request, one whose DID
+// does not resolve. The full listing of the source leaves them out (owed,
+// the failure shown while Resyncing, not asked again soon) and completes
+// for alice, so a consumer (a market feed) can decide. Before, the whole
+// listing failed and was retried forever: anyone with an account on a
+// shared PDS could stall every watch of it by moving their DID document
+// to a dead address (R21).
+func TestAttackDeadRepoPDSDoesNotStallTheSource(t *testing.T) {
+	const movedDID, ghostDID = "did:plc:moved", "did:plc:ghost"
+	alice := newTestRepo(t, "did:plc:alice")
+	h := &hostile{}
+	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h.hits.Add(1)
+		w.WriteHeader(http.StatusBadGateway)
+	}))
+	defer dead.Close()
+	repos, _ := json.Marshal(map[string]any{"repos": []map[string]any{
+		{"did": movedDID, "head": "bafy", "rev": "x"},
+		{"did": ghostDID, "head": "bafy", "rev": "x"},
+		{"did": alice.did, "head": "bafy", "rev": "x"},
+	}})
+	src := newWrappedFakeSource(t, alice, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path == "/xrpc/com.atproto.sync.listRepos" {
+				_, _ = w.Write(repos)
+				return
+			}
+			next.ServeHTTP(w, req)
+		})
+	})
+	dir := identity.NewMockDirectory()
+	dir.Insert(alice.identityAt(src.srv.URL))
+	dir.Insert(identity.Identity{DID: syntax.DID(movedDID), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: dead.URL}}})
+	src.write(testOp{"create", testCollection + "/alice", note("alice")})
+	hub, _ := startHub(t, Options{Directory: dir})
+
+	sub := subscribe(t, hub, src)
+	var health Health
+	st := waitState(t, sub, "alice's record, the listing complete", func(st State, h Health) bool {
+		health = h
+		return h.Connected && !h.Full && len(st.Records) == 1
+	})
+	if _, ok := st.Records["at://"+alice.did+"/"+testCollection+"/alice"]; !ok {
+		t.Errorf("records %v, want alice's", st.Records)
+	}
+	if health.Resyncing || health.ResyncErr != nil || st.Errors < 2 {
+		t.Errorf("health %+v, errors %d: want the strangers' repos counted as errors, not holding the subscription Resyncing", health, st.Errors)
+	}
+	if h.hits.Load() == 0 {
+		t.Fatal("the moved repo's PDS was never asked")
+	}
+	noRetryStorm(t, h)
+	// The firehose goes on for alice.
+	src.write(testOp{"create", testCollection + "/alice2", note("alice again")})
+	waitState(t, sub, "alice's commit", func(st State, _ Health) bool { return len(st.Records) == 2 })
 }

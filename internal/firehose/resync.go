@@ -159,7 +159,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			return
 		}
 		req.sub.resyncFailed(err)
-		if errors.Is(err, ErrListingTooLarge) {
+		if errors.Is(err, ErrListingTooLarge) || (req.did != "" && repoFailed(err)) {
 			s.refuse(req, err)
 			continue
 		}
@@ -189,11 +189,12 @@ func (s *stream) list(ctx context.Context, req resyncReq) (err error) {
 	return s.resyncRepo(ctx, req.sub, req.did, nil)
 }
 
-// refuse queues a listing refused as too large again after the limits'
-// retry backoff; the stream's other listings do not wait for it.
+// refuse queues a listing refused as too large, or one repo's listing
+// that failed on the repo's own account (repoFailed), again after the
+// limits' retry backoff; the stream's other listings do not wait for it.
 func (s *stream) refuse(req resyncReq, err error) {
 	delay := s.hub.opts.Listing.Retry.Delay(req.refused)
-	s.log.Info("listing refused as too large; trying again later", "did", req.did, "reason", req.reason, "in", delay, "err", err)
+	s.log.Info("listing refused; trying again later", "did", req.did, "reason", req.reason, "in", delay, "err", err)
 	req.refused++
 	req.notBefore = time.Now().Add(delay)
 	s.resync.push(req)
@@ -223,6 +224,10 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string
 			// does not carry: its records would be listed once and never
 			// updated by this stream.
 			ok, err := s.carries(ctx, did)
+			if repoFailed(err) {
+				s.unlistRepo(sub, did, reason, err)
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -231,11 +236,16 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string
 				continue
 			}
 		}
-		if err := s.resyncRepo(ctx, sub, did, src); err != nil {
-			if !repoTooLarge(err) {
-				return err
-			}
+		var private atomic.Bool
+		err := privateFailure(s.resyncRepo(netpolicy.TracePrivate(ctx, &private), sub, did, src), &private)
+		switch {
+		case err == nil:
+		case repoTooLarge(err):
 			s.skipRepo(sub, did, reason, err)
+		case repoFailed(err) && ctx.Err() == nil:
+			s.unlistRepo(sub, did, reason, err)
+		default:
+			return err
 		}
 	}
 	if len(sub.filter.DIDs) == 0 {
@@ -255,6 +265,31 @@ func (s *stream) skipRepo(sub *Subscription, did, reason string, err error) {
 	s.refuse(resyncReq{sub: sub, did: did, reason: reason}, err)
 }
 
+// unlistRepo leaves out of a full listing one repo whose listing failed
+// on the repo's own account: its DID does not resolve, the PDS its
+// document names (not the source) failed, or it kept changing. What is
+// known of it is kept, it stays owed (the subscription says why while
+// Resyncing) and its listing is tried again after the refusal backoff,
+// while the full listing goes on. Before, the whole listing failed and
+// was retried forever: anyone with an account on a PDS could stall every
+// watch and market feed of it by naming a dead PDS in their DID document
+// (R21).
+func (s *stream) unlistRepo(sub *Subscription, did, reason string, err error) {
+	sub.unlistRepo(did, reason, err)
+	s.refuse(resyncReq{sub: sub, did: did, reason: reason}, err)
+}
+
+// repoFailure marks a listing error that is the repo's own (see
+// unlistRepo), not the source's.
+type repoFailure struct{ error }
+
+func (f repoFailure) Unwrap() error { return f.error }
+
+func repoFailed(err error) bool {
+	var f repoFailure
+	return errors.As(err, &f)
+}
+
 // resyncRepo lists one repo and replaces its records, again if commits
 // were applied meanwhile that the listing may not include. Within a full
 // listing, src is the source's budget (nil otherwise).
@@ -268,7 +303,7 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, 
 			return nil
 		}
 	}
-	return fmt.Errorf("repo %s kept changing while it was listed", did)
+	return repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }
 
 // api is a client of host for listings: every response body is capped
@@ -335,13 +370,14 @@ func (s *stream) lookup(ctx context.Context, did string) (*identity.Identity, er
 // that does not resolve is an error: a listing from the source instead
 // would be unsigned, and a hostile source could make up another
 // participant's records.
+// Its errors are the repo's own (repoFailure).
 func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, error) {
 	ident, err := s.lookup(ctx, did)
 	if err != nil {
-		return nil, err
+		return nil, repoFailure{err}
 	}
 	if ident.PDSEndpoint() == "" {
-		return nil, fmt.Errorf("%s names no PDS", did)
+		return nil, repoFailure{fmt.Errorf("%s names no PDS", did)}
 	}
 	return s.api(ident.PDSEndpoint()), nil
 }
@@ -354,7 +390,7 @@ func (s *stream) carries(ctx context.Context, did string) (bool, error) {
 	if err != nil {
 		// Without the DID's PDS the source cannot be told from it, and a
 		// listing from the source would be unsigned: try again later.
-		return false, err
+		return false, repoFailure{err}
 	}
 	if ident.PDSEndpoint() == s.source {
 		return true, nil
@@ -408,6 +444,15 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 	if err != nil {
 		return nil, err
 	}
+	l, err := s.listRepoAt(ctx, c, did, collections, src)
+	if err != nil && c.Host != s.source {
+		// The PDS the DID document names failed, not the source.
+		err = repoFailure{err}
+	}
+	return l, err
+}
+
+func (s *stream) listRepoAt(ctx context.Context, c *atclient.APIClient, did string, collections []string, src *budget) (*listing, error) {
 	for range 5 {
 		before, err := latestRev(ctx, c, did, s.hub.opts.Listing.PageBytes)
 		if err != nil {
@@ -432,7 +477,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 			return l, nil
 		}
 	}
-	return nil, fmt.Errorf("repo %s kept changing while it was listed", did)
+	return nil, repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }
 
 // listCollection pages listRecords of one collection of did into l,

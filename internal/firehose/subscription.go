@@ -178,6 +178,11 @@ type Subscription struct {
 	// the error: none of their records are kept (listed or committed)
 	// until a listing of the repo succeeds.
 	refused map[string]error
+	// unlisted holds the repos a full listing left out because their
+	// own listing failed (the DID does not resolve, its PDS cannot be
+	// reached), with the error: what the firehose said of them is kept
+	// and applied until a listing of the repo succeeds.
+	unlisted map[string]error
 	// listed is when each repo's records were last listed (replaced).
 	listed map[string]time.Time
 	// ages are the records' URIs, the one changed longest ago first, so
@@ -203,7 +208,7 @@ func newSubscription(filter Filter, maxRecords int, initial State) *Subscription
 	if initial.Repos == nil {
 		initial.Repos = map[string]Repo{}
 	}
-	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, refused: map[string]error{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}, byDID: map[string]map[string]struct{}{}}
+	s := &Subscription{filter: filter, max: maxRecords, state: initial, pending: map[string]bool{}, refused: map[string]error{}, unlisted: map[string]error{}, changed: make(chan struct{}, 1), listed: map[string]time.Time{}, byDID: map[string]map[string]struct{}{}}
 	// Loaded records keep their relative order (callers pass newest
 	// first through LoadRecords).
 	for _, r := range initial.Records {
@@ -340,7 +345,7 @@ func (s *Subscription) Snapshot() (State, Health, uint64) {
 	if s.holding && st.Cursor > s.hold {
 		st.Cursor = max(s.state.Cursor, s.hold)
 	}
-	health.Resyncing = s.full || len(s.pending) > 0
+	health.Resyncing = s.resyncing()
 	health.Full = s.full
 	if health.Resyncing {
 		health.ResyncErr = s.listingErr()
@@ -354,7 +359,7 @@ func (s *Subscription) Health() Health {
 	_, _, health := s.stream.position()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	health.Resyncing = s.full || len(s.pending) > 0
+	health.Resyncing = s.resyncing()
 	health.Full = s.full
 	if health.Resyncing {
 		health.ResyncErr = s.listingErr()
@@ -616,13 +621,45 @@ func (s *Subscription) refuseRepo(did, reason string, err error) {
 	s.bump()
 }
 
+// unlistRepo owes a listing of did that failed with err, keeping what
+// is known of the repo.
+func (s *Subscription) unlistRepo(did, reason string, err error) {
+	s.owe(did, reason, 0)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unlisted[did] = err
+	s.state.Errors++
+	s.bump()
+}
+
+// resyncing reports whether a listing is owed that the subscription
+// waits for: a full one, or a repo's, except a stranger's repo that
+// could not be listed on its own account (unlisted) in a subscription of
+// every repo of the source. That one is counted in Errors, and a watch of
+// the whole source goes on as Following: its owner could otherwise keep
+// every such watch Resyncing (R21). (s.mu is held.)
+func (s *Subscription) resyncing() bool {
+	if s.full {
+		return true
+	}
+	for did := range s.pending {
+		if _, unlisted := s.unlisted[did]; !unlisted || len(s.filter.DIDs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // listingErr is the error Health shows while Resyncing: the last failed
-// listing's, else a refused repo's (s.mu is held).
+// listing's, else a refused or unlisted repo's (s.mu is held).
 func (s *Subscription) listingErr() error {
 	if s.resyncErr != nil {
 		return s.resyncErr
 	}
 	for _, err := range s.refused {
+		return err
+	}
+	for _, err := range s.unlisted {
 		return err
 	}
 	return nil
@@ -652,10 +689,12 @@ func (s *Subscription) dropReposExcept(dids []string) {
 			delete(s.listed, did)
 		}
 	}
-	for did := range s.refused {
-		if !keep[did] {
-			delete(s.refused, did)
-			delete(s.pending, did)
+	for _, m := range []map[string]error{s.refused, s.unlisted} {
+		for did := range m {
+			if !keep[did] {
+				delete(m, did)
+				delete(s.pending, did)
+			}
 		}
 	}
 	s.bump()
@@ -670,6 +709,7 @@ func (s *Subscription) resynced(did, reason string) {
 	} else {
 		delete(s.pending, did)
 		delete(s.refused, did)
+		delete(s.unlisted, did)
 		if len(s.pending) == 0 {
 			s.holding = false
 		}
