@@ -171,20 +171,27 @@ func rateLimitReset(h http.Header, now time.Time) time.Time {
 	if v := h.Get("RateLimit-Reset"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
 			if n < 1_000_000_000 {
-				return now.Add(time.Duration(n) * time.Second)
+				return now.Add(seconds(n))
 			}
 			return time.Unix(n, 0)
 		}
 	}
 	if v := h.Get("Retry-After"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
-			return now.Add(time.Duration(n) * time.Second)
+			return now.Add(seconds(n))
 		}
 		if t, err := http.ParseTime(v); err == nil {
 			return t
 		}
 	}
 	return time.Time{}
+}
+
+// seconds is n seconds, at most a second past MaxRateLimitWait: a PDS's
+// Retry-After of any size would otherwise wrap the multiplication, to a
+// wait of a few milliseconds or one in the past.
+func seconds(n int64) time.Duration {
+	return time.Duration(min(n, int64(MaxRateLimitWait/time.Second)+1)) * time.Second
 }
 
 // bearerAuth is the atclient.AuthMethod of a Client. It differs from
