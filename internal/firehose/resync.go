@@ -240,6 +240,7 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string
 		err := privateFailure(s.resyncRepo(netpolicy.TracePrivate(ctx, &private), sub, did, src), &private)
 		switch {
 		case err == nil:
+			sub.relisted(did)
 		case repoTooLarge(err):
 			s.skipRepo(sub, did, reason, err)
 		case repoFailed(err) && ctx.Err() == nil:

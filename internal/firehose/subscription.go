@@ -700,6 +700,23 @@ func (s *Subscription) dropReposExcept(dids []string) {
 	s.bump()
 }
 
+// relisted records that a full listing listed did, which a listing
+// before had refused or left unlisted: it is no longer owed.
+func (s *Subscription) relisted(did string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refused[did] == nil && s.unlisted[did] == nil {
+		return
+	}
+	delete(s.refused, did)
+	delete(s.unlisted, did)
+	delete(s.pending, did)
+	if len(s.pending) == 0 {
+		s.holding = false
+	}
+	s.bump()
+}
+
 // resynced records a finished listing.
 func (s *Subscription) resynced(did, reason string) {
 	s.mu.Lock()

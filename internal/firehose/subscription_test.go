@@ -159,3 +159,29 @@ func BenchmarkEvict(b *testing.B) {
 		})
 	}
 }
+
+// TestUnlistedRepoHoldsOnlyASubscriptionNamingIt: a repo a full listing
+// left unlisted (its own PDS failed) keeps a subscription that names it
+// Resyncing, not one of every repo; a later listing of it clears it.
+func TestUnlistedRepoHoldsOnlyASubscriptionNamingIt(t *testing.T) {
+	const did = "did:plc:moved"
+	resyncing := func(sub *Subscription) bool {
+		sub.mu.Lock()
+		defer sub.mu.Unlock()
+		return sub.resyncing()
+	}
+	for _, dids := range [][]string{nil, {did}} {
+		sub := newSubscription(Filter{Collections: []string{testCollection}, DIDs: dids}, 10, State{Cursor: 1})
+		sub.unlistRepo(did, ResyncInitial, errors.New("its PDS failed"))
+		if got := resyncing(sub); got != (dids != nil) {
+			t.Errorf("dids %v: resyncing %v after the repo was left unlisted", dids, got)
+		}
+		if sub.state.Errors != 1 {
+			t.Errorf("dids %v: errors %d, want 1", dids, sub.state.Errors)
+		}
+		sub.relisted(did)
+		if resyncing(sub) || len(sub.unlisted) > 0 {
+			t.Errorf("dids %v: still owed after a listing of the repo (resyncing %v, unlisted %v, pending %v, full %v)", dids, resyncing(sub), sub.unlisted, sub.pending, sub.full)
+		}
+	}
+}
