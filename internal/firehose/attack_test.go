@@ -3,6 +3,7 @@ package firehose
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -193,18 +194,27 @@ func TestAttackListRecordsRedirectNotFollowed(t *testing.T) {
 // TestAttackUnresolvableDIDIsNotListedFromTheSource: a source lists a
 // repo whose DID the directory cannot resolve; its records are not taken
 // from the source (they would be unsigned: a hostile source could make up
-// another participant's records) and the listing fails.
+// another participant's records): a subscription that names the DID
+// says the listing failed, one of every repo counts the repo's failure
+// and goes on.
 func TestAttackUnresolvableDIDIsNotListedFromTheSource(t *testing.T) {
 	r := newTestRepo(t, "did:plc:alice")
 	src := newFakeSource(t, r)
 	src.write(testOp{"create", testCollection + "/made-up", note("made up")})
 	h, _ := startHub(t, Options{Directory: identity.NewMockDirectory()})
-	sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}}, 100, State{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := waitState(t, sub, "the failed listing", func(_ State, h Health) bool { return h.Resyncing && h.ResyncErr != nil })
-	if len(st.Records) != 0 {
-		t.Errorf("records of an unresolvable DID were kept: %v", keys(st.Records))
+	for _, dids := range [][]string{{r.did}, nil} {
+		sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}, DIDs: dids}, 100, State{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := waitState(t, sub, fmt.Sprintf("the failed listing (dids %v)", dids), func(st State, h Health) bool {
+			if dids == nil {
+				return !h.Full && st.Errors > 0
+			}
+			return h.Resyncing && h.ResyncErr != nil
+		})
+		if len(st.Records) != 0 {
+			t.Errorf("records of an unresolvable DID were kept: %v", keys(st.Records))
+		}
 	}
 }

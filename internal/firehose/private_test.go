@@ -21,7 +21,9 @@ import (
 // the certificate does not verify, or a plain-http server there answers
 // with any status (404) or a body that is no listing (200), so a watch's
 // Resyncing message cannot tell them apart and a user cannot scan the
-// operator's networks by status code.
+// operator's networks by status code. (The subscription names the repo:
+// one of every repo of the source leaves it unlisted and goes on, see
+// TestAttackDeadRepoPDSDoesNotStallTheSource.)
 func TestPrivatePDSListingsFailAlike(t *testing.T) {
 	answering := func(code int) string {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -47,7 +49,7 @@ func TestPrivatePDSListingsFailAlike(t *testing.T) {
 			src.write(testOp{"create", testCollection + "/a", note("a")})
 			h, _ := startHub(t, Options{Directory: dir, Policy: policy,
 				HTTPClient: &http.Client{Timeout: 300 * time.Millisecond, Transport: policy.Transport(), CheckRedirect: netpolicy.NoRedirects}})
-			sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}}, 10, State{})
+			sub, err := h.Subscribe(src.srv.URL, Filter{Collections: []string{testCollection}, DIDs: []string{r.did}}, 10, State{})
 			if err != nil {
 				t.Fatal(err)
 			}
