@@ -135,7 +135,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		_, subscribed := s.subs[req.sub]
 		live := s.connected && req.sub.joined(s.gen)
 		s.mu.Unlock()
-		if !subscribed {
+		if !subscribed || req.did != "" && !req.sub.owes(req.did) {
 			continue
 		}
 		if req.did == "" && !live {
@@ -158,8 +158,13 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if req.did != "" && repoFailed(err) && !errors.Is(err, ErrListingTooLarge) {
+			req.sub.unlistRepo(req.did, req.reason, err)
+			s.refuse(req, err)
+			continue
+		}
 		req.sub.resyncFailed(err)
-		if errors.Is(err, ErrListingTooLarge) || (req.did != "" && repoFailed(err)) {
+		if errors.Is(err, ErrListingTooLarge) {
 			s.refuse(req, err)
 			continue
 		}
@@ -358,11 +363,21 @@ var ErrDIDUnresolved = errors.New("the DID does not resolve")
 // not read differently in a watch's message (R17); the directory caches
 // failures, so a retry would not even make a connection that
 // privateFailure could see.
+//
+// The failure is the repo's own (repoFailure) when the DID does not
+// exist or is a did:web, whose owner chooses the host its document is
+// read from; a did:plc that fails otherwise is the PLC directory's (the
+// operator's) failure, which fails the whole listing: a directory outage
+// must not end a listing as if every repo were empty.
 func (s *stream) lookup(ctx context.Context, did string) (*identity.Identity, error) {
 	ident, err := s.hub.opts.Directory.LookupDID(ctx, syntax.DID(did))
 	if err != nil {
 		s.log.V(1).Info("DID resolution failed", "did", did, "error", err.Error())
-		return nil, fmt.Errorf("resolving %s: %w", did, ErrDIDUnresolved)
+		unresolved := fmt.Errorf("resolving %s: %w", did, ErrDIDUnresolved)
+		if errors.Is(err, identity.ErrDIDNotFound) || !strings.HasPrefix(did, "did:plc:") {
+			return nil, repoFailure{unresolved}
+		}
+		return nil, unresolved
 	}
 	return ident, nil
 }
@@ -375,7 +390,7 @@ func (s *stream) lookup(ctx context.Context, did string) (*identity.Identity, er
 func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, error) {
 	ident, err := s.lookup(ctx, did)
 	if err != nil {
-		return nil, repoFailure{err}
+		return nil, err
 	}
 	if ident.PDSEndpoint() == "" {
 		return nil, repoFailure{fmt.Errorf("%s names no PDS", did)}
@@ -391,7 +406,7 @@ func (s *stream) carries(ctx context.Context, did string) (bool, error) {
 	if err != nil {
 		// Without the DID's PDS the source cannot be told from it, and a
 		// listing from the source would be unsigned: try again later.
-		return false, repoFailure{err}
+		return false, err
 	}
 	if ident.PDSEndpoint() == s.source {
 		return true, nil
@@ -446,8 +461,11 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 		return nil, err
 	}
 	l, err := s.listRepoAt(ctx, c, did, collections, src)
-	if err != nil && c.Host != s.source {
-		// The PDS the DID document names failed, not the source.
+	var limit *limitError
+	if err != nil && c.Host != s.source && !errors.As(err, &limit) {
+		// The PDS the DID document names failed, not the source. (A
+		// bound keeps its own handling: a repo's is the repo's, the
+		// source's refuses the source.)
 		err = repoFailure{err}
 	}
 	return l, err

@@ -561,6 +561,9 @@ func (s *Subscription) owe(did, reason string, seq int64) {
 		s.full = true
 		return
 	}
+	if s.unlisted[did] != nil && len(s.filter.DIDs) == 0 {
+		seq = 0 // see unlistRepo
+	}
 	if seq > 0 && (!s.holding || seq-1 < s.hold) {
 		s.hold, s.holding = seq-1, true
 	}
@@ -622,14 +625,27 @@ func (s *Subscription) refuseRepo(did, reason string, err error) {
 }
 
 // unlistRepo owes a listing of did that failed with err, keeping what
-// is known of the repo.
+// is known of the repo. In a subscription of every repo, the cursor is
+// not held for it (nor for any later event of it): a stranger's repo
+// would otherwise hold the saved cursor back for good.
 func (s *Subscription) unlistRepo(did, reason string, err error) {
 	s.owe(did, reason, 0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.unlisted[did] = err
 	s.state.Errors++
+	if s.holding && !s.resyncing() {
+		s.holding = false
+	}
 	s.bump()
+}
+
+// owes reports whether a listing of did is still owed (its repo may have
+// left the source, or been listed by a full listing, since it was queued).
+func (s *Subscription) owes(did string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending[did]
 }
 
 // resyncing reports whether a listing is owed that the subscription
@@ -659,8 +675,12 @@ func (s *Subscription) listingErr() error {
 	for _, err := range s.refused {
 		return err
 	}
-	for _, err := range s.unlisted {
-		return err
+	if len(s.filter.DIDs) > 0 {
+		// Only a subscription that names the repos shows their failures:
+		// a stranger's text does not reach a watch of every repo.
+		for _, err := range s.unlisted {
+			return err
+		}
 	}
 	return nil
 }
@@ -697,6 +717,9 @@ func (s *Subscription) dropReposExcept(dids []string) {
 			}
 		}
 	}
+	if len(s.pending) == 0 {
+		s.holding = false
+	}
 	s.bump()
 }
 
@@ -723,6 +746,9 @@ func (s *Subscription) resynced(did, reason string) {
 	defer s.mu.Unlock()
 	if did == "" {
 		s.full, s.fullReason = false, ""
+		if !s.resyncing() {
+			s.holding = false
+		}
 	} else {
 		delete(s.pending, did)
 		delete(s.refused, did)

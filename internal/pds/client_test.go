@@ -538,13 +538,13 @@ func TestListRecords(t *testing.T) {
 }
 
 // TestAttackHugeRetryAfterWaitsTheMost: a PDS answers 429 with a
-// Retry-After or a relative RateLimit-Reset of any size. The write waits
+// Retry-After or a RateLimit-Reset (relative or absolute) of any size. The write waits
 // the longest wait, not what the multiplication wrapped to (Retry-After
 // 9223372037 seconds wrapped to a reset in the past: no wait at all).
 func TestAttackHugeRetryAfterWaitsTheMost(t *testing.T) {
 	f := pdstest.New(t)
 	c := connect(t, f, &countingStore{})
-	for _, h := range []http.Header{{"Retry-After": {"9223372037"}}, {"Retry-After": {"99999999999999"}}, {"Ratelimit-Reset": {"999999999"}}} {
+	for _, h := range []http.Header{{"Retry-After": {"9223372037"}}, {"Retry-After": {"99999999999999"}}, {"Ratelimit-Reset": {"999999999"}}, {"Ratelimit-Reset": {"9223372036854775807"}}} {
 		f.SetRateLimit(h)
 		_, err := c.PutRecord(context.Background(), coll, "a", json.RawMessage(`{"n":1}`), nil)
 		if wait, ok := pds.RateLimitWait(err, time.Now()); !ok || wait < pds.MaxRateLimitWait-time.Second {

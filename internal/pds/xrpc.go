@@ -173,7 +173,7 @@ func rateLimitReset(h http.Header, now time.Time) time.Time {
 			if n < 1_000_000_000 {
 				return now.Add(seconds(n))
 			}
-			return time.Unix(n, 0)
+			return time.Unix(min(n, now.Unix()+int64(MaxRateLimitWait/time.Second)+1), 0)
 		}
 	}
 	if v := h.Get("Retry-After"); v != "" {

@@ -1,0 +1,187 @@
+package firehose
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/go-logr/logr"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy"
+)
+
+func bareStream(t *testing.T, dir identity.Directory, source string, lim ListingLimits) *stream {
+	t.Helper()
+	h, err := NewHub(Options{Directory: dir, Log: logr.Discard(), Listing: lim,
+		Policy: netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := NewMetrics(nil)
+	h.opts.Metrics = m
+	return newStream(h, source)
+}
+
+func queued(s *stream) []resyncReq {
+	s.resync.mu.Lock()
+	defer s.resync.mu.Unlock()
+	return append([]resyncReq(nil), s.resync.items...)
+}
+
+// TestAttackSourceBudgetIsNotARepoFailure: a relay-like source's
+// listRepos names 5 repos whose DID documents name another PDS, each with
+// 2 records, past the source's budget of 3 records. The full listing is
+// refused as too large, as a whole: the bound of the source is not one
+// repo's failure (which would leave every repo unlisted, each retried on
+// its own without the source's budget).
+func TestAttackSourceBudgetIsNotARepoFailure(t *testing.T) {
+	dids := []string{}
+	for i := range 5 {
+		dids = append(dids, fmt.Sprintf("did:plc:r%d", i))
+	}
+	pds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		q := req.URL.Query()
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
+		case "/xrpc/com.atproto.repo.listRecords":
+			did := q.Get("repo")
+			_, _ = w.Write(recordsPage(did, 2, 10, ""))
+		}
+	}))
+	defer pds.Close()
+	var list []map[string]any
+	dir := identity.NewMockDirectory()
+	for _, d := range dids {
+		list = append(list, map[string]any{"did": d, "head": "bafy", "rev": "x"})
+		dir.Insert(identity.Identity{DID: syntax.DID(d), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: pds.URL}}})
+	}
+	body, _ := json.Marshal(map[string]any{"repos": list})
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer relay.Close()
+
+	s := bareStream(t, dir, relay.URL, ListingLimits{SourceRecords: 3})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	err := s.resyncAll(context.Background(), sub, ResyncInitial)
+	st, h, _ := sub.Snapshot()
+	t.Logf("resyncAll err=%v records=%d errors=%d resyncing=%v unlisted=%d queued=%d", err, len(st.Records), st.Errors, h.Resyncing, len(sub.unlisted), len(queued(s)))
+	for did, e := range sub.unlisted {
+		t.Logf("  unlisted %s: %v (ListingTooLarge=%v)", did, e, errors.Is(e, ErrListingTooLarge))
+	}
+	if !errors.Is(err, ErrListingTooLarge) {
+		t.Errorf("a listing past the SOURCE's budget returned %v, want it refused as ListingTooLarge", err)
+	}
+}
+
+// TestAttackUnverifiedStrangerDoesNotHoldEveryRepo: a shared PDS sends a
+// commit of a stranger whose DID does not resolve. The commit is
+// unverified, so the repo is owed a listing (held at its seq), which fails
+// on the repo's own account. A subscription of every repo is not held
+// Resyncing by it, and its cursor goes on.
+func TestAttackUnverifiedStrangerDoesNotHoldEveryRepo(t *testing.T) {
+	evil := newTestRepo(t, "did:plc:evil")
+	s := bareStream(t, identity.NewMockDirectory(), "http://pds.invalid", ListingLimits{})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.handleCommit(ctx, 5, evil.commit(testOp{"create", testCollection + "/x", note("x")}), []*Subscription{sub})
+	go s.resyncLoop(ctx)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _, _ := sub.Snapshot()
+		if st.Errors > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sub.settle(100, sub.gen)
+	st, h, _ := sub.Snapshot()
+	q := queued(s)
+	t.Logf("resyncing=%v err=%v cursor=%d (events up to 100 applied) unlisted=%v queued=%d notBefore in %v",
+		h.Resyncing, h.ResyncErr, st.Cursor, sub.unlisted, len(q), time.Until(q[0].notBefore).Round(time.Second))
+	if h.Resyncing || st.Cursor != 100 {
+		t.Errorf("an every-repo subscription is held by a stranger's repo: Resyncing=%v cursor=%d (want false, 100)", h.Resyncing, st.Cursor)
+	}
+}
+
+// TestAttackUnlistedRepoDoesNotHoldTheCursor: after a full listing left
+// a stranger's repo unlisted, a later commit of it does not hold the
+// cursor of a subscription of every repo until the repo lists.
+func TestAttackUnlistedRepoDoesNotHoldTheCursor(t *testing.T) {
+	evil := newTestRepo(t, "did:plc:evil")
+	s := bareStream(t, identity.NewMockDirectory(), "http://pds.invalid", ListingLimits{})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	sub.unlistRepo(evil.did, ResyncInitial, repoFailure{errors.New("resolving: the DID does not resolve")})
+	s.handleCommit(context.Background(), 5, evil.commit(testOp{"create", testCollection + "/x", note("x")}), []*Subscription{sub})
+	sub.settle(100, sub.gen)
+	st, h, _ := sub.Snapshot()
+	t.Logf("resyncing=%v cursor=%d holding=%v hold=%d", h.Resyncing, st.Cursor, sub.holding, sub.hold)
+	if !h.Resyncing && st.Cursor != 100 {
+		t.Errorf("not Resyncing, yet the cursor is held at %d until the stranger's repo lists (want 100)", st.Cursor)
+	}
+}
+
+// downDir is a DID directory that is down (a PLC outage).
+type downDir struct{ identity.Directory }
+
+func (downDir) LookupDID(context.Context, syntax.DID) (*identity.Identity, error) {
+	return nil, errors.New("plc.directory: 503")
+}
+
+// TestDirectoryOutageFailsTheListing: the PLC directory fails during a
+// full listing of a PDS source. The listing fails (and is retried); it
+// does not end as if every repo were empty, with the subscription
+// Following.
+func TestDirectoryOutageFailsTheListing(t *testing.T) {
+	alice := newTestRepo(t, "did:plc:alice")
+	src := newFakeSource(t, alice)
+	src.write(testOp{"create", testCollection + "/a", note("a")})
+	s := bareStream(t, downDir{identity.NewMockDirectory()}, src.srv.URL, ListingLimits{})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	sub.full = true
+	err := s.resyncAll(context.Background(), sub, ResyncInitial)
+	sub.resynced("", ResyncInitial) // what resyncLoop does on nil
+	st, h, _ := sub.Snapshot()
+	t.Logf("err=%v records=%d full=%v resyncing=%v errors=%d", err, len(st.Records), h.Full, h.Resyncing, st.Errors)
+	if err == nil && !h.Resyncing {
+		t.Errorf("a directory outage made the full listing succeed with %d records and the subscription not Resyncing", len(st.Records))
+	}
+}
+
+// TestAttackDroppedUnlistedRepoIsNotRetried: a stranger's repo left
+// unlisted, then gone from the source's listRepos, is not listed again
+// (its queued retry is no longer owed), and a hold it had is released.
+func TestAttackDroppedUnlistedRepoIsNotRetried(t *testing.T) {
+	evil := newTestRepo(t, "did:plc:evil")
+	var hits atomic.Int64
+	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1); w.WriteHeader(502) }))
+	defer dead.Close()
+	dir := identity.NewMockDirectory()
+	dir.Insert(evil.identityAt(dead.URL))
+	s := bareStream(t, dir, "http://pds.invalid", ListingLimits{})
+	s.hub.opts.Listing.Retry.Initial, s.hub.opts.Listing.Retry.Max = 10*time.Millisecond, 20*time.Millisecond
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	sub.owe(evil.did, ResyncSync, 5) // a #sync of it at seq 5: hold 4
+	s.unlistRepo(sub, evil.did, ResyncInitial, repoFailure{errors.New("its PDS failed")})
+	sub.dropReposExcept(nil) // the next full listing: the source no longer lists it
+	sub.resynced("", ResyncInitial)
+	ctx, cancel := context.WithCancel(context.Background())
+	go s.resyncLoop(ctx)
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	sub.settle(100, sub.gen)
+	st, h, _ := sub.Snapshot()
+	t.Logf("dead PDS asked %d times after the repo left the source; pending=%v holding=%v cursor=%d resyncErr=%v resyncing=%v", hits.Load(), sub.pending, sub.holding, st.Cursor, sub.resyncErr, h.Resyncing)
+	if hits.Load() > 1 || st.Cursor != 100 {
+		t.Errorf("a repo no longer owed is retried (%d) / cursor held at %d", hits.Load(), st.Cursor)
+	}
+}
