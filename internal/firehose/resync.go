@@ -135,7 +135,7 @@ func (s *stream) resyncLoop(ctx context.Context) {
 		_, subscribed := s.subs[req.sub]
 		live := s.connected && req.sub.joined(s.gen)
 		s.mu.Unlock()
-		if !subscribed || req.did != "" && !req.sub.owes(req.did) {
+		if !subscribed {
 			continue
 		}
 		if req.did == "" && !live {
@@ -159,8 +159,13 @@ func (s *stream) resyncLoop(ctx context.Context) {
 			return
 		}
 		if req.did != "" && repoFailed(err) && !errors.Is(err, ErrListingTooLarge) {
-			req.sub.unlistRepo(req.did, req.reason, err)
-			s.refuse(req, err)
+			// Tried again only while owed: the repo may have left the
+			// source meanwhile (listings of a stream run one at a time, so
+			// nothing else cleared it during this one).
+			if req.sub.owes(req.did) {
+				req.sub.unlistRepo(req.did, req.reason, err)
+				s.refuse(req, err)
+			}
 			continue
 		}
 		req.sub.resyncFailed(err)
@@ -229,7 +234,7 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string
 			// does not carry: its records would be listed once and never
 			// updated by this stream.
 			ok, err := s.carries(ctx, did)
-			if repoFailed(err) {
+			if repoFailed(err) && ctx.Err() == nil {
 				s.unlistRepo(sub, did, reason, err)
 				continue
 			}
@@ -374,12 +379,26 @@ func (s *stream) lookup(ctx context.Context, did string) (*identity.Identity, er
 	if err != nil {
 		s.log.V(1).Info("DID resolution failed", "did", did, "error", err.Error())
 		unresolved := fmt.Errorf("resolving %s: %w", did, ErrDIDUnresolved)
-		if errors.Is(err, identity.ErrDIDNotFound) || !strings.HasPrefix(did, "did:plc:") {
+		if errors.Is(err, identity.ErrDIDNotFound) || !strings.HasPrefix(did, "did:plc:") || tombstoned(err) {
 			return nil, repoFailure{unresolved}
 		}
 		return nil, unresolved
 	}
 	return ident, nil
+}
+
+// tombstoned reports whether the PLC directory answered that the DID is
+// gone (410: its owner tombstoned it while a PDS may still list the
+// repo). indigo names no error for it, only the status in its message.
+func tombstoned(err error) bool {
+	return strings.Contains(err.Error(), "PLC directory status 410")
+}
+
+// isSource reports whether endpoint, a PDS a DID document names, is the
+// source itself (the same URL, case and a final slash aside).
+func (s *stream) isSource(endpoint string) bool {
+	n, err := NormalizeSource(endpoint)
+	return err == nil && n == s.source
 }
 
 // client returns a client of did's own PDS, from its DID document. A DID
@@ -408,7 +427,7 @@ func (s *stream) carries(ctx context.Context, did string) (bool, error) {
 		// listing from the source would be unsigned: try again later.
 		return false, err
 	}
-	if ident.PDSEndpoint() == s.source {
+	if s.isSource(ident.PDSEndpoint()) {
 		return true, nil
 	}
 	rev, err := latestRev(ctx, s.api(s.source), did, s.hub.opts.Listing.PageBytes)
@@ -462,7 +481,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 	}
 	l, err := s.listRepoAt(ctx, c, did, collections, src)
 	var limit *limitError
-	if err != nil && c.Host != s.source && !errors.As(err, &limit) {
+	if err != nil && !s.isSource(c.Host) && !errors.As(err, &limit) {
 		// The PDS the DID document names failed, not the source. (A
 		// bound keeps its own handling: a repo's is the repo's, the
 		// source's refuses the source.)

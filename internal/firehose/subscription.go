@@ -620,6 +620,7 @@ func (s *Subscription) refuseRepo(did, reason string, err error) {
 	delete(s.state.Repos, did)
 	delete(s.listed, did)
 	s.refused[did] = err
+	delete(s.unlisted, did)
 	s.state.Errors++
 	s.bump()
 }
@@ -734,7 +735,7 @@ func (s *Subscription) relisted(did string) {
 	delete(s.refused, did)
 	delete(s.unlisted, did)
 	delete(s.pending, did)
-	if len(s.pending) == 0 {
+	if !s.resyncing() {
 		s.holding = false
 	}
 	s.bump()
@@ -753,7 +754,7 @@ func (s *Subscription) resynced(did, reason string) {
 		delete(s.pending, did)
 		delete(s.refused, did)
 		delete(s.unlisted, did)
-		if len(s.pending) == 0 {
+		if !s.resyncing() {
 			s.holding = false
 		}
 	}

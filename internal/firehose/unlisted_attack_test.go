@@ -185,3 +185,64 @@ func TestAttackDroppedUnlistedRepoIsNotRetried(t *testing.T) {
 		t.Errorf("a repo no longer owed is retried (%d) / cursor held at %d", hits.Load(), st.Cursor)
 	}
 }
+
+// TestAttackUnlistedRepoDoesNotHoldAnotherRepoCursor: while a stranger's
+// repo stays unlisted, another repo's ordinary relisting (a #sync) holds
+// the cursor of a subscription of every repo only until that relisting
+// ends.
+func TestAttackUnlistedRepoDoesNotHoldAnotherRepoCursor(t *testing.T) {
+	s := bareStream(t, identity.NewMockDirectory(), "http://pds.invalid", ListingLimits{})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	sub.unlistRepo("did:plc:evil", ResyncInitial, repoFailure{errors.New("its PDS failed")})
+	sub.owe("did:plc:alice", ResyncSync, 5)
+	sub.resynced("did:plc:alice", ResyncSync)
+	sub.settle(100, sub.gen)
+	if st, _, _ := sub.Snapshot(); st.Cursor != 100 {
+		t.Errorf("cursor held at %d after alice's relisting, want 100", st.Cursor)
+	}
+}
+
+// TestTombstonedPLCIsTheReposFailure: a did:plc its owner tombstoned (the
+// PLC directory answers 410) while the PDS still lists the repo is the
+// repo's own failure, not the directory's: it must not fail the source's
+// whole listing. Another status from the directory still is the
+// directory's.
+func TestTombstonedPLCIsTheReposFailure(t *testing.T) {
+	for status, own := range map[int]bool{410: true, 503: false} {
+		s := bareStream(t, statusDir{status}, "http://pds.invalid", ListingLimits{})
+		_, err := s.lookup(context.Background(), "did:plc:gone")
+		if repoFailed(err) != own || !errors.Is(err, ErrDIDUnresolved) {
+			t.Errorf("PLC directory status %d: %v (the repo's own: %v), want the repo's own: %v", status, err, repoFailed(err), own)
+		}
+	}
+}
+
+// statusDir answers every lookup as indigo does when the PLC directory
+// answers status.
+type statusDir struct{ status int }
+
+func (d statusDir) LookupHandle(context.Context, syntax.Handle) (*identity.Identity, error) {
+	return nil, identity.ErrHandleNotFound
+}
+
+func (d statusDir) LookupDID(context.Context, syntax.DID) (*identity.Identity, error) {
+	return nil, fmt.Errorf("%w: PLC directory status %d", identity.ErrDIDResolutionFailed, d.status)
+}
+
+func (d statusDir) Lookup(context.Context, syntax.AtIdentifier) (*identity.Identity, error) {
+	return nil, identity.ErrDIDResolutionFailed
+}
+
+func (d statusDir) Purge(context.Context, syntax.AtIdentifier) error { return nil }
+
+// TestSourceIsRecognisedAsWrittenElsewhere: a DID document that names the
+// source with another case or a final slash names the source, so that the
+// source's own failure is not taken for each repo's.
+func TestSourceIsRecognisedAsWrittenElsewhere(t *testing.T) {
+	s := bareStream(t, identity.NewMockDirectory(), "https://pds.example", ListingLimits{})
+	for endpoint, want := range map[string]bool{"https://PDS.example/": true, "https://pds.example": true, "https://pds.example.evil": false, "http://pds.example": false} {
+		if got := s.isSource(endpoint); got != want {
+			t.Errorf("isSource(%q) = %v, want %v", endpoint, got, want)
+		}
+	}
+}
