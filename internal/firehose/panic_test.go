@@ -2,7 +2,6 @@ package firehose
 
 import (
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 
@@ -126,13 +125,19 @@ func TestPanickingCheckRejectsForItsSubscriptionOnly(t *testing.T) {
 	}
 }
 
-// TestPanickingListedRecordFailsTheListing (R21, from review): a record
-// that panics its check while a listing reads it (a listing runs on its
-// own goroutine, not the read loop's) fails that listing with
-// ErrFaultyListing, retried with backoff; the provider goes on, and so
-// does another source.
-func TestPanickingListedRecordFailsTheListing(t *testing.T) {
+// TestPanickingListedRecordLeavesTheRepoUnlisted (R21, from review): a
+// record that panics its check while a listing reads it (a listing runs
+// on its own goroutine, not the read loop's) leaves that repo unlisted
+// (counted, none of its records kept, listed again later) while the full
+// listing completes; the provider goes on, and so does another source.
+// (It failed the whole listing before, retried forever.)
+func TestPanickingListedRecordLeavesTheRepoUnlisted(t *testing.T) {
 	_, _, subA, subB := hostileAndCalm(t, "boom")
-	waitState(t, subA, "the listing failed as faulty", func(_ State, h Health) bool { return errors.Is(h.ResyncErr, ErrFaultyListing) })
+	st := waitState(t, subA, "the listing complete, alice's repo left out", func(st State, h Health) bool {
+		return h.Connected && !h.Full && st.Errors > 0
+	})
+	if len(st.Records) != 0 {
+		t.Errorf("records %v kept from a listing that panicked", keys(st.Records))
+	}
 	waitState(t, subB, "the calm source's record", func(st State, h Health) bool { return h.Connected && !h.Resyncing && len(st.Records) == 1 })
 }

@@ -191,6 +191,9 @@ func (s *stream) list(ctx context.Context, req resyncReq) (err error) {
 		if p := recover(); p != nil {
 			s.log.Info("a listing panicked; trying again later", "did", req.did, "reason", req.reason, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = ErrFaultyListing
+			if req.did != "" {
+				err = repoFailure{err} // its records did it
+			}
 		}
 	}()
 	if req.did == "" {
@@ -247,7 +250,7 @@ func (s *stream) resyncAll(ctx context.Context, sub *Subscription, reason string
 			}
 		}
 		var private atomic.Bool
-		err := privateFailure(s.resyncRepo(netpolicy.TracePrivate(ctx, &private), sub, did, src), &private)
+		err := privateFailure(s.resyncRepoGuarded(netpolicy.TracePrivate(ctx, &private), sub, did, src), &private)
 		switch {
 		case err == nil:
 			sub.relisted(did)
@@ -299,6 +302,19 @@ func (f repoFailure) Unwrap() error { return f.error }
 func repoFailed(err error) bool {
 	var f repoFailure
 	return errors.As(err, &f)
+}
+
+// resyncRepoGuarded is resyncRepo within a full listing: a panic (a
+// record of the repo that panics a subscription's check) is the repo's
+// own failure, which leaves it unlisted, not the whole listing's (R21).
+func (s *stream) resyncRepoGuarded(ctx context.Context, sub *Subscription, did string, src *budget) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Info("listing a repo panicked; leaving it out", "did", did, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = repoFailure{fmt.Errorf("listing %s: %w", did, ErrFaultyListing)}
+		}
+	}()
+	return s.resyncRepo(ctx, sub, did, src)
 }
 
 // resyncRepo lists one repo and replaces its records, again if commits
