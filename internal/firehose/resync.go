@@ -420,8 +420,8 @@ func (s *stream) isSource(endpoint string) bool {
 // client returns a client of did's own PDS, from its DID document. A DID
 // that does not resolve is an error: a listing from the source instead
 // would be unsigned, and a hostile source could make up another
-// participant's records.
-// Its errors are the repo's own (repoFailure).
+// participant's records. Its errors are the repo's own (repoFailure),
+// but for a failure of the PLC directory (see lookup).
 func (s *stream) client(ctx context.Context, did string) (*atclient.APIClient, error) {
 	ident, err := s.lookup(ctx, did)
 	if err != nil {
@@ -506,6 +506,7 @@ func (s *stream) listRepo(ctx context.Context, did string, collections []string,
 	return l, err
 }
 
+// listRepoAt is listRepo's listing from c, the repo's own PDS.
 func (s *stream) listRepoAt(ctx context.Context, c *atclient.APIClient, did string, collections []string, src *budget) (*listing, error) {
 	for range 5 {
 		before, err := latestRev(ctx, c, did, s.hub.opts.Listing.PageBytes)
