@@ -635,9 +635,7 @@ func (s *Subscription) unlistRepo(did, reason string, err error) {
 	defer s.mu.Unlock()
 	s.unlisted[did] = err
 	s.state.Errors++
-	if s.holding && !s.resyncing() {
-		s.holding = false
-	}
+	s.releaseHold()
 	s.bump()
 }
 
@@ -647,6 +645,14 @@ func (s *Subscription) owes(did string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pending[did]
+}
+
+// releaseHold stops holding the cursor back once no listing is owed
+// that the subscription waits for (s.mu is held).
+func (s *Subscription) releaseHold() {
+	if !s.resyncing() {
+		s.holding = false
+	}
 }
 
 // resyncing reports whether a listing is owed that the subscription
@@ -735,9 +741,7 @@ func (s *Subscription) relisted(did string) {
 	delete(s.refused, did)
 	delete(s.unlisted, did)
 	delete(s.pending, did)
-	if !s.resyncing() {
-		s.holding = false
-	}
+	s.releaseHold()
 	s.bump()
 }
 
@@ -747,16 +751,12 @@ func (s *Subscription) resynced(did, reason string) {
 	defer s.mu.Unlock()
 	if did == "" {
 		s.full, s.fullReason = false, ""
-		if !s.resyncing() {
-			s.holding = false
-		}
+		s.releaseHold()
 	} else {
 		delete(s.pending, did)
 		delete(s.refused, did)
 		delete(s.unlisted, did)
-		if !s.resyncing() {
-			s.holding = false
-		}
+		s.releaseHold()
 	}
 	s.state.LastResync = &Resync{Reason: reason, Time: time.Now(), DID: did}
 	s.resyncErr = nil
