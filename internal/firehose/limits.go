@@ -147,6 +147,30 @@ func (l ListingLimits) sourceBudget() *budget {
 	return &budget{maxPages: l.Pages, maxRecords: l.SourceRecords, maxBytes: l.SourceBytes, unit: "a listing of the source", whole: true}
 }
 
+// spent is what a budget has charged: records and bytes.
+type spent struct {
+	records int
+	bytes   int64
+}
+
+// mark is what b (nil: none) has charged so far.
+func (b *budget) mark() spent {
+	if b == nil {
+		return spent{}
+	}
+	return spent{b.records, b.bytes}
+}
+
+// restore gives back to b what was charged after m: a try whose listing
+// is thrown away (the repo changed while it was read) does not count
+// against the source, or a repo that changes at every try would spend
+// the source's whole budget with tries each within its own bounds (R21).
+func (b *budget) restore(m spent) {
+	if b != nil {
+		b.records, b.bytes = m.records, m.bytes
+	}
+}
+
 // page charges one page.
 func (b *budget) page() error {
 	if b.pages++; b.pages > b.maxPages {

@@ -322,6 +322,7 @@ func (s *stream) resyncRepoGuarded(ctx context.Context, sub *Subscription, did s
 // listing, src is the source's budget (nil otherwise).
 func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, src *budget) error {
 	for range 5 {
+		mark := src.mark()
 		l, err := s.listRepo(ctx, did, sub.filter.Collections, src)
 		if err != nil {
 			return err
@@ -329,6 +330,7 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, 
 		if sub.replaceRepo(did, l) {
 			return nil
 		}
+		src.restore(mark)
 	}
 	return repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }
@@ -517,6 +519,7 @@ func (s *stream) listRepoAt(ctx context.Context, c *atclient.APIClient, did stri
 			return &listing{}, nil
 		}
 		l := &listing{rev: before}
+		mark := src.mark()
 		b := s.hub.opts.Listing.repoBudget(src)
 		for _, col := range collections {
 			if err := listCollection(ctx, c, did, col, l, b); err != nil {
@@ -531,6 +534,7 @@ func (s *stream) listRepoAt(ctx context.Context, c *atclient.APIClient, did stri
 		if after == before {
 			return l, nil
 		}
+		src.restore(mark)
 	}
 	return nil, repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }

@@ -246,3 +246,52 @@ func TestSourceIsRecognisedAsWrittenElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackChangingRepoDoesNotSpendTheSourceBudget (from an attack): a
+// repo's own PDS answers a new rev at every getLatestCommit and, at each
+// try, records up to one repo's bound. The thrown-away tries do not count
+// against the source's budget: the repo is left unlisted (it kept
+// changing) and the honest repo is listed. Before, five tries within the
+// repo's bound passed the source's and refused the whole listing, at
+// every retry.
+func TestAttackChangingRepoDoesNotSpendTheSourceBudget(t *testing.T) {
+	var rev atomic.Int64
+	evilPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": fmt.Sprintf("3%012d", rev.Add(1))})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 10, 10, ""))
+		}
+	}))
+	defer evilPDS.Close()
+	goodPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
+		}
+	}))
+	defer goodPDS.Close()
+	dir := identity.NewMockDirectory()
+	for did, url := range map[string]string{"did:plc:evil": evilPDS.URL, "did:plc:good": goodPDS.URL} {
+		dir.Insert(identity.Identity{DID: syntax.DID(did), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: url}}})
+	}
+	body, _ := json.Marshal(map[string]any{"repos": []map[string]any{
+		{"did": "did:plc:evil", "head": "bafy", "rev": "x"},
+		{"did": "did:plc:good", "head": "bafy", "rev": "x"},
+	}})
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer relay.Close()
+
+	s := bareStream(t, dir, relay.URL, ListingLimits{Records: 10, SourceRecords: 40})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	if err := s.resyncAll(context.Background(), sub, ResyncInitial); err != nil {
+		t.Fatalf("one repo that changes at every try (each try within its own bound) failed the whole listing: %v", err)
+	}
+	st, _, _ := sub.Snapshot()
+	if len(st.Records) != 1 || sub.unlisted["did:plc:evil"] == nil {
+		t.Errorf("records %v, unlisted %v: want the honest repo's record and the changing repo unlisted", keys(st.Records), sub.unlisted)
+	}
+}
