@@ -552,17 +552,20 @@ func listCollection(ctx context.Context, c *atclient.APIClient, did, col string,
 			return err
 		}
 		for _, r := range out.Records {
-			// A listing names its own records: drop any that claim
-			// another repo or collection.
-			if !strings.HasPrefix(r.Uri, "at://"+did+"/"+col+"/") {
-				continue
-			}
 			var v json.RawMessage
 			if r.Value != nil {
 				v = *r.Value
 			}
+			// Every record read is charged, also one dropped below:
+			// else a repo of records it drops reads without a bound
+			// but the pages' (R21).
 			if err := b.take(1, int64(len(r.Uri)+len(r.Cid)+len(v))); err != nil {
 				return err
+			}
+			// A listing names its own records: drop any that claim
+			// another repo or collection.
+			if !strings.HasPrefix(r.Uri, "at://"+did+"/"+col+"/") {
+				continue
 			}
 			l.records = append(l.records, Record{URI: r.Uri, CID: r.Cid, Value: v, Size: len(v)})
 		}
