@@ -224,40 +224,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	s := &session{r: r, req: req, ctx: ctx, c: c, lc: string(req.ClusterName), mr: mr, events: cl.GetEventRecorder(Name),
 		now: kclock.Now(r.Now), st: mr.Status.DeepCopy(), deleting: deleting, ignored: map[string]bool{}}
 	s.st.ObservedGeneration = mr.Generation
-	cause := s.run()
-	result := reconcile.Result{RequeueAfter: s.requeue()}
-	var ce *conditions.Error
-	switch {
-	case cause == nil:
-	case errors.As(cause, &ce):
-		s.st.Phase = marketv1alpha1.PhasePending
-		if ce.Reason == marketv1alpha1.ReasonInvalidSpec || ce.Reason == marketv1alpha1.ReasonInvalidRecord {
-			s.st.Phase = marketv1alpha1.PhaseFailed
-		}
-		if deleting {
-			s.st.Phase = marketv1alpha1.PhaseDeleting
-		}
-		conditions.SetReady(&s.st.Conditions, mr.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
-		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || s.st.Phase == marketv1alpha1.PhaseFailed {
-			// A watch or a spec edit brings the requester back; look again
-			// at the resync, no retry storm.
-			cause, result = nil, reconcile.Result{RequeueAfter: kclock.Resync(r.Resync)}
-		}
-	default:
-		conditions.SetReady(&s.st.Conditions, mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
-	}
+	result, cause := s.outcome(s.run())
 	if deleting && s.done {
-		if err := s.sweepMounts(); err != nil {
-			return reconcile.Result{}, err
-		}
-		if err := ssa.RemoveFinalizer(ctx, c, mr, Finalizer); err != nil {
-			if apierrors.IsConflict(err) {
-				return reconcile.Result{RequeueAfter: time.Second}, nil
-			}
-			return reconcile.Result{}, client.IgnoreNotFound(err)
-		}
-		market.Forget(r.Market, r.Inventories, req)
-		return reconcile.Result{}, nil
+		return s.removeFinalizer()
 	}
 	ready := meta.FindStatusCondition(s.st.Conditions, marketv1alpha1.ConditionReady)
 	if err := ssa.WriteStatus(ctx, c, mr, &mr.Status, s.st, ssa.StatusOptions{
@@ -327,6 +296,53 @@ func (s *session) requeue() time.Duration {
 	d := s.next.Sub(kclock.Now(s.r.Now))
 	// A little after the deadline, so that it has passed by then.
 	return min(max(d+50*time.Millisecond, 50*time.Millisecond), kclock.Resync(s.r.Resync))
+}
+
+// outcome sets the phase and Ready condition for the error run returned
+// (cause) and returns the reconcile's result with the error still to
+// report. A requester that waits for a watch or a spec edit (something
+// not found or not ready, or a Failed phase) is looked at again at the
+// resync, without an error.
+func (s *session) outcome(cause error) (reconcile.Result, error) {
+	result := reconcile.Result{RequeueAfter: s.requeue()}
+	var ce *conditions.Error
+	switch {
+	case cause == nil:
+	case errors.As(cause, &ce):
+		s.st.Phase = marketv1alpha1.PhasePending
+		if ce.Reason == marketv1alpha1.ReasonInvalidSpec || ce.Reason == marketv1alpha1.ReasonInvalidRecord {
+			s.st.Phase = marketv1alpha1.PhaseFailed
+		}
+		if s.deleting {
+			s.st.Phase = marketv1alpha1.PhaseDeleting
+		}
+		conditions.SetReady(&s.st.Conditions, s.mr.Generation, metav1.ConditionFalse, ce.Reason, ce.Message)
+		if ce.Reason == marketv1alpha1.ReasonNotFound || ce.Reason == marketv1alpha1.ReasonNotReady || s.st.Phase == marketv1alpha1.PhaseFailed {
+			// A watch or a spec edit brings the requester back; look again
+			// at the resync, no retry storm.
+			cause, result = nil, reconcile.Result{RequeueAfter: kclock.Resync(s.r.Resync)}
+		}
+	default:
+		conditions.SetReady(&s.st.Conditions, s.mr.Generation, metav1.ConditionFalse, "Error", cause.Error())
+	}
+	return result, cause
+}
+
+// removeFinalizer lets a deleting requester that holds nothing any more
+// go: it removes the mounts of its contracts, then its finalizer, and
+// forgets it. A conflict is tried again a second later.
+func (s *session) removeFinalizer() (reconcile.Result, error) {
+	if err := s.sweepMounts(); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := ssa.RemoveFinalizer(s.ctx, s.c, s.mr, Finalizer); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	market.Forget(s.r.Market, s.r.Inventories, s.req)
+	return reconcile.Result{}, nil
 }
 
 // run does everything the requester needs and reports the outcome in
@@ -597,12 +613,7 @@ func (s *session) summarise(desired int32) {
 			reading = true
 		}
 	}
-	provisioning := 0
-	for _, cc := range s.contracts {
-		if deal.LiveContract(cc) && cc.Status.Phase != marketv1alpha1.ContractActive {
-			provisioning++
-		}
-	}
+	provisioning := s.provisioning()
 	switch {
 	case s.deleting:
 		st.Phase = marketv1alpha1.PhaseDeleting
@@ -623,17 +634,7 @@ func (s *session) summarise(desired int32) {
 		conditions.SetReady(&st.Conditions, gen, metav1.ConditionTrue, marketv1alpha1.ReasonContracted, msg)
 	default:
 		st.Phase = marketv1alpha1.PhasePending
-		reason := marketv1alpha1.ReasonBidding
-		switch {
-		case reading:
-			reason = marketv1alpha1.ReasonReadingMarket
-		case counts[marketv1alpha1.RequestReleasing] > 0 && st.Contracted >= desired:
-			reason = marketv1alpha1.ReasonReleasing
-		case counts[marketv1alpha1.RequestAccepted] > 0:
-			reason = marketv1alpha1.ReasonAccepting
-		case noBids:
-			reason = marketv1alpha1.ReasonNoBids
-		}
+		reason := s.pendingReason(desired, counts, reading, noBids)
 		msg := fmt.Sprintf("%d of %d replica(s) contracted", st.Contracted, desired)
 		for _, rs := range st.Requests {
 			if rs.State != marketv1alpha1.RequestContracted && rs.Message != "" {
@@ -645,4 +646,31 @@ func (s *session) summarise(desired int32) {
 	}
 }
 
-// live reports whether a contract still holds (or is giving back) a VM.
+// provisioning counts the live contracts whose VM is not running yet (not
+// Active).
+func (s *session) provisioning() int {
+	n := 0
+	for _, cc := range s.contracts {
+		if deal.LiveContract(cc) && cc.Status.Phase != marketv1alpha1.ContractActive {
+			n++
+		}
+	}
+	return n
+}
+
+// pendingReason is the Ready reason of a Pending requester, from its
+// requests counted by state: reading the market, releasing replicas it no
+// longer needs, accepting a bid, without bids, or else bidding.
+func (s *session) pendingReason(desired int32, counts map[marketv1alpha1.RequestState]int, reading, noBids bool) string {
+	switch {
+	case reading:
+		return marketv1alpha1.ReasonReadingMarket
+	case counts[marketv1alpha1.RequestReleasing] > 0 && s.st.Contracted >= desired:
+		return marketv1alpha1.ReasonReleasing
+	case counts[marketv1alpha1.RequestAccepted] > 0:
+		return marketv1alpha1.ReasonAccepting
+	case noBids:
+		return marketv1alpha1.ReasonNoBids
+	}
+	return marketv1alpha1.ReasonBidding
+}

@@ -182,143 +182,29 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	rs.Record = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Request.URI, CID: cc.Spec.Request.CID}
 	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
 
-	lease := deal.LeaseOf(s.view, cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID, s.ignored)
-	s.view.Refresh(cc.Spec.BidderDID)
-	if lease != nil {
-		st.Records.Lease = &marketv1alpha1.RecordRef{URI: lease.URI, CID: lease.CID}
-	}
-	leaseURI := ""
-	if st.Records.Lease != nil {
-		leaseURI = st.Records.Lease.URI
-	}
-	var release *ownRelease
-	if leaseURI != "" {
-		release = s.releaseOf(leaseURI)
-	}
-	if release != nil {
-		st.Records.Release = &marketv1alpha1.RecordRef{URI: release.uri, CID: release.cid}
-	}
-	if leaseURI != "" {
-		s.noteReclaim(rr, cc, st, leaseURI, lease)
-	}
-
-	// A lease counts as gone only once a listing of the bidder's repo
-	// ended after it was found missing.
-	var mountReason, mountMsg string
-	leaseKey := "lease|" + cc.Spec.Accept.URI
-	gone := lease == nil && s.r.absent.Gone(s.view, cc.Spec.BidderDID, leaseKey, s.now)
-	if lease != nil {
-		s.r.absent.Present(leaseKey)
-	}
-	// A mounted tenant that stops answering is given back after the
-	// grace, and the replica goes back to the market.
+	d := s.dealOf(rr, cc, st)
 	unresponsive := ""
-	if wanted && release == nil && lease != nil && lease.Lease.State == deal.LeaseRunning && cc.Status.Phase == marketv1alpha1.ContractActive {
-		tc := &computev1alpha1.TenantCluster{}
-		if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil && tc.Status.Phase != computev1alpha1.PhaseReady {
-			since := s.now
-			if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c != nil && c.Reason == ReasonTenantUnresponsive {
-				since = c.LastTransitionTime.Time
-			}
-			grace := time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second
-			if !s.now.Before(since.Add(grace)) {
-				wanted, relReason = false, deal.ProviderUnresponsive
-				s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(since))
-			} else {
-				unresponsive = "the tenant has not answered since " + market.Time(since) + "; it is released at " + market.Time(since.Add(grace)) + " unless it answers"
-				s.due(since.Add(grace))
-			}
+	if wanted && d.release == nil {
+		var still bool
+		if unresponsive, still = s.unresponsive(rr, cc, d.lease); !still {
+			wanted, relReason = false, deal.ProviderUnresponsive
 		}
 	}
+	var mountReason, mountMsg string
+	var err error
 	switch {
-	case wanted && release == nil && unresponsive != "":
+	case wanted && d.release == nil && unresponsive != "":
 		st.Phase, mountMsg = marketv1alpha1.ContractActive, unresponsive
-	case wanted && release == nil:
-		switch {
-		case gone:
-			st.Phase, st.Reason = s.endedByBidder(cc, st, nil)
-		case lease == nil:
-			// not read yet: keep the phase
-		case lease.Lease.State == deal.LeaseConfirmed:
-			st.Phase = marketv1alpha1.ContractProvisioning
-		case lease.Lease.State == deal.LeaseRunning:
-			// Active only once the tenant is mounted.
-			ready, reason, why, err := s.deliver(cc, lease)
-			if err != nil {
-				return false, err
-			}
-			st.Phase, mountReason, mountMsg = marketv1alpha1.ContractProvisioning, reason, why
-			if ready {
-				st.Phase = marketv1alpha1.ContractActive
-			} else {
-				s.due(s.now.Add(2 * time.Second))
-			}
-		case lease.Lease.State == deal.LeaseDeclined, lease.Lease.State == deal.LeaseCompleted:
-			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
-		}
-		if st.Phase == "" {
-			st.Phase = marketv1alpha1.ContractProvisioning
-		}
+	case wanted && d.release == nil:
+		mountReason, mountMsg, err = s.leased(cc, st, d)
 	default:
 		// Not wanted (or already released): the mount goes, and the VM
 		// is given back.
 		rs.State = marketv1alpha1.RequestReleasing
-		if err := s.undeliver(cc); err != nil {
-			return false, err
-		}
-		switch {
-		case gone || (lease != nil && lease.Lease.State == deal.LeaseCompleted):
-			if release != nil {
-				st.Phase, st.Reason = marketv1alpha1.ContractCompleted, string(release.release.Reason)
-			} else {
-				st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
-			}
-		case lease != nil && lease.Lease.State == deal.LeaseDeclined:
-			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
-		case lease == nil:
-			st.Phase = marketv1alpha1.ContractReleasing
-		case release == nil:
-			// An export is asked for before the release, so that the
-			// bidder's side finds it when it sees the release.
-			if lease.Lease.State == deal.LeaseRunning && s.exportWanted(relReason) {
-				ready, err := s.startExport(cc)
-				if err != nil {
-					return false, err
-				}
-				if !ready {
-					st.Phase = marketv1alpha1.ContractReleasing
-					s.due(s.now.Add(2 * time.Second))
-					break
-				}
-			}
-			rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
-			rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
-			if err != nil {
-				return false, err
-			}
-			st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-			st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(relReason)
-			s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
-			s.due(s.now.Add(s.confirm()))
-		default:
-			// The bidder has as long to end the lease as it had to confirm
-			// it (and as long as an export may take); after that the
-			// contract is failed and the requester's records go.
-			wait := s.confirm()
-			if s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting {
-				if err := s.collectExport(cc); err != nil {
-					return false, err
-				}
-				wait = max(wait, market.ExportWait+30*time.Second)
-			}
-			by := market.ParseTime(release.release.CreatedAt).Add(wait)
-			if s.now.Before(by) {
-				st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(release.release.Reason)
-				s.due(by)
-			} else {
-				st.Phase, st.Reason = marketv1alpha1.ContractFailed, string(deal.BidderUnresponsive)
-			}
-		}
+		err = s.released(rr, cc, st, d, relReason)
+	}
+	if err != nil {
+		return false, err
 	}
 	finished := !deal.LiveContract(&marketv1alpha1.ComputeContract{Status: *st})
 	active := st.Phase == marketv1alpha1.ContractActive && cc.Status.Phase != marketv1alpha1.ContractActive
@@ -338,7 +224,188 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 		}
 		return false, nil
 	}
-	// Over: the mount and the requester's records of the deal go.
+	if err := s.over(rr, cc, accepts, d.release); err != nil {
+		return false, err
+	}
+	rs.State, rs.Contract, rs.Accept, rs.Record = marketv1alpha1.RequestOpen, "", nil, nil
+	rs.Message = fmt.Sprintf("ComputeContract %s ended: %s (%s)", cc.Name, st.Phase, st.Reason)
+	return true, nil
+}
+
+// contractDeal is what the market says of a contract: the bidder's lease
+// (nil when it is not in the view), the requester's release of it (nil:
+// none), and whether the lease is gone.
+type contractDeal struct {
+	lease   *market.Rec
+	release *ownRelease
+	// gone: the lease was missing from a listing of the bidder's repo
+	// that ended after it was found missing.
+	gone bool
+}
+
+// dealOf reads a contract's lease, release and reclaim into st (its
+// records, the reclaim the bidder gave notice of) and returns them.
+func (s *session) dealOf(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus) contractDeal {
+	var d contractDeal
+	d.lease = deal.LeaseOf(s.view, cc.Spec.Accept.URI, cc.Spec.Accept.CID, cc.Spec.BidderDID, s.ignored)
+	s.view.Refresh(cc.Spec.BidderDID)
+	if d.lease != nil {
+		st.Records.Lease = &marketv1alpha1.RecordRef{URI: d.lease.URI, CID: d.lease.CID}
+	}
+	if st.Records.Lease != nil && st.Records.Lease.URI != "" {
+		leaseURI := st.Records.Lease.URI
+		if d.release = s.releaseOf(leaseURI); d.release != nil {
+			st.Records.Release = &marketv1alpha1.RecordRef{URI: d.release.uri, CID: d.release.cid}
+		}
+		s.noteReclaim(rr, cc, st, leaseURI, d.lease)
+	}
+	// A lease counts as gone only once a listing of the bidder's repo
+	// ended after it was found missing.
+	leaseKey := "lease|" + cc.Spec.Accept.URI
+	d.gone = d.lease == nil && s.r.absent.Gone(s.view, cc.Spec.BidderDID, leaseKey, s.now)
+	if d.lease != nil {
+		s.r.absent.Present(leaseKey)
+	}
+	return d
+}
+
+// unresponsive looks at the tenant of a wanted, running and active
+// contract: a mounted tenant that stops answering is given back after the
+// grace, and the replica goes back to the market. It returns what to say
+// while the grace runs ("" when the tenant answers), and still false once
+// the grace is over (the contract is then released).
+func (s *session) unresponsive(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, lease *market.Rec) (msg string, still bool) {
+	if lease == nil || lease.Lease.State != deal.LeaseRunning || cc.Status.Phase != marketv1alpha1.ContractActive {
+		return "", true
+	}
+	tc := &computev1alpha1.TenantCluster{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Status.Phase == computev1alpha1.PhaseReady {
+		return "", true
+	}
+	since := s.now
+	if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c != nil && c.Reason == ReasonTenantUnresponsive {
+		since = c.LastTransitionTime.Time
+	}
+	grace := time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second
+	if !s.now.Before(since.Add(grace)) {
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(since))
+		return "", false
+	}
+	s.due(since.Add(grace))
+	return "the tenant has not answered since " + market.Time(since) + "; it is released at " + market.Time(since.Add(grace)) + " unless it answers", true
+}
+
+// leased follows a wanted contract the requester has not released, from
+// the bidder's lease, into st's phase (and reason); a running lease is
+// Active only once the tenant is mounted. It returns the mount's reason
+// and message while it is not.
+func (s *session) leased(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal) (mountReason, mountMsg string, err error) {
+	switch {
+	case d.gone:
+		st.Phase, st.Reason = s.endedByBidder(cc, st, nil)
+	case d.lease == nil:
+		// not read yet: keep the phase
+	case d.lease.Lease.State == deal.LeaseConfirmed:
+		st.Phase = marketv1alpha1.ContractProvisioning
+	case d.lease.Lease.State == deal.LeaseRunning:
+		ready, reason, why, err := s.deliver(cc, d.lease)
+		if err != nil {
+			return "", "", err
+		}
+		st.Phase, mountReason, mountMsg = marketv1alpha1.ContractProvisioning, reason, why
+		if ready {
+			st.Phase = marketv1alpha1.ContractActive
+		} else {
+			s.due(s.now.Add(2 * time.Second))
+		}
+	case d.lease.Lease.State == deal.LeaseDeclined, d.lease.Lease.State == deal.LeaseCompleted:
+		st.Phase, st.Reason = s.endedByBidder(cc, st, d.lease)
+	}
+	if st.Phase == "" {
+		st.Phase = marketv1alpha1.ContractProvisioning
+	}
+	return mountReason, mountMsg, nil
+}
+
+// released gives a contract the replica no longer wants back: the mount
+// goes, the release is published (after the export when one is wanted)
+// and the bidder is waited for to end the lease, into st's phase and
+// reason.
+func (s *session) released(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal, relReason deal.ReleaseReason) error {
+	if err := s.undeliver(cc); err != nil {
+		return err
+	}
+	lease, release := d.lease, d.release
+	switch {
+	case d.gone || (lease != nil && lease.Lease.State == deal.LeaseCompleted):
+		if release != nil {
+			st.Phase, st.Reason = marketv1alpha1.ContractCompleted, string(release.release.Reason)
+		} else {
+			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
+		}
+	case lease != nil && lease.Lease.State == deal.LeaseDeclined:
+		st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
+	case lease == nil:
+		st.Phase = marketv1alpha1.ContractReleasing
+	case release == nil:
+		return s.publishRelease(rr, cc, st, lease, relReason)
+	default:
+		return s.awaitEnd(cc, st, release)
+	}
+	return nil
+}
+
+// publishRelease publishes the requester's release of lease (an export is asked
+// for first, so that the bidder's side finds it when it sees the
+// release).
+func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec, relReason deal.ReleaseReason) error {
+	if lease.Lease.State == deal.LeaseRunning && s.exportWanted(relReason) {
+		ready, err := s.startExport(cc)
+		if err != nil {
+			return err
+		}
+		if !ready {
+			st.Phase = marketv1alpha1.ContractReleasing
+			s.due(s.now.Add(2 * time.Second))
+			return nil
+		}
+	}
+	rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
+	rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
+	if err != nil {
+		return err
+	}
+	st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
+	st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(relReason)
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
+	s.due(s.now.Add(s.confirm()))
+	return nil
+}
+
+// awaitEnd waits for the bidder to end a released lease: it has as long
+// as it had to confirm it (and as long as an export may take); after that
+// the contract is failed and the requester's records go.
+func (s *session) awaitEnd(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, release *ownRelease) error {
+	wait := s.confirm()
+	if s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting {
+		if err := s.collectExport(cc); err != nil {
+			return err
+		}
+		wait = max(wait, market.ExportWait+30*time.Second)
+	}
+	by := market.ParseTime(release.release.CreatedAt).Add(wait)
+	if s.now.Before(by) {
+		st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(release.release.Reason)
+		s.due(by)
+	} else {
+		st.Phase, st.Reason = marketv1alpha1.ContractFailed, string(deal.BidderUnresponsive)
+	}
+	return nil
+}
+
+// over deletes what is left of a deal that ended: the mount, and the
+// requester's records of it (its release, its request, its accept).
+func (s *session) over(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, release *ownRelease) error {
 	errs := []error{s.undeliver(cc)}
 	if release != nil {
 		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))
@@ -350,12 +417,7 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	}
 	_, _, acceptKey := market.SplitURI(cc.Spec.Accept.URI)
 	errs = append(errs, s.inv.Delete(s.ctx, lexicon.Accept, acceptKey))
-	if err := errors.Join(errs...); err != nil {
-		return false, err
-	}
-	rs.State, rs.Contract, rs.Accept, rs.Record = marketv1alpha1.RequestOpen, "", nil, nil
-	rs.Message = fmt.Sprintf("ComputeContract %s ended: %s (%s)", cc.Name, st.Phase, st.Reason)
-	return true, nil
+	return errors.Join(errs...)
 }
 
 // noticeSlack is how much earlier than the notice owed (counted from

@@ -215,6 +215,26 @@ func atoi(b []byte) int {
 	return n
 }
 
+// importSettled judges the import StateSync ss found in the bidder's
+// workspace. It settles restore's answer when the VM does not own ss, or
+// ss has completed, failed or is going away: done once the import
+// completed, else what it waits for. Otherwise (settled false) the
+// snapshot is still to be written to it.
+func (s *session) importSettled(ss *computev1alpha1.StateSync, vm *computev1alpha1.ComputeVM, from string) (done bool, wait string, settled bool) {
+	switch {
+	case !metav1.IsControlledBy(ss, vm):
+		return false, "the bidder's workspace holds a StateSync the VM does not own: not mounted", true
+	case ss.Status.Phase == computev1alpha1.SyncCompleted:
+		return true, "", true
+	case ss.Status.Phase == computev1alpha1.SyncFailed:
+		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, knownReason(ss.Status.Reason)), true
+	case !ss.DeletionTimestamp.IsZero():
+		s.due(s.now.Add(2 * time.Second))
+		return false, "restoring snapshot " + from + " into the tenant", true
+	}
+	return false, "", false
+}
+
 // restore imports the snapshot from into the new tenant of cc before it
 // is mounted: a StateSync in the bidder's workspace (owned by the VM)
 // with the snapshot's chunks beside it (owned by the StateSync), that
@@ -229,16 +249,11 @@ func (s *session) restore(cc *marketv1alpha1.ComputeContract, bc client.Client, 
 	ss := &computev1alpha1.StateSync{}
 	err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ImportName(vm.Name)}, ss)
 	switch {
-	case err == nil && !metav1.IsControlledBy(ss, vm):
-		return false, "the bidder's workspace holds a StateSync the VM does not own: not mounted", nil
-	case err == nil && ss.Status.Phase == computev1alpha1.SyncCompleted:
-		return true, "", nil
-	case err == nil && ss.Status.Phase == computev1alpha1.SyncFailed:
-		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, knownReason(ss.Status.Reason)), nil
-	case err == nil && !ss.DeletionTimestamp.IsZero():
-		s.due(s.now.Add(2 * time.Second))
-		return false, "restoring snapshot " + from + " into the tenant", nil
-	case err != nil && !apierrors.IsNotFound(err):
+	case err == nil:
+		if done, wait, settled := s.importSettled(ss, vm, from); settled {
+			return done, wait, nil
+		}
+	case !apierrors.IsNotFound(err):
 		return false, "", err
 	}
 	chunks, sum := s.snapshot(from)
