@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,7 +61,11 @@ func TestMarketThroughput(t *testing.T) {
 	}
 	events0 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
 	cpu0, _ := env.provider.CPU()
-	writes0 := readKCPWrites(ctx, t)
+	var kcpCPU0, kcpCPU1 float64
+	if env.kcp.Process != nil {
+		kcpCPU0 = cpuSeconds(env.kcp.Process)
+	}
+	writes0 := readKCPRequests(ctx, t)
 	pw0 := providerWrites(mustMetrics(t))
 
 	start := time.Now()
@@ -71,6 +76,9 @@ func TestMarketThroughput(t *testing.T) {
 		create(ctx, t, d.app, &marketv1alpha1.MarketRequester{ObjectMeta: metav1.ObjectMeta{Name: names[i], Namespace: "default"}, Spec: spec})
 	}
 	created := time.Since(start)
+	// 15 s of kcp's CPU profile while the deals run (what kcp spends its
+	// time on: docs/market.md, What bounds the market's speed).
+	stopProfile := profileKCP(ctx, t, filepath.Join(env.dir, "kcp-cpu-market.pprof"))
 
 	// The moment each requester's contract is first seen, by polling.
 	agreed := map[string]time.Time{}
@@ -99,9 +107,13 @@ func TestMarketThroughput(t *testing.T) {
 	}
 	total := time.Since(start)
 	cpu1, _ := env.provider.CPU()
+	stopProfile()
+	if env.kcp.Process != nil {
+		kcpCPU1 = cpuSeconds(env.kcp.Process)
+	}
 	rss, _ := env.provider.RSS()
 	events1 := framework.MetricSum(mustMetrics(t), "knotless_firehose_events_total")
-	writes1 := readKCPWrites(ctx, t)
+	writes1 := readKCPRequests(ctx, t)
 	pw1 := providerWrites(mustMetrics(t))
 
 	// Request made → agreed, and bid deadline → agreed, from the request
@@ -169,6 +181,8 @@ func TestMarketThroughput(t *testing.T) {
 		// (marketrequesters POST 1.00).
 		lines, total := writes1.since(writes0, len(agreed))
 		t.Logf("FIGURE %.1f kcp writes per contract (every client's, by resource and verb, per contract):\n\t%s", total, strings.Join(lines, "\n\t"))
+		reads, checks := writes1.rest(writes0, len(agreed))
+		t.Logf("FIGURE %.1f kcp reads (GET, LIST, WATCH) and %.1f authorization checks kcp made itself, per contract", reads, checks)
 	}
 	var pw []string
 	pwTotal := 0.0
@@ -179,4 +193,8 @@ func TestMarketThroughput(t *testing.T) {
 	t.Logf("FIGURE %.1f provider requests to kcp that write, per contract (%s)", pwTotal, strings.Join(pw, ", "))
 	t.Logf("FIGURE provider CPU %s per contract (%s in all), RSS %d MiB at the end", ((cpu1 - cpu0) / time.Duration(len(agreed))).Round(time.Millisecond),
 		(cpu1 - cpu0).Round(time.Millisecond), rss>>20)
+	if env.kcp.Process != nil {
+		t.Logf("FIGURE kcp CPU %.0f ms per contract (%.1f s in all; its CPU profile: %s)", 1000*(kcpCPU1-kcpCPU0)/float64(len(agreed)), kcpCPU1-kcpCPU0,
+			filepath.Join(env.dir, "kcp-cpu-market.pprof"))
+	}
 }

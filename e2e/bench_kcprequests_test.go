@@ -14,18 +14,18 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// kcpWrites are the write requests kcp served, by resource (with its
+// kcpRequests are the requests kcp served, by resource (with its
 // subresource) and verb, read from kcp's apiserver_request_total: every
 // client's, the provider's and the test's alike.
-type kcpWrites map[string]float64
+type kcpRequests map[string]float64
 
 // writeVerbs are the verbs of apiserver_request_total that change an
 // object.
 var writeVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "APPLY": true, "DELETE": true, "DELETECOLLECTION": true}
 
-// readKCPWrites scrapes kcp's /metrics as the shard's admin (the
+// readKCPRequests scrapes kcp's /metrics as the shard's admin (the
 // kubeconfig's shard-base context, else its current one).
-func readKCPWrites(ctx context.Context, t *testing.T) kcpWrites {
+func readKCPRequests(ctx context.Context, t *testing.T) kcpRequests {
 	t.Helper()
 	cfg := rest.CopyConfig(env.admin)
 	if raw, err := clientcmd.LoadFromFile(env.kcp.Kubeconfig); err == nil {
@@ -59,13 +59,13 @@ func readKCPWrites(ctx context.Context, t *testing.T) kcpWrites {
 		t.Logf("kcp /metrics: %s %v (kcp writes not counted)", resp.Status, err)
 		return nil
 	}
-	out := kcpWrites{}
+	out := kcpRequests{}
 	for _, line := range strings.Split(string(raw), "\n") {
 		if !strings.HasPrefix(line, "apiserver_request_total{") {
 			continue
 		}
 		labels := parseLabels(line[len("apiserver_request_total{"):strings.LastIndexByte(line, '}')])
-		if !writeVerbs[labels["verb"]] || labels["resource"] == "" {
+		if labels["resource"] == "" {
 			continue
 		}
 		f := strings.Fields(line)
@@ -115,7 +115,7 @@ var authChecks = map[string]bool{"subjectaccessreviews": true, "tokenreviews": t
 // for a resource written with APPLY or PATCH only those (and DELETE) are
 // counted, else POST, PUT and DELETE; kcp's own authorization checks are
 // left out.
-func (w kcpWrites) since(before kcpWrites, n int) (lines []string, total float64) {
+func (w kcpRequests) since(before kcpRequests, n int) (lines []string, total float64) {
 	byRes := map[string]map[string]float64{}
 	for k, v := range w {
 		if d := v - before[k]; d > 0 {
@@ -143,6 +143,23 @@ func (w kcpWrites) since(before kcpWrites, n int) (lines []string, total float64
 	}
 	sort.Strings(lines)
 	return lines, total / float64(n)
+}
+
+// rest is what else kcp served after before, per n: reads (GET, LIST,
+// WATCH) and the authorization checks it made itself (each one is
+// admitted like a write).
+func (w kcpRequests) rest(before kcpRequests, n int) (reads, checks float64) {
+	for k, v := range w {
+		res, verb, _ := strings.Cut(k, " ")
+		switch d := v - before[k]; {
+		case d <= 0:
+		case authChecks[strings.Split(res, "/")[0]]:
+			checks += d
+		case !writeVerbs[verb]:
+			reads += d
+		}
+	}
+	return reads / float64(n), checks / float64(n)
 }
 
 // providerWrites are the provider's own requests to kcp that change
