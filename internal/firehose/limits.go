@@ -134,6 +134,8 @@ type budget struct {
 	// whole is set on the budget of a full listing of the source.
 	whole  bool
 	source *budget
+	// wasted is what was given back by restore.
+	wasted spent
 }
 
 // repoBudget is the budget of one repo's listing, within source (nil for
@@ -165,11 +167,27 @@ func (b *budget) mark() spent {
 // is thrown away (the repo changed while it was read) does not count
 // against the source, or a repo that changes at every try would spend
 // the source's whole budget with tries each within its own bounds (R21).
-func (b *budget) restore(m spent) {
-	if b != nil {
-		b.records, b.bytes = m.records, m.bytes
+// What is given back is counted as wasted, bounded by b's own bounds
+// once more: past them, nothing is given back and restore fails, so the
+// tries a full listing throws away read at most as much as the source's
+// budget (before, many repos that change at every try read without
+// bound).
+func (b *budget) restore(m spent) error {
+	if b == nil {
+		return nil
 	}
+	w := spent{b.wasted.records + b.records - m.records, b.wasted.bytes + b.bytes - m.bytes}
+	if w.records > b.maxRecords || w.bytes > b.maxBytes {
+		return errWasted
+	}
+	b.wasted = w
+	b.records, b.bytes = m.records, m.bytes
+	return nil
 }
+
+// errWasted is restore's error: the tries thrown away have read as much
+// as the budget's bounds.
+var errWasted = errors.New("the listing has thrown away as much as its bounds of tries of repos that changed while they were read")
 
 // page charges one page.
 func (b *budget) page() error {

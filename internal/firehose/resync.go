@@ -330,7 +330,9 @@ func (s *stream) resyncRepo(ctx context.Context, sub *Subscription, did string, 
 		if sub.replaceRepo(did, l) {
 			return nil
 		}
-		src.restore(mark)
+		if err := src.restore(mark); err != nil {
+			return repoFailure{fmt.Errorf("repo %s changed while it was listed: %w", did, err)}
+		}
 	}
 	return repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }
@@ -534,7 +536,9 @@ func (s *stream) listRepoAt(ctx context.Context, c *atclient.APIClient, did stri
 		if after == before {
 			return l, nil
 		}
-		src.restore(mark)
+		if err := src.restore(mark); err != nil {
+			return nil, repoFailure{fmt.Errorf("repo %s changed while it was listed: %w", did, err)}
+		}
 	}
 	return nil, repoFailure{fmt.Errorf("repo %s kept changing while it was listed", did)}
 }

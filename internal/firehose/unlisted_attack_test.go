@@ -295,3 +295,61 @@ func TestAttackChangingRepoDoesNotSpendTheSourceBudget(t *testing.T) {
 		t.Errorf("records %v, unlisted %v: want the honest repo's record and the changing repo unlisted", keys(st.Records), sub.unlisted)
 	}
 }
+
+// TestAttackChangingReposReadAtMostTwiceTheSourceBudget: many repos of a
+// source that each change at every try (each try within one repo's
+// bound) had every thrown-away try given back to the source's budget, so
+// together they made a full listing read without bound: 8 such repos
+// read 400 records against a source budget of 100. What tries that are
+// thrown away read is bounded by the source's budget once more: past
+// it, a repo that changed while it was read is unlisted at once, its
+// try left charged to the source.
+func TestAttackChangingReposReadAtMostTwiceTheSourceBudget(t *testing.T) {
+	const sybils, perTry, sourceRecords = 8, 10, 100
+	var rev, served atomic.Int64
+	evilPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": fmt.Sprintf("3%012d", rev.Add(1))})
+		case "/xrpc/com.atproto.repo.listRecords":
+			served.Add(perTry)
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), perTry, 10, ""))
+		}
+	}))
+	defer evilPDS.Close()
+	goodPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
+		}
+	}))
+	defer goodPDS.Close()
+	dir := identity.NewMockDirectory()
+	repos := []map[string]any{{"did": "did:plc:good", "head": "bafy", "rev": "x"}}
+	dir.Insert(identity.Identity{DID: "did:plc:good", Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: goodPDS.URL}}})
+	for i := range sybils {
+		did := fmt.Sprintf("did:plc:evil%d", i)
+		repos = append(repos, map[string]any{"did": did, "head": "bafy", "rev": "x"})
+		dir.Insert(identity.Identity{DID: syntax.DID(did), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: evilPDS.URL}}})
+	}
+	body, _ := json.Marshal(map[string]any{"repos": repos})
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer relay.Close()
+
+	s := bareStream(t, dir, relay.URL, ListingLimits{Records: perTry, SourceRecords: sourceRecords})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	err := s.resyncAll(context.Background(), sub, ResyncInitial)
+	t.Logf("changing repos served %d records for a source budget of %d (listing: %v)", served.Load(), sourceRecords, err)
+	if got := served.Load(); got > 2*sourceRecords {
+		t.Errorf("%d repos that change at every try read %d records, more than twice the source's budget of %d", sybils, got, sourceRecords)
+	}
+	if err != nil {
+		t.Fatalf("the listing failed: %v", err)
+	}
+	st, _, _ := sub.Snapshot()
+	if len(st.Records) != 1 || len(sub.unlisted) != sybils {
+		t.Errorf("records %v, unlisted %d: want the honest repo's record and every changing repo unlisted", keys(st.Records), len(sub.unlisted))
+	}
+}
