@@ -263,17 +263,16 @@ func TestReclaimNoticeRunsOut(t *testing.T) {
 	}
 
 	// A reclaimed lease ended before the notice: reclaimed-early.
-	cc := ended.DeepCopy()
-	cc.Status.Phase, cc.Status.Reason = marketv1alpha1.ContractActive, ""
-	st := cc.Status.DeepCopy()
-	s := &session{r: m.req, now: cc.Status.Reclaim.Seen.Add(time.Minute)}
-	lease := &market.Rec{Lease: &market.Lease{State: deal.LeaseCompleted, Reason: deal.Reclaimed}, FirstSeen: s.now}
-	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractFailed || reason != string(deal.ReclaimedEarly) {
-		t.Errorf("ended a minute after the notice began: %s %s", phase, reason)
+	now := ended.Status.Reclaim.Seen.Add(time.Minute)
+	lease := &market.Rec{Lease: &market.Lease{State: deal.LeaseCompleted, Reason: deal.Reclaimed}, FirstSeen: now}
+	facts := deal.ContractFacts{Phase: marketv1alpha1.ContractActive, Wanted: true, Lease: lease, Reclaim: ended.Status.Reclaim,
+		Notice: time.Duration(ended.Spec.NoticeSeconds) * time.Second, TenantAnswers: true}
+	if dec := deal.DecideContract(facts, now); dec.Phase != marketv1alpha1.ContractFailed || dec.Reason != string(deal.ReclaimedEarly) {
+		t.Errorf("ended a minute after the notice began: %s %s", dec.Phase, dec.Reason)
 	}
-	lease.FirstSeen = cc.Status.Reclaim.Seen.Add(600 * time.Second)
-	if phase, reason := s.endedByBidder(cc, st, lease); phase != marketv1alpha1.ContractCompleted || reason != string(deal.Reclaimed) {
-		t.Errorf("ended after the notice: %s %s", phase, reason)
+	lease.FirstSeen = ended.Status.Reclaim.Seen.Add(600 * time.Second)
+	if dec := deal.DecideContract(facts, now); dec.Phase != marketv1alpha1.ContractCompleted || dec.Reason != string(deal.Reclaimed) {
+		t.Errorf("ended after the notice: %s %s", dec.Phase, dec.Reason)
 	}
 }
 

@@ -166,13 +166,13 @@ func (s *session) restsOn(uri string) bool {
 
 // contracted follows a replica's contract: from the bidder's lease while
 // the replica is wanted, through a release (with relReason) when it no
-// longer is. When the deal is over (Completed or Failed) the requester's
-// records of it are deleted and it reports finished.
+// longer is (load, deal.DecideContract, then carry the decision out; one
+// status write). When the deal is over (Completed or Failed) the
+// requester's records of it are deleted and it reports finished.
 func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, relReason deal.ReleaseReason, rs *marketv1alpha1.RequestStatus) (bool, error) {
-	if _, _, akey := market.SplitURI(cc.Spec.Accept.URI); s.inv.Get(lexicon.Accept, akey) == nil {
-		// The requester deleted the accept when the deal ended: a contract
-		// that looks live is a cache behind that write; it is not judged
-		// again.
+	_, _, akey := market.SplitURI(cc.Spec.Accept.URI)
+	if s.inv.Get(lexicon.Accept, akey) == nil {
+		// deal.ContractAcceptGone
 		return true, nil
 	}
 	st := cc.Status.DeepCopy()
@@ -183,44 +183,29 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	rs.Accept = &marketv1alpha1.PublishedRecord{URI: cc.Spec.Accept.URI, CID: cc.Spec.Accept.CID}
 
 	d := s.dealOf(rr, cc, st)
-	unresponsive := ""
-	if wanted && d.release == nil {
-		var still bool
-		if unresponsive, still = s.unresponsive(rr, cc, d.lease); !still {
-			wanted, relReason = false, deal.ProviderUnresponsive
-		}
+	dec := deal.DecideContract(s.contractFacts(cc, st, d, wanted, relReason), s.now)
+	if dec.Phase != "" {
+		st.Phase, st.Reason = dec.Phase, cmp.Or(dec.Reason, st.Reason)
 	}
-	var mountReason, mountMsg string
-	var err error
-	switch {
-	case wanted && d.release == nil && unresponsive != "":
-		st.Phase, mountMsg = marketv1alpha1.ContractActive, unresponsive
-	case wanted && d.release == nil:
-		mountReason, mountMsg, err = s.leased(cc, st, d)
-	default:
-		// Not wanted (or already released): the mount goes, and the VM
-		// is given back.
-		rs.State = marketv1alpha1.RequestReleasing
-		err = s.released(rr, cc, st, d, relReason)
-	}
+	mountReason, mountMsg, err := s.carryOut(rr, cc, st, d, dec)
 	if err != nil {
 		return false, err
 	}
-	finished := !deal.LiveContract(&marketv1alpha1.ComputeContract{Status: *st})
+	s.due(dec.Due)
+	if dec.Unmount {
+		rs.State = marketv1alpha1.RequestReleasing
+	}
 	active := st.Phase == marketv1alpha1.ContractActive && cc.Status.Phase != marketv1alpha1.ContractActive
-	if err := s.contractStatus(cc, st, mountReason, mountMsg, unresponsive != ""); err != nil {
+	if err := s.contractStatus(cc, st, mountReason, mountMsg, dec.Unresponsive != ""); err != nil {
 		return false, err
 	}
 	if active {
 		s.r.observeStep(market.StepLeaseActive, cc.CreationTimestamp.Time)
 	}
-	if !finished {
+	if !dec.Over {
 		rs.Message = fmt.Sprintf("ComputeContract %s is %s", cc.Name, st.Phase)
 		if mountMsg != "" && st.Phase != marketv1alpha1.ContractActive {
 			rs.Message += ": " + mountMsg
-		}
-		if st.Phase == marketv1alpha1.ContractReleasing || st.Phase == marketv1alpha1.ContractProvisioning {
-			s.due(s.now.Add(30 * time.Second))
 		}
 		return false, nil
 	}
@@ -269,137 +254,87 @@ func (s *session) dealOf(rr *replicaRecords, cc *marketv1alpha1.ComputeContract,
 	return d
 }
 
-// unresponsive looks at the tenant of a wanted, running and active
-// contract: a mounted tenant that stops answering is given back after the
-// grace, and the replica goes back to the market. It returns what to say
-// while the grace runs ("" when the tenant answers), and still false once
-// the grace is over (the contract is then released).
-func (s *session) unresponsive(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, lease *market.Rec) (msg string, still bool) {
-	if lease == nil || lease.Lease.State != deal.LeaseRunning || cc.Status.Phase != marketv1alpha1.ContractActive {
-		return "", true
+// contractFacts is what deal.DecideContract judges a contract by.
+func (s *session) contractFacts(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal, wanted bool, relReason deal.ReleaseReason) deal.ContractFacts {
+	f := deal.ContractFacts{
+		Phase: cc.Status.Phase, Wanted: wanted, ReleaseReason: relReason,
+		Lease: d.lease, LeaseGone: d.gone,
+		Reclaim: st.Reclaim, Notice: time.Duration(cc.Spec.NoticeSeconds) * time.Second,
+		TenantAnswers: s.tenantAnswers(cc),
+		Grace:         time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second,
+		Confirm:       s.confirm(),
+		Exported:      s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport && !s.deleting,
+		Collect:       s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting,
 	}
-	tc := &computev1alpha1.TenantCluster{}
-	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Status.Phase == computev1alpha1.PhaseReady {
-		return "", true
+	if d.release != nil {
+		f.Release = d.release.release
 	}
-	since := s.now
 	if c := meta.FindStatusCondition(cc.Status.Conditions, marketv1alpha1.ConditionReady); c != nil && c.Reason == ReasonTenantUnresponsive {
-		since = c.LastTransitionTime.Time
+		f.UnresponsiveSince = c.LastTransitionTime.Time
 	}
-	grace := time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second
-	if !s.now.Before(since.Add(grace)) {
-		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(since))
-		return "", false
-	}
-	s.due(since.Add(grace))
-	return "the tenant has not answered since " + market.Time(since) + "; it is released at " + market.Time(since.Add(grace)) + " unless it answers", true
+	return f
 }
 
-// leased follows a wanted contract the requester has not released, from
-// the bidder's lease, into st's phase (and reason); a running lease is
-// Active only once the tenant is mounted. It returns the mount's reason
-// and message while it is not.
-func (s *session) leased(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal) (mountReason, mountMsg string, err error) {
+// tenantAnswers reports whether the contract's mounted tenant answers
+// (its TenantCluster is Ready), or is not mounted.
+func (s *session) tenantAnswers(cc *marketv1alpha1.ComputeContract) bool {
+	tc := &computev1alpha1.TenantCluster{}
+	return s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc) != nil || tc.Status.Phase == computev1alpha1.PhaseReady
+}
+
+// carryOut carries out what deal.DecideContract decided for a contract,
+// into st. It returns the mount's reason and message while the tenant is
+// not mounted (or does not answer).
+func (s *session) carryOut(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal, dec deal.ContractDecision) (mountReason, mountMsg string, err error) {
+	if slices.Contains(dec.Transitions, deal.ContractTenantGivenUp) {
+		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ProviderUnresponsive", "Release", "replica %d: the tenant of %s has not answered since %s; released", rr.index, cc.Name, market.Time(dec.Since))
+	}
 	switch {
-	case d.gone:
-		st.Phase, st.Reason = s.endedByBidder(cc, st, nil)
-	case d.lease == nil:
-		// not read yet: keep the phase
-	case d.lease.Lease.State == deal.LeaseConfirmed:
-		st.Phase = marketv1alpha1.ContractProvisioning
-	case d.lease.Lease.State == deal.LeaseRunning:
+	case dec.Unresponsive != "":
+		return "", dec.Unresponsive, nil
+	case dec.Mount:
 		ready, reason, why, err := s.deliver(cc, d.lease)
 		if err != nil {
 			return "", "", err
 		}
-		st.Phase, mountReason, mountMsg = marketv1alpha1.ContractProvisioning, reason, why
 		if ready {
 			st.Phase = marketv1alpha1.ContractActive
 		} else {
 			s.due(s.now.Add(2 * time.Second))
 		}
-	case d.lease.Lease.State == deal.LeaseDeclined, d.lease.Lease.State == deal.LeaseCompleted:
-		st.Phase, st.Reason = s.endedByBidder(cc, st, d.lease)
-	}
-	if st.Phase == "" {
-		st.Phase = marketv1alpha1.ContractProvisioning
-	}
-	return mountReason, mountMsg, nil
-}
-
-// released gives a contract the replica no longer wants back: the mount
-// goes, the release is published (after the export when one is wanted)
-// and the bidder is waited for to end the lease, into st's phase and
-// reason.
-func (s *session) released(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, d contractDeal, relReason deal.ReleaseReason) error {
-	if err := s.undeliver(cc); err != nil {
-		return err
-	}
-	lease, release := d.lease, d.release
-	switch {
-	case d.gone || (lease != nil && lease.Lease.State == deal.LeaseCompleted):
-		if release != nil {
-			st.Phase, st.Reason = marketv1alpha1.ContractCompleted, string(release.release.Reason)
-		} else {
-			st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
+		return reason, why, nil
+	case dec.Unmount:
+		if err := s.undeliver(cc); err != nil {
+			return "", "", err
 		}
-	case lease != nil && lease.Lease.State == deal.LeaseDeclined:
-		st.Phase, st.Reason = s.endedByBidder(cc, st, lease)
-	case lease == nil:
-		st.Phase = marketv1alpha1.ContractReleasing
-	case release == nil:
-		return s.publishRelease(rr, cc, st, lease, relReason)
-	default:
-		return s.awaitEnd(cc, st, release)
 	}
-	return nil
+	switch {
+	case dec.Publish:
+		return "", "", s.publishRelease(rr, cc, st, d.lease, dec)
+	case dec.Collect:
+		return "", "", s.collectExport(cc)
+	}
+	return "", "", nil
 }
 
-// publishRelease publishes the requester's release of lease (an export is asked
-// for first, so that the bidder's side finds it when it sees the
-// release).
-func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec, relReason deal.ReleaseReason) error {
-	if lease.Lease.State == deal.LeaseRunning && s.exportWanted(relReason) {
+// publishRelease publishes the requester's release of lease; when an
+// export is wanted it is made first (so that the bidder's side finds it
+// when it sees the release) and the release waits until it is.
+func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec, dec deal.ContractDecision) error {
+	if dec.Export {
 		ready, err := s.startExport(cc)
-		if err != nil {
+		if err != nil || !ready {
+			s.due(s.now.Add(2 * time.Second))
 			return err
 		}
-		if !ready {
-			st.Phase = marketv1alpha1.ContractReleasing
-			s.due(s.now.Add(2 * time.Second))
-			return nil
-		}
 	}
-	rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: relReason, CreatedAt: market.Time(s.now)}
+	rel := &market.Release{Type: lexicon.Release, Lease: lease.Ref(), Reason: dec.ReleaseReason, CreatedAt: market.Time(s.now)}
 	rec, err := s.inv.Put(s.ctx, lexicon.Release, market.ReleaseKey(s.owner, lease.URI), rel)
 	if err != nil {
 		return err
 	}
 	st.Records.Release = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
-	st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(relReason)
-	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, relReason)
-	s.due(s.now.Add(s.confirm()))
-	return nil
-}
-
-// awaitEnd waits for the bidder to end a released lease: it has as long
-// as it had to confirm it (and as long as an export may take); after that
-// the contract is failed and the requester's records go.
-func (s *session) awaitEnd(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, release *ownRelease) error {
-	wait := s.confirm()
-	if s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting {
-		if err := s.collectExport(cc); err != nil {
-			return err
-		}
-		wait = max(wait, market.ExportWait+30*time.Second)
-	}
-	by := market.ParseTime(release.release.CreatedAt).Add(wait)
-	if s.now.Before(by) {
-		st.Phase, st.Reason = marketv1alpha1.ContractReleasing, string(release.release.Reason)
-		s.due(by)
-	} else {
-		st.Phase, st.Reason = marketv1alpha1.ContractFailed, string(deal.BidderUnresponsive)
-	}
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Released", "Release", "replica %d: released %s (%s)", rr.index, cc.Name, dec.ReleaseReason)
 	return nil
 }
 
@@ -419,11 +354,6 @@ func (s *session) over(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, a
 	errs = append(errs, s.inv.Delete(s.ctx, lexicon.Accept, acceptKey))
 	return errors.Join(errs...)
 }
-
-// noticeSlack is how much earlier than the notice owed (counted from
-// when the requester's side first saw the reclaim) a bidder may stop a
-// reclaimed VM: the reclaim's way through the firehose, and clocks.
-const noticeSlack = time.Minute
 
 // noteReclaim reads the bidder's reclaim of the lease at leaseURI (read
 // as lease, nil when it is not in the view) into st: only one in the
@@ -462,7 +392,7 @@ func (s *session) noteReclaim(rr *replicaRecords, cc *marketv1alpha1.ComputeCont
 		}
 	}
 	notice := time.Duration(cc.Spec.NoticeSeconds) * time.Second
-	short := by.Before(seen.Add(notice - noticeSlack))
+	short := by.Before(seen.Add(notice - deal.NoticeSlack))
 	st.Records.Reclaim = &marketv1alpha1.RecordRef{URI: rec.URI, CID: rec.CID}
 	// Kept to the second, as status holds it (else every pass rewrites it).
 	st.Reclaim = &marketv1alpha1.ContractReclaim{Reason: string(rec.Reclaim.Reason), TerminateAfter: *market.MetaTime(by), Seen: *market.MetaTime(seen), ShortNotice: short}
@@ -486,32 +416,6 @@ func knownReclaim(reason deal.ReclaimReason) string {
 		return string(reason)
 	}
 	return "other"
-}
-
-// endedByBidder judges a lease the bidder ended without a release:
-// completed or declined (the bidder's reason), or gone (lease nil). Under
-// a reclaim the requester's side was given, an end before the notice owed
-// is Failed (reclaimed-early) whatever reason the bidder gives, a VM lost
-// meanwhile included; a lease completed as reclaimed after it is
-// Completed (reclaimed). Otherwise the contract failed.
-func (s *session) endedByBidder(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec) (marketv1alpha1.ContractPhase, string) {
-	reason, at := deal.LeaseWithdrawn, s.now
-	if lease != nil {
-		reason, at = cmp.Or(deal.Of(lease.Lease.Reason), deal.EndedByBidder), cmp.Or(lease.FirstSeen, s.now)
-		if lease.Lease.State == deal.LeaseDeclined {
-			reason = cmp.Or(deal.Of(lease.Lease.Reason), deal.DeclinedNoReason)
-		}
-	}
-	if st.Reclaim != nil {
-		owed := st.Reclaim.Seen.Add(time.Duration(cc.Spec.NoticeSeconds) * time.Second)
-		switch {
-		case at.Before(owed.Add(-noticeSlack)):
-			return marketv1alpha1.ContractFailed, string(deal.ReclaimedEarly)
-		case lease != nil && lease.Lease.State == deal.LeaseCompleted && reason == deal.Of(deal.Reclaimed):
-			return marketv1alpha1.ContractCompleted, string(deal.Reclaimed)
-		}
-	}
-	return marketv1alpha1.ContractFailed, string(reason)
 }
 
 type ownRelease struct {

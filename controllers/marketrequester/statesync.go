@@ -18,7 +18,6 @@ import (
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/market"
-	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
@@ -39,11 +38,6 @@ const (
 )
 
 func snapshotOwner(snapshot string) string { return snapshot + "-snapshot" }
-
-// exportWanted says whether a release by reason exports the tenant first.
-func (s *session) exportWanted(reason deal.ReleaseReason) bool {
-	return s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport && !s.deleting && reason != deal.ProviderUnresponsive
-}
 
 // startExport makes the StateSync that exports the contract's tenant in
 // the bidder's workspace (owned by the VM), before the release is

@@ -13,6 +13,7 @@ const (
 	docsPath     = "../../../docs/market.md"
 	bidderBeg    = "<!-- the bidder's transitions: internal/market/deal BidderTransitions (go test ./internal/market/deal -run TestDocsShowTheTransitionTables -update) -->\n"
 	requesterBeg = "<!-- the requester's transitions: internal/market/deal RequesterTransitions (go test ./internal/market/deal -run TestDocsShowTheTransitionTables -update) -->\n"
+	contractBeg  = "<!-- the contract's transitions: internal/market/deal ContractTransitions (go test ./internal/market/deal -run TestDocsShowTheTransitionTables -update) -->\n"
 	tableEnd     = "<!-- end of table -->\n"
 )
 
@@ -23,7 +24,7 @@ func TestDocsShowTheTransitionTables(t *testing.T) {
 	for _, tc := range []struct {
 		side, beg string
 		table     []Transition
-	}{{"bidder", bidderBeg, BidderTransitions()}, {"requester", requesterBeg, RequesterTransitions()}} {
+	}{{"bidder", bidderBeg, BidderTransitions()}, {"requester", requesterBeg, RequesterTransitions()}, {"contract", contractBeg, ContractTransitions()}} {
 		t.Run(tc.side, func(t *testing.T) { docsTable(t, tc.side, tc.beg, tc.table) })
 	}
 }

@@ -103,7 +103,7 @@ const (
 // to the contract its lease makes (docs/market.md shows it; a test checks
 // that the two agree and that every row is taken by a test of
 // DecideRequester). What follows the contract (mount, release, reclaim)
-// is still decided by the controller.
+// is ContractTransitions.
 func RequesterTransitions() []Transition {
 	return []Transition{
 		{RequestWithdrawEarlier, "replica buying", "a request of an earlier attempt that no live contract rests on", "its accepts and the request deleted", "replica buying"},
