@@ -170,9 +170,10 @@ func (s *session) restsOn(uri string) bool {
 // status write). When the deal is over (Completed or Failed) the
 // requester's records of it are deleted and it reports finished.
 func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, wanted bool, relReason deal.ReleaseReason, rs *marketv1alpha1.RequestStatus) (bool, error) {
-	_, _, akey := market.SplitURI(cc.Spec.Accept.URI)
-	if s.inv.Get(lexicon.Accept, akey) == nil {
-		// deal.ContractAcceptGone
+	if _, _, akey := market.SplitURI(cc.Spec.Accept.URI); s.inv.Get(lexicon.Accept, akey) == nil {
+		// The requester deleted the accept when the deal ended: a contract
+		// that looks live is a cache behind that write; it is not judged
+		// again.
 		return true, nil
 	}
 	st := cc.Status.DeepCopy()
@@ -187,14 +188,14 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	if dec.Phase != "" {
 		st.Phase, st.Reason = dec.Phase, cmp.Or(dec.Reason, st.Reason)
 	}
+	if dec.Unmount {
+		rs.State = marketv1alpha1.RequestReleasing
+	}
 	mountReason, mountMsg, err := s.carryOut(rr, cc, st, d, dec)
 	if err != nil {
 		return false, err
 	}
 	s.due(dec.Due)
-	if dec.Unmount {
-		rs.State = marketv1alpha1.RequestReleasing
-	}
 	active := st.Phase == marketv1alpha1.ContractActive && cc.Status.Phase != marketv1alpha1.ContractActive
 	if err := s.contractStatus(cc, st, mountReason, mountMsg, dec.Unresponsive != ""); err != nil {
 		return false, err
@@ -324,6 +325,8 @@ func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeC
 	if dec.Export {
 		ready, err := s.startExport(cc)
 		if err != nil || !ready {
+			// Not released yet: the contract keeps its reason.
+			st.Reason = cc.Status.Reason
 			s.due(s.now.Add(2 * time.Second))
 			return err
 		}

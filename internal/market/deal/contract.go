@@ -11,7 +11,6 @@ import (
 // The requester's transitions of a contract, from the lease that made it
 // to its end.
 const (
-	ContractAcceptGone          TransitionID = "contract.accept-gone"
 	ContractWaitLease           TransitionID = "contract.wait-lease"
 	ContractProvisioning        TransitionID = "contract.provisioning"
 	ContractMount               TransitionID = "contract.mount"
@@ -31,10 +30,12 @@ const (
 // DecideContract takes it (docs/market.md shows it; a test checks that
 // the two agree and that every row is taken by a test of
 // DecideContract). "wanted" is the replica still wanting the contract;
-// "released" is the requester's release record of its lease.
+// "released" is the requester's release record of its lease. A contract
+// whose accept is gone from the requester's repo is not judged at all:
+// the requester deleted the accept when the deal ended, and the contract
+// is a cache behind that write.
 func ContractTransitions() []Transition {
 	return []Transition{
-		{ContractAcceptGone, "contracted", "the requester's accept is gone from its repo (it deletes it when the deal ends)", "nothing: the contract is a cache behind that write, not judged again", "over"},
 		{ContractWaitLease, "wanted, not released", "the lease is not in the view yet (or in a state this side does not know)", "ComputeContract keeps its phase (Provisioning when new)", "contracted"},
 		{ContractProvisioning, "wanted, not released", "the lease is confirmed", "ComputeContract Provisioning", "contracted"},
 		{ContractMount, "wanted, not released", "the lease runs and the tenant answers (or is not mounted yet)", "TenantCluster and its Secret (the VM's own, its CA pinned by the lease); ComputeContract Provisioning, Active once mounted", "contracted"},
@@ -60,8 +61,6 @@ const NoticeSlack = time.Minute
 // contracts when it judges it: the records, and what its own objects
 // say.
 type ContractFacts struct {
-	// AcceptGone: the requester's accept is no longer in its repo.
-	AcceptGone bool
 	// Phase is the contract's phase now.
 	Phase marketv1alpha1.ContractPhase
 	// Wanted: the replica still wants the contract; ReleaseReason says
@@ -139,10 +138,6 @@ func (d *ContractDecision) due(at time.Time) {
 // f and carries the decision out.
 func DecideContract(f ContractFacts, now time.Time) ContractDecision {
 	var d ContractDecision
-	if f.AcceptGone {
-		d.take(ContractAcceptGone)
-		return d
-	}
 	wanted, reason := f.Wanted, f.ReleaseReason
 	if wanted && f.Release == nil && f.tenantSilent() {
 		since := cmp.Or(f.UnresponsiveSince, now)
@@ -169,7 +164,11 @@ func DecideContract(f ContractFacts, now time.Time) ContractDecision {
 		d.take(ContractOver)
 		d.Over = true
 	case marketv1alpha1.ContractReleasing, marketv1alpha1.ContractProvisioning:
-		d.due(now.Add(30 * time.Second))
+		// A mount says for itself when to look again: it is Active once
+		// the tenant is mounted.
+		if !d.Mount {
+			d.due(now.Add(30 * time.Second))
+		}
 	}
 	return d
 }

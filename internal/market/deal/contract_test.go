@@ -54,15 +54,6 @@ func is(phase marketv1alpha1.ContractPhase, reason string) func(*testing.T, Cont
 
 func followCases() []contractCase {
 	return []contractCase{
-		{name: "the accept is gone: not judged again", facts: func() ContractFacts {
-			f := wantedFacts(marketv1alpha1.ContractActive, leaseIn(LeaseRunning, "", t0))
-			f.AcceptGone = true
-			return f
-		}(), want: []TransitionID{ContractAcceptGone}, check: func(t *testing.T, d ContractDecision) {
-			if d.Phase != "" || d.Mount || d.Unmount || d.Publish || d.Over {
-				t.Errorf("a contract whose accept is gone was acted on: %+v", d)
-			}
-		}},
 		{name: "new, the lease not read yet: Provisioning", facts: wantedFacts("", nil),
 			want: []TransitionID{ContractWaitLease}, check: is(marketv1alpha1.ContractProvisioning, "")},
 		{name: "Active, the lease not in the view: keeps its phase", facts: wantedFacts(marketv1alpha1.ContractActive, nil),
@@ -78,11 +69,17 @@ func followCases() []contractCase {
 			}},
 		{name: "running: mount", facts: wantedFacts(marketv1alpha1.ContractProvisioning, leaseIn(LeaseRunning, "", t0)),
 			want: []TransitionID{ContractMount}, check: func(t *testing.T, d ContractDecision) {
-				if !d.Mount || d.Unmount || d.Phase != marketv1alpha1.ContractProvisioning {
-					t.Errorf("%+v: want the tenant mounted, Provisioning until it is", d)
+				if !d.Mount || d.Unmount || d.Phase != marketv1alpha1.ContractProvisioning || !d.Due.IsZero() {
+					t.Errorf("%+v: want the tenant mounted, Provisioning until it is, no time to look again (the mount says)", d)
 				}
 			}},
-		{name: "Active, its tenant not answering (mounted, not Ready) on a Provisioning contract: still mounted", facts: func() ContractFacts {
+		{name: "Active, running, the tenant answers: mounted, no time to look again", facts: wantedFacts(marketv1alpha1.ContractActive, leaseIn(LeaseRunning, "", t0)),
+			want: []TransitionID{ContractMount}, check: func(t *testing.T, d ContractDecision) {
+				if !d.Mount || !d.Due.IsZero() {
+					t.Errorf("%+v: want the mount kept and no look again (a healthy contract waits for events and the resync)", d)
+				}
+			}},
+		{name: "a Provisioning contract whose tenant does not answer yet: mounted, not given up", facts: func() ContractFacts {
 			f := wantedFacts(marketv1alpha1.ContractProvisioning, leaseIn(LeaseRunning, "", t0))
 			f.TenantAnswers = false
 			return f
