@@ -265,15 +265,7 @@ func TestAttackChangingRepoDoesNotSpendTheSourceBudget(t *testing.T) {
 		}
 	}))
 	defer evilPDS.Close()
-	goodPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		switch req.URL.Path {
-		case "/xrpc/com.atproto.sync.getLatestCommit":
-			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
-		case "/xrpc/com.atproto.repo.listRecords":
-			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
-		}
-	}))
-	defer goodPDS.Close()
+	goodPDS := stablePDS(t)
 	dir := identity.NewMockDirectory()
 	for did, url := range map[string]string{"did:plc:evil": evilPDS.URL, "did:plc:good": goodPDS.URL} {
 		dir.Insert(identity.Identity{DID: syntax.DID(did), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: url}}})
@@ -317,15 +309,7 @@ func TestAttackChangingReposReadAtMostTwiceTheSourceBudget(t *testing.T) {
 		}
 	}))
 	defer evilPDS.Close()
-	goodPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		switch req.URL.Path {
-		case "/xrpc/com.atproto.sync.getLatestCommit":
-			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
-		case "/xrpc/com.atproto.repo.listRecords":
-			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
-		}
-	}))
-	defer goodPDS.Close()
+	goodPDS := stablePDS(t)
 	dir := identity.NewMockDirectory()
 	repos := []map[string]any{{"did": "did:plc:good", "head": "bafy", "rev": "x"}}
 	dir.Insert(identity.Identity{DID: "did:plc:good", Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: goodPDS.URL}}})
@@ -352,4 +336,18 @@ func TestAttackChangingReposReadAtMostTwiceTheSourceBudget(t *testing.T) {
 	if len(st.Records) != 1 || len(sub.unlisted) != sybils {
 		t.Errorf("records %v, unlisted %d: want the honest repo's record and every changing repo unlisted", keys(st.Records), len(sub.unlisted))
 	}
+}
+
+// stablePDS is a PDS whose repos each hold one record and never change.
+func stablePDS(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": "3333333333333"})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -541,15 +541,26 @@ func TestDecideBidder(t *testing.T) {
 // TestEveryBidderTransitionIsTested: every row of the bidder's table is
 // taken by a case of TestDecideBidder.
 func TestEveryBidderTransitionIsTested(t *testing.T) {
-	taken := map[TransitionID]bool{}
+	var wants [][]TransitionID
 	for _, tc := range bidderCases() {
-		for _, id := range tc.want {
+		wants = append(wants, tc.want)
+	}
+	everyRowTaken(t, BidderTransitions(), wants, "TestDecideBidder")
+}
+
+// everyRowTaken fails for each row of table that no case's transitions
+// (wants) take.
+func everyRowTaken(t *testing.T, table []Transition, wants [][]TransitionID, test string) {
+	t.Helper()
+	taken := map[TransitionID]bool{}
+	for _, want := range wants {
+		for _, id := range want {
 			taken[id] = true
 		}
 	}
-	for _, tr := range BidderTransitions() {
+	for _, tr := range table {
 		if !taken[tr.ID] {
-			t.Errorf("transition %s is taken by no case of TestDecideBidder", tr.ID)
+			t.Errorf("transition %s is taken by no case of %s", tr.ID, test)
 		}
 	}
 }

@@ -437,15 +437,9 @@ func TestDecideRequester(t *testing.T) {
 // TestEveryRequesterTransitionIsTested: every row of the requester's
 // table is taken by a case of TestDecideRequester.
 func TestEveryRequesterTransitionIsTested(t *testing.T) {
-	taken := map[TransitionID]bool{}
+	var wants [][]TransitionID
 	for _, tc := range requesterCases() {
-		for _, id := range tc.want {
-			taken[id] = true
-		}
+		wants = append(wants, tc.want)
 	}
-	for _, tr := range RequesterTransitions() {
-		if !taken[tr.ID] {
-			t.Errorf("transition %s is taken by no case of TestDecideRequester", tr.ID)
-		}
-	}
+	everyRowTaken(t, RequesterTransitions(), wants, "TestDecideRequester")
 }
