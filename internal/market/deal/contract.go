@@ -125,12 +125,7 @@ type ContractDecision struct {
 
 func (d *ContractDecision) take(id TransitionID) { d.Transitions = append(d.Transitions, id) }
 
-// due keeps the earliest of the times to look again.
-func (d *ContractDecision) due(at time.Time) {
-	if d.Due.IsZero() || at.Before(d.Due) {
-		d.Due = at
-	}
-}
+func (d *ContractDecision) due(at time.Time) { d.Due = earliest(d.Due, at) }
 
 // DecideContract judges one contract of the requester: from the bidder's
 // lease while the replica wants it, through the requester's release when

@@ -160,10 +160,14 @@ func (p *Plan) step(id TransitionID, subject string) {
 	p.Steps = append(p.Steps, Step{Transition: id, Subject: subject})
 }
 
-func (p *Plan) due(at time.Time) {
-	if !at.IsZero() && (p.Requeue.IsZero() || at.Before(p.Requeue)) {
-		p.Requeue = at
+func (p *Plan) due(at time.Time) { p.Requeue = earliest(p.Requeue, at) }
+
+// earliest is the earlier of two times to look again, zero being none.
+func earliest(cur, at time.Time) time.Time {
+	if !at.IsZero() && (cur.IsZero() || at.Before(cur)) {
+		return at
 	}
+	return cur
 }
 
 func (p *Plan) event(contract, typ, reason, action, note string, needs int) {
