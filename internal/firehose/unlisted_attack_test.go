@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -350,4 +351,61 @@ func stablePDS(t *testing.T) *httptest.Server {
 	}))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// TestHonestRepoLeftOutOnceTheAllowanceIsSpentIsListedOnItsOwn: the price
+// of bounding what a full listing throws away (from an attack review).
+// Once another account's changing repo has spent the allowance, an
+// honest repo that changes once while it is read is left out of that
+// listing (not the whole source refused), queued for a retry, and its own
+// listing then lists it.
+func TestHonestRepoLeftOutOnceTheAllowanceIsSpentIsListedOnItsOwn(t *testing.T) {
+	var rev, honestReads atomic.Int64
+	evilPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": fmt.Sprintf("3%012d", rev.Add(1))})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 10, 10, ""))
+		}
+	}))
+	defer evilPDS.Close()
+	honestPDS := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/xrpc/com.atproto.sync.getLatestCommit":
+			r := "3333333333333"
+			if honestReads.Add(1) >= 2 { // one commit lands while it is first read
+				r = "3333333333334"
+			}
+			_ = json.NewEncoder(w).Encode(map[string]string{"cid": "bafy", "rev": r})
+		case "/xrpc/com.atproto.repo.listRecords":
+			_, _ = w.Write(recordsPage(req.URL.Query().Get("repo"), 1, 10, ""))
+		}
+	}))
+	defer honestPDS.Close()
+	dir := identity.NewMockDirectory()
+	for did, url := range map[string]string{"did:plc:aaevil": evilPDS.URL, "did:plc:honest": honestPDS.URL} {
+		dir.Insert(identity.Identity{DID: syntax.DID(did), Services: map[string]identity.ServiceEndpoint{"atproto_pds": {Type: "AtprotoPersonalDataServer", URL: url}}})
+	}
+	body, _ := json.Marshal(map[string]any{"repos": []map[string]any{
+		{"did": "did:plc:aaevil", "head": "bafy", "rev": "x"},
+		{"did": "did:plc:honest", "head": "bafy", "rev": "x"},
+	}})
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(body) }))
+	defer relay.Close()
+
+	s := bareStream(t, dir, relay.URL, ListingLimits{Records: 10, SourceRecords: 40})
+	sub := testSub(s, Filter{Collections: []string{testCollection}})
+	if err := s.resyncAll(context.Background(), sub, ResyncInitial); err != nil {
+		t.Fatalf("the whole source was refused: %v", err)
+	}
+	if sub.unlisted["did:plc:honest"] == nil || !slices.ContainsFunc(queued(s), func(r resyncReq) bool { return r.did == "did:plc:honest" }) {
+		t.Fatalf("unlisted %v, queued %v: want the honest repo left out and queued for its own listing", sub.unlisted, queued(s))
+	}
+	if err := s.resyncRepo(context.Background(), sub, "did:plc:honest", nil); err != nil {
+		t.Fatalf("the honest repo's own listing: %v", err)
+	}
+	if st, _, _ := sub.Snapshot(); len(st.Records) != 1 {
+		t.Errorf("records %v after the honest repo's own listing: want its record", keys(st.Records))
+	}
 }
