@@ -17,6 +17,7 @@ build:
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-provider ./cmd/knotless-provider
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-agent ./cmd/knotless-agent
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/kubectl-knotless ./cmd/kubectl-knotless
 
 ## images: container images of both binaries with docker, FROM scratch (hack/images.sh; KNOTLESS_IMAGE_TAG, default dev)
 images:

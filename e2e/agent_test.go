@@ -53,8 +53,14 @@ func startAgent(ctx context.Context, t *testing.T, ws string, kubeconfig string,
 	if err != nil {
 		t.Fatal(err)
 	}
+	webhook, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	a := &agent{bin: bin, dir: env.dir, root: filepath.Join(env.dir, "agent-"+ws)}
 	a.args = []string{"--kubeconfig", kubeconfig, "--process-root", a.root, "--kcp", env.kcpBin,
+		"--webhook-address", fmt.Sprintf("127.0.0.1:%d", webhook), "--webhook-dir", a.root + "-webhook",
+		"--plc-url", env.plc.URL, "--allow-private-networks", framework.AllowedNetworks,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe)}
 	a.args = append(a.args, extra...)
 	t.Cleanup(func() {

@@ -308,6 +308,7 @@ a workspace named like the contract:
   kubectl --kubeconfig $dev/acme.kubeconfig config set-credentials knotless-agent --token="\$(kubectl create token knotless-agent -n default --duration=24h)"
   kubectl --kubeconfig $dev/acme.kubeconfig config set-context --current --user=knotless-agent
   $root/bin/knotless-agent --kubeconfig $dev/acme.kubeconfig --process-root $dev/agent --kcp $root/bin/kcp \\
+    --webhook-dir $dev/agent-webhook --plc-url http://127.0.0.1:$plc_port --allow-private-networks 127.0.0.1/32 \\
     --metrics-bind-address 0 --health-probe-bind-address 127.0.0.1:8095 >$dev/agent.log 2>&1 &
   kubectl get computevms -w        # Provisioning, then Running (about 40 s)
   kubectl ws use :root:shop

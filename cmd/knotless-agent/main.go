@@ -9,13 +9,16 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -38,6 +41,9 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/kind"
 	"github.com/knotless-dev/knotless/internal/driver/process"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/pds"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 func main() {
@@ -94,8 +100,12 @@ func run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
+	webhook, err := serveWebhook(ctx, mgr, o)
+	if err != nil {
+		return err
+	}
 	drivers := map[string]driver.Driver{
-		"process": &process.Driver{Root: o.ProcessRoot, KCP: o.KCPPath(), Host: o.TenantHost},
+		"process": &process.Driver{Root: o.ProcessRoot, KCP: o.KCPPath(), Host: o.TenantHost, Webhook: webhook},
 	}
 	if o.NodeImage != "" {
 		if err := os.MkdirAll(o.KindRoot, 0o700); err != nil {
@@ -130,4 +140,64 @@ func run(ctx context.Context, o *options.Options) error {
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// uidIndex indexes ComputeVMs by UID: the webhook's path names a VM by
+// its ID (its UID).
+const uidIndex = "metadata.uid"
+
+// serveWebhook adds the service-auth webhook (serviceauth.Webhook) to mgr
+// on --webhook-address, over TLS with the certificate kept in
+// --webhook-dir, and returns how the tenants reach it. A token is
+// checked against the service identity of the ComputeVM the path names,
+// as the agent's cache has it; DIDs resolve through --plc-url, within
+// the address policy of --allow-private-networks.
+func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options) (*driver.Webhook, error) {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.ComputeVM{}, uidIndex, func(obj client.Object) []string {
+		return []string{string(obj.GetUID())}
+	}); err != nil {
+		return nil, err
+	}
+	host, _, _ := net.SplitHostPort(o.WebhookAddress) // Validate checked it
+	pair, ca, err := serviceauth.ServingCert(o.WebhookDir, host)
+	if err != nil {
+		return nil, fmt.Errorf("--webhook-dir: %w", err)
+	}
+	allowed, _ := netpolicy.ParsePrefixes(o.AllowPrivateNetworks) // Validate checked it
+	hook := &serviceauth.Webhook{
+		Validator: serviceauth.NewValidator(pds.NewDirectory(o.PLCURL, netpolicy.New(allowed, nil), 10*time.Second)),
+		Log:       ctrl.Log.WithName("webhook"),
+		Audience: func(ctx context.Context, id string) (string, error) {
+			var vms computev1alpha1.ComputeVMList
+			if err := mgr.GetClient().List(ctx, &vms, client.MatchingFields{uidIndex: id}); err != nil || len(vms.Items) != 1 {
+				return "", err
+			}
+			return driver.ServiceID(&vms.Items[0]), nil
+		},
+	}
+	srv := &http.Server{
+		Addr:              o.WebhookAddress,
+		Handler:           hook,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
+	ln, err := net.Listen("tcp", o.WebhookAddress)
+	if err != nil {
+		return nil, fmt.Errorf("--webhook-address: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		go func() {
+			<-ctx.Done()
+			_ = srv.Close()
+		}()
+		if err := srv.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})); err != nil {
+		return nil, err
+	}
+	return &driver.Webhook{URL: "https://" + o.WebhookAddress, CA: ca}, nil
 }

@@ -146,6 +146,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		return reconcile.Result{}, nil
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
+	st.ServiceID = s.ServiceID
 	st.Enforced = enforced(s.Enforced)
 	set(st, vm, computev1alpha1.VMRunning, string(computev1alpha1.VMRunning), "the tenant apiserver answers at "+s.Endpoint)
 	return reconcile.Result{RequeueAfter: pollRunning}, nil
@@ -182,7 +183,7 @@ func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, pha
 	st.Reason = ""
 	if phase == computev1alpha1.VMLost || phase == computev1alpha1.VMFailed {
 		st.Reason = reason
-		st.Endpoint, st.CABundle, st.CAFingerprint = "", "", ""
+		st.Endpoint, st.CABundle, st.CAFingerprint, st.ServiceID = "", "", "", ""
 		st.Enforced = nil
 	}
 	status := metav1.ConditionFalse

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 // VM is what a driver is told of the VM it runs.
@@ -26,13 +27,29 @@ type VM struct {
 	// AdminUsers and AdminGroups get every right on the tenant (the
 	// mount impersonates the requester's kcp users).
 	AdminUsers, AdminGroups []string
+	// AdminDIDs get every right on the tenant, as the users their
+	// service-auth tokens authenticate (package serviceauth).
+	AdminDIDs []string
+	// ServiceID is the audience of the service-auth tokens the tenant
+	// accepts ("" when it accepts none).
+	ServiceID string
 }
 
 // VMOf is what a driver is told of a ComputeVM (the computevm controller
 // runs it, the statesync controller exports and imports its tenant).
 func VMOf(vm *computev1alpha1.ComputeVM) VM {
 	return VM{ID: string(vm.UID), CPUMillis: vm.Spec.CPUMillis, MemoryMiB: vm.Spec.MemoryMiB,
-		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups}
+		AdminUsers: vm.Spec.Admins.Users, AdminGroups: vm.Spec.Admins.Groups,
+		AdminDIDs: vm.Spec.AdminDIDs, ServiceID: ServiceID(vm)}
+}
+
+// ServiceID is the service identity of the ComputeVM's tenant: its
+// spec.serviceDID with a fragment naming the VM, or "" without one.
+func ServiceID(vm *computev1alpha1.ComputeVM) string {
+	if vm.Spec.ServiceDID == "" || vm.UID == "" {
+		return ""
+	}
+	return serviceauth.Audience(vm.Spec.ServiceDID, string(vm.UID))
 }
 
 // State is where a VM stands, as its driver sees it.
@@ -61,6 +78,10 @@ type Status struct {
 	Endpoint string
 	// CA is the PEM of the CA that verifies the tenant apiserver.
 	CA []byte
+	// ServiceID is the audience of the service-auth tokens the tenant
+	// accepts ("" when it accepts none: a driver without the agent's
+	// webhook, a VM started before it had one).
+	ServiceID string
 	// Enforced is the shape the running VM is held to, as read back from
 	// it (nil for a driver that enforces none).
 	Enforced *Enforced

@@ -54,7 +54,7 @@ func ImpersonationRules(vm VM) []rbacv1.PolicyRule {
 
 // Grant lets mount (the identity whose credential the mount uses)
 // impersonate on the tenant of cfg, and nothing else, and gives the VM's
-// admins every right. Every call applies both (server-side apply: an
+// admins (its kcp users and groups, and its DIDs) every right. Every call applies both (server-side apply: an
 // unchanged role is not written again), so a VM started by an older agent
 // gets today's rules. cfg is the tenant's admin.
 func Grant(ctx context.Context, cfg *rest.Config, vm VM, mount rbacv1.Subject) error {
@@ -72,6 +72,9 @@ func Grant(ctx context.Context, cfg *rest.Config, vm VM, mount rbacv1.Subject) e
 	}
 	for _, g := range vm.AdminGroups {
 		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "Group", Name: g})
+	}
+	for _, did := range vm.AdminDIDs {
+		admins = append(admins, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: "User", Name: did})
 	}
 	for _, o := range []struct {
 		role     string

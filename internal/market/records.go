@@ -73,6 +73,9 @@ type Lease struct {
 	State         LeaseState  `json:"state"`
 	Reason        LeaseReason `json:"reason,omitempty"`
 	CAFingerprint string      `json:"caFingerprint,omitempty"`
+	CABundle      string      `json:"caBundle,omitempty"`
+	Endpoint      string      `json:"endpoint,omitempty"`
+	ServiceID     string      `json:"serviceId,omitempty"`
 	UpdatedAt     string      `json:"updatedAt,omitempty"`
 	CreatedAt     string      `json:"createdAt"`
 }

@@ -61,6 +61,23 @@ type ComputeVMSpec struct {
 	// tenant (the mount forwards each request as the kcp user who made it).
 	// +optional
 	Admins TenantAdmins `json:"admins,omitempty"`
+	// AdminDIDs are ATProto identities with every right on the tenant
+	// (the requester's, from the accept record): a caller who presents a
+	// service-auth token its PDS issued for the tenant (status.serviceID)
+	// is the user named by its DID there.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^did:[a-z]+:[a-zA-Z0-9._:%-]+$`
+	// +listType=set
+	// +optional
+	AdminDIDs []string `json:"adminDIDs,omitempty"`
+	// ServiceDID is the DID whose service the tenant is (the bidder's):
+	// the tenant accepts ATProto service-auth tokens for this DID with a
+	// fragment naming the VM (status.serviceID). Without it the tenant
+	// accepts none.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServiceDID string `json:"serviceDID,omitempty"`
 }
 
 // TenantAdmins are kcp users and groups that get every right on a tenant
@@ -105,6 +122,11 @@ type ComputeVMStatus struct {
 	// carries.
 	// +optional
 	CAFingerprint string `json:"caFingerprint"`
+	// ServiceID is the tenant's service identity, the audience of the
+	// service-auth tokens it accepts (spec.serviceDID and a fragment
+	// naming the VM); what the lease record carries.
+	// +optional
+	ServiceID string `json:"serviceID,omitempty"`
 	// CredentialSecret names the Secret (owned by the VM, key token) with
 	// the credential the mount uses on the tenant: an identity made on the
 	// tenant for this, that may impersonate and do nothing else.

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // Options are knotless-agent's flags.
@@ -51,6 +52,17 @@ type Options struct {
 	// PreloadImages are loaded into every new kind VM (--preload-image,
 	// repeated).
 	PreloadImages stringList
+	// WebhookAddress is the host:port of the service-auth webhook the
+	// process driver's tenants ask who a bearer token is (an IP address
+	// and a fixed port: the tenants keep it while they run).
+	WebhookAddress string
+	// WebhookDir keeps the webhook's serving certificate and its CA.
+	WebhookDir string
+	// PLCURL is the PLC directory that resolves the callers' DIDs.
+	PLCURL string
+	// AllowPrivateNetworks are the comma-separated loopback/private
+	// ranges DID resolution may reach (did:web hosts, the PLC).
+	AllowPrivateNetworks string
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables).
 	MetricsBindAddress, HealthProbeBindAddress string
 	Logs                                       zap.Options
@@ -69,6 +81,9 @@ func NewOptions() *Options {
 		// 8091): the three may run on one machine (TestDefaultPortsDoNotClash).
 		MetricsBindAddress:     "127.0.0.1:8092",
 		HealthProbeBindAddress: "127.0.0.1:8093",
+		WebhookAddress:         "127.0.0.1:8094",
+		WebhookDir:             "/var/lib/knotless-agent-webhook",
+		PLCURL:                 "https://plc.directory",
 	}
 }
 
@@ -84,6 +99,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KindRoot, "kind-root", o.KindRoot, "directory where the kind driver keeps its VMs (absolute)")
 	fs.StringVar(&o.KindPathPrefix, "kind-path-prefix", o.KindPathPrefix, "directory put first in the PATH of kind and docker (the docker shim hack/node-image/docker-runtime.sh prints, on machines that need it)")
 	fs.Var(&o.PreloadImages, "preload-image", "an image of the agent's docker loaded into every new kind VM before it runs (repeatable; for nodes that cannot pull)")
+	fs.StringVar(&o.WebhookAddress, "webhook-address", o.WebhookAddress, "IP:port of the service-auth webhook the process driver's tenants authenticate bearer tokens with (keep it fixed: running tenants keep the address they started with)")
+	fs.StringVar(&o.WebhookDir, "webhook-dir", o.WebhookDir, "directory that keeps the webhook's serving certificate and CA (absolute)")
+	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves the DIDs of service-auth tokens")
+	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) DID resolution may reach; empty allows public addresses only")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "host:port of the metrics endpoint (0 disables)")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "host:port of /healthz and /readyz (0 disables)")
 	o.Logs.BindFlags(fs)
@@ -119,9 +138,28 @@ func (o *Options) Validate() error {
 	if net.ParseIP(o.TenantHost) == nil {
 		errs = append(errs, fmt.Errorf("--tenant-host: %q is not an IP address", o.TenantHost))
 	}
+	errs = append(errs, o.validateServiceAuth()...)
 	errs = append(errs, flagcheck.BindAddress("--metrics-bind-address", o.MetricsBindAddress),
 		flagcheck.BindAddress("--health-probe-bind-address", o.HealthProbeBindAddress))
 	return flagcheck.Join(errs...)
+}
+
+// validateServiceAuth checks the flags of the service-auth webhook.
+func (o *Options) validateServiceAuth() []error {
+	var errs []error
+	if host, port, err := net.SplitHostPort(o.WebhookAddress); err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
+		errs = append(errs, fmt.Errorf("--webhook-address: %q is not IP:port with a fixed port", o.WebhookAddress))
+	}
+	if !filepath.IsAbs(o.WebhookDir) {
+		errs = append(errs, fmt.Errorf("--webhook-dir: %q is not an absolute path", o.WebhookDir))
+	}
+	if _, err := flagcheck.URL("--plc-url", o.PLCURL); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := netpolicy.ParsePrefixes(o.AllowPrivateNetworks); err != nil {
+		errs = append(errs, fmt.Errorf("--allow-private-networks: %w", err))
+	}
+	return errs
 }
 
 // KindPath is the resolved kind binary (after Validate).

@@ -69,6 +69,11 @@ func TestValidate(t *testing.T) {
 		{"--kind-root", func(o *Options) { o.NodeImage, o.Kind, o.KindRoot = "img", o.KCP, "relative" }},
 		{"--kind-path-prefix", func(o *Options) { o.NodeImage, o.Kind, o.KindPathPrefix = "img", o.KCP, "shim" }},
 		{"--preload-image", func(o *Options) { o.PreloadImages = []string{"a:1"} }},
+		{"--webhook-address", func(o *Options) { o.WebhookAddress = "127.0.0.1:0" }},
+		{"--webhook-address", func(o *Options) { o.WebhookAddress = "localhost:8094" }},
+		{"--webhook-dir", func(o *Options) { o.WebhookDir = "relative" }},
+		{"--plc-url", func(o *Options) { o.PLCURL = "http://user:pw@plc" }},
+		{"--allow-private-networks", func(o *Options) { o.AllowPrivateNetworks = "not-a-range" }},
 		{"--preload-image", func(o *Options) { o.NodeImage, o.Kind, o.PreloadImages = "img", o.KCP, []string{"--privileged"} }},
 	} {
 		o := valid(t)

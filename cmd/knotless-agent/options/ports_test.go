@@ -17,6 +17,7 @@ func TestDefaultPortsDoNotClash(t *testing.T) {
 	for name, addr := range map[string]string{
 		"agent --metrics-bind-address":           a.MetricsBindAddress,
 		"agent --health-probe-bind-address":      a.HealthProbeBindAddress,
+		"agent --webhook-address":                a.WebhookAddress,
 		"mountproxy --metrics-bind-address":      m.MetricsBindAddress,
 		"mountproxy --health-probe-bind-address": m.HealthProbeBindAddress,
 		"mountproxy --bind-address":              m.BindAddress,

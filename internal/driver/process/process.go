@@ -50,6 +50,10 @@ type Driver struct {
 	// Host is the address the tenant apiservers listen on (default
 	// 127.0.0.1).
 	Host string
+	// Webhook is where the tenants ask who a bearer token is (the agent's
+	// service-auth webhook); without it a tenant accepts no service-auth
+	// token.
+	Webhook *driver.Webhook
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -60,6 +64,10 @@ type state struct {
 	// The VM's kcp process (its PID, start time and boot ID).
 	driver.Proc
 	Token string
+	// ServiceID is the audience of the service-auth tokens the VM's
+	// tenant accepts through the agent's webhook ("" when it was started
+	// without it).
+	ServiceID string `json:",omitempty"`
 }
 
 func (d *Driver) dir(vm driver.VM) (string, error) {
@@ -176,6 +184,19 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 		"--embedded-etcd-peer-port", strconv.Itoa(st.EtcdPeer),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
 	}
+	if d.Webhook != nil && vm.ServiceID != "" {
+		cfg, err := d.Webhook.Kubeconfig(vm.ID)
+		if err != nil {
+			return driver.Status{}, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "webhook.kubeconfig"), cfg, 0o600); err != nil {
+			return driver.Status{}, err
+		}
+		st.ServiceID = vm.ServiceID
+		args = append(args, "--authentication-token-webhook-config-file", filepath.Join(dir, "webhook.kubeconfig"),
+			"--authentication-token-webhook-version", "v1",
+			"--authentication-token-webhook-cache-ttl", driver.WebhookCacheTTL.String())
+	}
 	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", `"$0" "$@" >>kcp.log 2>&1 </dev/null & echo $!`, d.KCP}, args...)...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -246,7 +267,7 @@ func (d *Driver) status(ctx context.Context, dir string, st *state, vm driver.VM
 	if err != nil {
 		return driver.Status{}, err
 	}
-	return driver.Status{State: driver.Running, Endpoint: d.base(st) + "/clusters/root", CA: ca}, nil
+	return driver.Status{State: driver.Running, Endpoint: d.base(st) + "/clusters/root", CA: ca, ServiceID: st.ServiceID}, nil
 }
 
 func (d *Driver) base(st *state) string {

@@ -89,17 +89,21 @@ func (d *bidder) liveLease(lv *leaseView) {
 			reason = DriverFailed
 		}
 		done := *l
-		done.State, done.Reason, done.CAFingerprint, done.UpdatedAt = LeaseCompleted, reason, "", market.Time(d.now)
+		done.State, done.Reason, done.UpdatedAt = LeaseCompleted, reason, market.Time(d.now)
+		done.CAFingerprint, done.CABundle, done.Endpoint, done.ServiceID = "", "", "", ""
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &done})
 		d.p.event("", corev1.EventTypeWarning, "VMLost", "Lease", fmt.Sprintf("the VM of %s is %s (%s): the lease ends", lv.name, vm.Status.Phase, vm.Status.Reason), i)
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractFailed, Of(reason), i, nil)
 		d.deleteVM(vm, i)
-	case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint):
-		// The VM runs: the lease says so, with the CA's fingerprint (never
-		// the CA or a credential).
+	case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint ||
+		l.CABundle != vm.Status.CABundle || l.Endpoint != vm.Status.Endpoint || l.ServiceID != vm.Status.ServiceID):
+		// The VM runs: the lease says so, with the tenant's endpoint, its
+		// CA bundle and that bundle's pin, and its service identity (never
+		// a credential: callers authenticate with their own identity).
 		d.p.step(LeaseRun, lv.ol.uri)
 		up := *l
 		up.State, up.CAFingerprint, up.UpdatedAt = LeaseRunning, vm.Status.CAFingerprint, market.Time(d.now)
+		up.CABundle, up.Endpoint, up.ServiceID = vm.Status.CABundle, vm.Status.Endpoint, vm.Status.ServiceID
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &up})
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractActive, "", i, nil)
 	default:
@@ -125,6 +129,11 @@ func (d *bidder) ensureVM(name string, vm *computev1alpha1.ComputeVM) {
 		Driver:       string(cmp.Or(d.s.Spec.Driver, marketv1alpha1.DriverProcess)),
 		CPUMillis:    cc.Spec.Shape.CPUMillis,
 		MemoryMiB:    cc.Spec.Shape.MemoryMiB,
+		// The requester's identity administers the tenant, and the
+		// tenant's service identity is the bidder's (both from the
+		// contract's agreement, which never changes).
+		AdminDIDs:  []string{cc.Spec.RequesterDID},
+		ServiceDID: cc.Spec.BidderDID,
 	}})
 	d.p.event(name, corev1.EventTypeNormal, "Provisioning", "Provision", fmt.Sprintf("ComputeVM %s made for the lease; the agent runs it", name), None)
 }

@@ -168,7 +168,7 @@ func (f *fixture) leased(state LeaseState, phase Phase, vm computev1alpha1.VMPha
 	l := &market.Lease{Type: lexicon.Lease, Accept: acc.Ref(), Bid: &market.StrongRef{URI: bidURI, CID: cid("cidbid")}, State: state,
 		CreatedAt: market.Time(t0.Add(-20 * time.Second)), UpdatedAt: market.Time(t0.Add(-20 * time.Second))}
 	if state == LeaseRunning {
-		l.CAFingerprint = fingerprint
+		l.CAFingerprint, l.CABundle, l.Endpoint, l.ServiceID = fingerprint, "PEM", "https://127.0.0.1:7443/clusters/root", fit+"#knotless_tenant_x"
 	}
 	rec := own(f.t, fit, lexicon.Lease, market.LeaseKey(owner, acc.URI), cid("cidlease"), l)
 	f.s.Leases = append(f.s.Leases, rec)
@@ -180,7 +180,7 @@ func (f *fixture) leased(state LeaseState, phase Phase, vm computev1alpha1.VMPha
 	}
 	if vm != "" {
 		f.s.VMs[name] = &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: "vm-uid"},
-			Status: computev1alpha1.ComputeVMStatus{Phase: vm, CAFingerprint: fingerprint}}
+			Status: computev1alpha1.ComputeVMStatus{Phase: vm, CAFingerprint: fingerprint, CABundle: "PEM", Endpoint: "https://127.0.0.1:7443/clusters/root", ServiceID: fit + "#knotless_tenant_x"}}
 	}
 	return acc, rec.URI, name
 }
@@ -390,11 +390,25 @@ func leaseCases() []bidderCase {
 				if len(p.VMs) != 1 || p.VMs[0].Create == nil || len(p.Records) != 0 || p.Counts.Used[0] != 1 {
 					t.Errorf("plan %+v", p)
 				}
+				// The tenant is the requester's to administer by its
+				// identity, and its service identity is the bidder's.
+				if c := p.VMs[0].Create; c != nil && (!slices.Equal(c.AdminDIDs, []string{shop}) || c.ServiceDID != fit) {
+					t.Errorf("VM spec %+v", c)
+				}
 			}},
 		{name: "a running VM makes the lease running", setup: func(f *fixture) {
 			f.leased(LeaseConfirmed, marketv1alpha1.ContractProvisioning, computev1alpha1.VMRunning)
 		}, want: []TransitionID{LeaseRun}, check: func(t *testing.T, f *fixture, p *Plan) {
-			if l := leaseWrite(p); l == nil || l.State != LeaseRunning || l.CAFingerprint == "" || contractPhase(p) != marketv1alpha1.ContractActive {
+			if l := leaseWrite(p); l == nil || l.State != LeaseRunning || l.CAFingerprint == "" || contractPhase(p) != marketv1alpha1.ContractActive ||
+				l.CABundle != "PEM" || l.Endpoint != "https://127.0.0.1:7443/clusters/root" || l.ServiceID != fit+"#knotless_tenant_x" {
+				t.Errorf("plan %+v", p)
+			}
+		}},
+		{name: "a running lease whose endpoint changed is written again", setup: func(f *fixture) {
+			_, _, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
+			f.s.VMs[name].Status.Endpoint = "https://127.0.0.1:7444/clusters/root"
+		}, want: []TransitionID{LeaseRun}, check: func(t *testing.T, f *fixture, p *Plan) {
+			if l := leaseWrite(p); l == nil || l.Endpoint != "https://127.0.0.1:7444/clusters/root" {
 				t.Errorf("plan %+v", p)
 			}
 		}},

@@ -56,7 +56,7 @@ func BidderTransitions() []Transition {
 		{AcceptConfirm, "bid open", "the requester's accept (in its own repo, of this version of the bid and the request) came before confirmBy and validUntil, the bidder takes work and the offer has room", "lease confirmed; Bid Leased; ComputeContract Provisioning", "leased"},
 		{AcceptDecline, "bid open", "an accept the bidder cannot take: suspended, expired, no-capacity", "lease declined (reason); Bid Declined", "lease over"},
 		{LeaseProvision, "leased", "the VM is not running yet", "ComputeVM made; ComputeContract Provisioning (Active once running)", "leased"},
-		{LeaseRun, "leased", "the VM runs and the lease does not say so (or names another CA)", "lease running (caFingerprint); ComputeContract Active", "running"},
+		{LeaseRun, "leased", "the VM runs and the lease does not say so (or names another CA, endpoint or service identity)", "lease running (caFingerprint, caBundle, endpoint, serviceId); ComputeContract Active", "running"},
 		{LeaseVMLost, "leased", "the VM is Lost or Failed", "lease completed (vm-lost, driver-failed); ComputeContract Failed; ComputeVM deleted", "lease over"},
 		{LeaseReclaim, "leased", "spec.reclaims names the contract and no reclaim is published", "reclaim record (terminateAfter = now + the request's notice)", "reclaiming"},
 		{LeaseExport, "released", "the requester's side exports the tenant (a StateSync export, neither failed nor older than ExportWait)", "ComputeContract Releasing", "released"},

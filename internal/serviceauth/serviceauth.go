@@ -1,0 +1,151 @@
+// Package serviceauth is how a tenant apiserver knows who calls it: by
+// ATProto identity. A caller presents an inter-service JWT its own PDS
+// issued (com.atproto.server.getServiceAuth), signed by the key of its
+// DID document, for the tenant's service identity (the audience, which
+// the bidder's lease record publishes) and the method Method. The agent
+// next to the tenant checks it (Validator, with indigo's
+// ServiceAuthValidator) for the tenant apiserver through Kubernetes
+// webhook token authentication (Webhook): the user is the caller's DID,
+// with no group. What the DID may do is the tenant's RBAC. No credential
+// is handed from one side of a deal to the other (R20).
+package serviceauth
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/auth"
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"github.com/bluesky-social/indigo/atproto/syntax"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Method is the lxm a token for a tenant must name: a token its holder
+// asked for another method (a PDS's, an AppView's) is not one for a
+// tenant, even when its audience matches.
+const Method = "dev.knotless.tenant.access"
+
+// Bounds of a token a tenant accepts.
+const (
+	// MaxToken bounds a token's length: a PDS's is about 400 bytes.
+	MaxToken = 4096
+	// MaxLifetime bounds how long a token may be valid from when it was
+	// issued: a PDS issues tokens for at most an hour; a tenant takes
+	// only short ones, so a token that leaked is worth little.
+	MaxLifetime = 10 * time.Minute
+	// Leeway is the clock skew allowed between the PDS and the agent.
+	Leeway = 10 * time.Second
+	// PurgeInterval is how often at most a token that fails its
+	// signature makes the issuer's DID document be resolved again (it
+	// may have rotated its key): forged tokens cannot make the agent
+	// resolve a DID more than once per interval.
+	PurgeInterval = time.Minute
+)
+
+// audiencePrefix starts the fragment of a tenant's service identity.
+const audiencePrefix = "#knotless_tenant_"
+
+// Audience is the service identity of the VM vmID of the bidder
+// bidderDID: the bidder's DID with a fragment naming the VM, so that a
+// token for one tenant is refused by every other, the same bidder's
+// included. A PDS issues tokens for such a DID reference.
+func Audience(bidderDID, vmID string) string {
+	sum := sha256.Sum256([]byte(vmID))
+	return bidderDID + audiencePrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15]))
+}
+
+// ErrInvalid is wrapped by every refusal of a token.
+var ErrInvalid = errors.New("invalid service-auth token")
+
+// Validator checks tokens for tenants. It is safe for concurrent use.
+type Validator struct {
+	dir identity.Directory
+	now func() time.Time
+}
+
+// NewValidator returns a validator that resolves issuers through dir
+// (bounded and cached: pds.NewDirectory). A failed signature purges an
+// issuer's cached document at most once per PurgeInterval.
+func NewValidator(dir identity.Directory) *Validator {
+	return &Validator{dir: &purgeLimited{Directory: dir, last: map[syntax.AtIdentifier]time.Time{}, now: time.Now}, now: time.Now}
+}
+
+// Validate returns the DID a token was issued by, when it is a valid
+// service-auth token for audience and Method, signed by the key of the
+// issuer's DID document, issued at most MaxLifetime before it expires and
+// not expired. The error wraps ErrInvalid and says why, for the agent's
+// log only: a caller is told nothing more than 401.
+func (v *Validator) Validate(ctx context.Context, token, audience string) (syntax.DID, error) {
+	if audience == "" {
+		return "", fmt.Errorf("%w: the tenant has no service identity", ErrInvalid)
+	}
+	if len(token) > MaxToken {
+		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalid, MaxToken)
+	}
+	// The lifetime first, unverified: a long-lived token is refused
+	// before its issuer is resolved.
+	var claims jwt.RegisteredClaims
+	if _, _, err := jwt.NewParser().ParseUnverified(token, &claims); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if claims.ExpiresAt == nil || claims.IssuedAt == nil {
+		return "", fmt.Errorf("%w: no exp or iat", ErrInvalid)
+	}
+	if life := claims.ExpiresAt.Sub(claims.IssuedAt.Time); life > MaxLifetime || life <= 0 {
+		return "", fmt.Errorf("%w: valid for %s (at most %s)", ErrInvalid, life, MaxLifetime)
+	}
+	if claims.ExpiresAt.Add(Leeway).Before(v.now()) {
+		return "", fmt.Errorf("%w: expired", ErrInvalid)
+	}
+	method := syntax.NSID(Method)
+	sv := auth.ServiceAuthValidator{Audience: audience, Dir: v.dir, TimestampLeeway: Leeway}
+	did, err := sv.Validate(ctx, token, &method)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return did, nil
+}
+
+// purgeLimited lets Purge through at most once per PurgeInterval for each
+// identifier: ServiceAuthValidator purges the issuer's document after
+// every failed signature.
+type purgeLimited struct {
+	identity.Directory
+	mu   sync.Mutex
+	last map[syntax.AtIdentifier]time.Time
+	now  func() time.Time
+}
+
+// maxPurgeEntries bounds what purgeLimited remembers; past it, entries
+// older than PurgeInterval are dropped, and if none is, nothing is purged
+// until one is.
+const maxPurgeEntries = 10_000
+
+func (p *purgeLimited) Purge(ctx context.Context, atid syntax.AtIdentifier) error {
+	now := p.now()
+	p.mu.Lock()
+	if t, ok := p.last[atid]; ok && now.Sub(t) < PurgeInterval {
+		p.mu.Unlock()
+		return nil
+	}
+	if len(p.last) >= maxPurgeEntries {
+		for k, t := range p.last {
+			if now.Sub(t) >= PurgeInterval {
+				delete(p.last, k)
+			}
+		}
+		if len(p.last) >= maxPurgeEntries {
+			p.mu.Unlock()
+			return nil
+		}
+	}
+	p.last[atid] = now
+	p.mu.Unlock()
+	return p.Directory.Purge(ctx, atid)
+}

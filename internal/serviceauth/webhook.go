@@ -1,0 +1,76 @@
+package serviceauth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/go-logr/logr"
+	authenticationv1 "k8s.io/api/authentication/v1"
+)
+
+// WebhookPath is where a tenant's TokenReviews are posted: the path ends
+// with the VM's ID, which the agent wrote into the tenant's webhook
+// configuration, so that the agent knows the tenant's audience.
+const WebhookPath = "/tokenreview/"
+
+// maxReview bounds a TokenReview's body: a token and a few fields.
+const maxReview = 16 << 10
+
+// Webhook serves Kubernetes webhook token authentication (TokenReview
+// v1) for tenants: a token is authenticated when v validates it for the
+// audience of the VM the path names (audience returns "" for a VM the
+// agent does not know, and every token is refused). The user is the
+// issuer's DID (name and UID), with no group and no extra. A refusal
+// says only "invalid token": why is logged.
+type Webhook struct {
+	Validator *Validator
+	Audience  func(ctx context.Context, vmID string) (string, error)
+	Log       logr.Logger
+}
+
+func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	vmID, ok := strings.CutPrefix(r.URL.Path, WebhookPath)
+	if r.Method != http.MethodPost || !ok || vmID == "" || strings.Contains(vmID, "/") {
+		http.NotFound(w, r)
+		return
+	}
+	var review authenticationv1.TokenReview
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxReview))
+	if err == nil {
+		err = json.Unmarshal(body, &review)
+	}
+	if err != nil {
+		http.Error(w, "not a TokenReview", http.StatusBadRequest)
+		return
+	}
+	out := authenticationv1.TokenReview{TypeMeta: review.TypeMeta}
+	if out.APIVersion == "" {
+		out.APIVersion, out.Kind = authenticationv1.SchemeGroupVersion.String(), "TokenReview"
+	}
+	did, err := h.review(r.Context(), vmID, review.Spec.Token)
+	if err != nil {
+		h.Log.V(1).Info("token refused", "vm", vmID, "reason", err.Error())
+		out.Status.Error = "invalid token"
+	} else {
+		out.Status.Authenticated = true
+		out.Status.User = authenticationv1.UserInfo{Username: string(did), UID: string(did)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+func (h *Webhook) review(ctx context.Context, vmID, token string) (string, error) {
+	aud, err := h.Audience(ctx, vmID)
+	if err != nil {
+		return "", err
+	}
+	if aud == "" {
+		return "", errors.New("no tenant with a service identity has this ID")
+	}
+	did, err := h.Validator.Validate(ctx, token, aud)
+	return string(did), err
+}
