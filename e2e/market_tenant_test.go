@@ -122,18 +122,36 @@ func TestMarketTenantMounted(t *testing.T) {
 	leases := listCollection(ctx, t, env.pds, d.accounts["acme"].DID, lexicon.Lease)
 	for _, l := range leases {
 		rec := decodeRecord[market.Lease](t, l)
-		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != mdeal.LeaseRunning {
-			t.Errorf("lease %s: state %s fingerprint %q, want running with the VM's %q", l.URI, rec.State, rec.CAFingerprint, vm.Status.CAFingerprint)
+		if rec.CAFingerprint != vm.Status.CAFingerprint || rec.State != mdeal.LeaseRunning || rec.CABundle != vm.Status.CABundle ||
+			rec.Endpoint != vm.Status.Endpoint || rec.ServiceID == "" || rec.ServiceID != vm.Status.ServiceID {
+			t.Errorf("lease %s: %+v, want running with the VM's CA, fingerprint %q, endpoint %q and service identity %q", l.URI, rec,
+				vm.Status.CAFingerprint, vm.Status.Endpoint, vm.Status.ServiceID)
 		}
 	}
 	for _, l := range leases {
 		membersCannotForge(ctx, t, d, vm, l)
 	}
+	// The requester's DID administers the tenant directly: kubectl
+	// knotless kubeconfig of alice's contract (the lease read from the
+	// bidder's PDS) as the buyer's identity sees the namespace alice
+	// made through the mount, and makes one alice sees there.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "by-alice"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	byDID := didClient(ctx, t, d.accounts["buyer"], d.appWS, rc.Name)
+	if _, err := byDID.CoreV1().Namespaces().Get(ctx, "by-alice", metav1.GetOptions{}); err != nil {
+		t.Errorf("the buyer's DID does not see the namespace alice made through the mount: %v", err)
+	}
+	if _, err := byDID.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "by-buyer-did"}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("the buyer's DID cannot create a namespace: %v", err)
+	} else if _, err := cs.CoreV1().Namespaces().Get(ctx, "by-buyer-did", metav1.GetOptions{}); err != nil {
+		t.Errorf("alice does not see, through the mount, the namespace the buyer's DID made: %v", err)
+	}
 	for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
 		for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Presence} {
 			for _, r := range listCollection(ctx, t, env.pds, did, col) {
-				if strings.Contains(string(r.Value), token) || strings.Contains(string(r.Value), "BEGIN CERTIFICATE") {
-					t.Errorf("record %s carries the credential or the CA", r.URI)
+				if strings.Contains(string(r.Value), token) {
+					t.Errorf("record %s carries the credential", r.URI)
 				}
 			}
 		}

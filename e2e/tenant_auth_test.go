@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -49,10 +51,11 @@ func serviceToken(ctx context.Context, t *testing.T, acct *framework.Account, au
 // through webhook token authentication, resolving the issuer's DID
 // document. The VM's admin DID (spec.adminDIDs, the requester's) lists
 // and creates namespaces, with kubectl-knotless as client-go's exec
-// credential plugin, as kubectl runs it; a DID with no grant is
-// authenticated and forbidden (403); a token for another audience, for
-// another method, expired, valid too long, or with a forged signature is
-// 401. Cost: one tenant kcp process (~25 s) and a 12 s wait for a token
+// credential plugin, as kubectl runs it; a DID the tenant does not name
+// is not authenticated (401: an authenticated kcp user could list the
+// root's workspaces and make a home workspace); a token for another
+// audience, for another method, expired, valid too long, or with a
+// forged signature is 401. Cost: one tenant kcp process (~25 s) and a 12 s wait for a token
 // to expire (serviceauth.Leeway and 3 s).
 func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 	defer failWithLogs(t)
@@ -61,11 +64,11 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 	c := marketWorkspace(ctx, t, name)
 	startAgent(ctx, t, name, agentKubeconfig(ctx, t, c, name))
 
-	requester, err := env.pds.CreateAccount(ctx, env.prefix+"tbuyer.test")
+	requester, err := env.pds.CreateAccount(ctx, env.prefix+"sabuyer.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	stranger, err := env.pds.CreateAccount(ctx, env.prefix+"tstranger.test")
+	stranger, err := env.pds.CreateAccount(ctx, env.prefix+"sastranger.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,18 +88,7 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 
 	// The requester, through kubectl-knotless token as the exec
 	// credential plugin, with an app password in a file.
-	repoRoot, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	plugin, err := framework.Build(ctx, repoRoot, env.dir, "kubectl-knotless")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw := filepath.Join(t.TempDir(), "app-password")
-	if err := os.WriteFile(pw, []byte(requester.AppPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	plugin, pw := knotlessPlugin(ctx, t, requester)
 	cfg := &rest.Config{Host: vm.Status.Endpoint, TLSClientConfig: rest.TLSClientConfig{CAData: []byte(vm.Status.CABundle)},
 		ExecProvider: &clientcmdapi.ExecConfig{APIVersion: "client.authentication.k8s.io/v1", Command: plugin, InteractiveMode: clientcmdapi.NeverExecInteractiveMode,
 			Args: []string{"token", "--pds", env.pds.URL, "--identifier", requester.Handle, "--password-file", pw, "--audience", aud}},
@@ -128,8 +120,14 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 	if code := get(serviceToken(ctx, t, requester, aud, serviceauth.Method, soon)); code != http.StatusOK {
 		t.Errorf("the requester's token: %d, want 200", code)
 	}
-	if code := get(serviceToken(ctx, t, stranger, aud, serviceauth.Method, soon)); code != http.StatusForbidden {
-		t.Errorf("a DID with no grant: %d, want 403 (authenticated, not authorized)", code)
+	// A DID the tenant does not name is not authenticated at all: kcp
+	// gives every authenticated user the root's workspace list and a home
+	// workspace of its own (from the attack review).
+	strangerToken := serviceToken(ctx, t, stranger, aud, serviceauth.Method, soon)
+	for _, path := range []string{"/api/v1/namespaces", "/apis/tenancy.kcp.io/v1alpha1/workspaces", "/apis/tenancy.kcp.io/v1alpha1/workspaces/~"} {
+		if code := tenantDo(ctx, t, vm, strangerToken, path, http.Header{}); code != http.StatusUnauthorized {
+			t.Errorf("a DID the tenant does not name, GET %s: %d, want 401", path, code)
+		}
 	}
 	good := serviceToken(ctx, t, requester, aud, serviceauth.Method, soon)
 	dot := strings.LastIndexByte(good, '.')
@@ -158,4 +156,51 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 		t.Errorf("an expired token: %d, want 401", code)
 	}
 
+}
+
+// knotlessPlugin builds kubectl-knotless and writes acct's app password
+// to a file; it returns both paths.
+func knotlessPlugin(ctx context.Context, t *testing.T, acct *framework.Account) (string, string) {
+	t.Helper()
+	repoRoot, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin, err := framework.Build(ctx, repoRoot, env.dir, "kubectl-knotless")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(t.TempDir(), "app-password")
+	if err := os.WriteFile(pw, []byte(acct.AppPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return plugin, pw
+}
+
+// didClient is a client of the tenant of alice's contract in ws as the
+// DID of acct, from the kubeconfig `kubectl knotless kubeconfig
+// <contract>` writes (the contract read as alice; the lease from the
+// bidder's PDS; the token from acct's PDS).
+func didClient(ctx context.Context, t *testing.T, acct *framework.Account, ws, contract string) kubernetes.Interface {
+	t.Helper()
+	plugin, pw := knotlessPlugin(ctx, t, acct)
+	aliceCfg, err := env.kcp.UserConfig("alice")
+	if err != nil {
+		aliceCfg = env.admin
+	}
+	out := filepath.Join(t.TempDir(), "tenant.kubeconfig")
+	cmd := exec.CommandContext(ctx, plugin, "kubeconfig", contract, "--kubeconfig", writeKubeconfig(t, aliceCfg, root.Join(ws)),
+		"--plc-url", env.plc.URL, "--pds", env.pds.URL, "--identifier", acct.Handle, "--password-file", pw, "-o", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl knotless kubeconfig %s: %v\n%s", contract, err, b)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }

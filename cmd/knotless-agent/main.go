@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -100,7 +101,8 @@ func run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	webhook, err := serveWebhook(ctx, mgr, o)
+	grants := &serviceauth.Grants{}
+	webhook, err := serveWebhook(ctx, mgr, o, grants)
 	if err != nil {
 		return err
 	}
@@ -115,7 +117,7 @@ func run(ctx context.Context, o *options.Options) error {
 			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages}
 		logger.Info("kind driver", "image", o.NodeImage, "kind", o.KindPath(), "kindRoot", o.KindRoot, "preload", o.PreloadImages)
 	}
-	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
+	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Grants: grants, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the computevm controller: %w", err)
 	}
 	if err := (&statesync.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(statesync.Name)}).SetupWithManager(mgr); err != nil {
@@ -149,10 +151,11 @@ const uidIndex = "metadata.uid"
 // serveWebhook adds the service-auth webhook (serviceauth.Webhook) to mgr
 // on --webhook-address, over TLS with the certificate kept in
 // --webhook-dir, and returns how the tenants reach it. A token is
-// checked against the service identity of the ComputeVM the path names,
-// as the agent's cache has it; DIDs resolve through --plc-url, within
+// checked against the service identity of the ComputeVM the path names
+// and the DIDs it lets in (spec.adminDIDs, and those its tenant's RBAC
+// names: grants), as the agent's cache has it; DIDs resolve through --plc-url, within
 // the address policy of --allow-private-networks.
-func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options) (*driver.Webhook, error) {
+func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, grants *serviceauth.Grants) (*driver.Webhook, error) {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.ComputeVM{}, uidIndex, func(obj client.Object) []string {
 		return []string{string(obj.GetUID())}
 	}); err != nil {
@@ -167,12 +170,13 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options) 
 	hook := &serviceauth.Webhook{
 		Validator: serviceauth.NewValidator(pds.NewDirectory(o.PLCURL, netpolicy.New(allowed, nil), 10*time.Second)),
 		Log:       ctrl.Log.WithName("webhook"),
-		Audience: func(ctx context.Context, id string) (string, error) {
+		Tenant: func(ctx context.Context, id string) (string, []string, error) {
 			var vms computev1alpha1.ComputeVMList
 			if err := mgr.GetClient().List(ctx, &vms, client.MatchingFields{uidIndex: id}); err != nil || len(vms.Items) != 1 {
-				return "", err
+				return "", nil, err
 			}
-			return driver.ServiceID(&vms.Items[0]), nil
+			vm := &vms.Items[0]
+			return driver.ServiceID(vm), append(slices.Clone(vm.Spec.AdminDIDs), grants.Get(id)...), nil
 		},
 	}
 	srv := &http.Server{

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -24,15 +25,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 
-	"github.com/knotless-dev/knotless/cmd/internal/flagcheck"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 const usage = `kubectl knotless: reach knotless tenants with your ATProto identity.
 
 Commands:
-  token   print an ExecCredential with a service-auth token for a tenant
-          (kubectl runs it as the exec credential plugin of a kubeconfig)
+  kubeconfig  write a kubeconfig for the tenant of a contract (or of a
+              lease record): endpoint and CA from the bidder's lease, you
+              as the user through the token command
+  token       print an ExecCredential with a service-auth token for a
+              tenant (kubectl runs it as the exec credential plugin of a
+              kubeconfig)
 
 Run 'kubectl knotless <command> -h' for its flags.
 `
@@ -46,6 +52,8 @@ func main() {
 	switch os.Args[1] {
 	case "token":
 		err = token(context.Background(), os.Args[2:], os.Stdout)
+	case "kubeconfig":
+		err = kubeconfig(context.Background(), os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -60,6 +68,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// loopbackOnly allows plain http to this machine only.
+var loopbackOnly = netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, nil)
 
 // tokenTTL is how long a token is asked for: kubectl asks again once it
 // expired (ExecCredential's expirationTimestamp).
@@ -81,8 +92,10 @@ func token(ctx context.Context, args []string, out io.Writer) error {
 	if *pdsURL == "" || *identifier == "" || *passwordFile == "" || *audience == "" {
 		errs = append(errs, errors.New("--pds, --identifier, --password-file and --audience are required"))
 	}
-	if _, err := flagcheck.URL("--pds", *pdsURL); err != nil {
-		errs = append(errs, err)
+	// The password goes over https only (plain http to this machine,
+	// for a local PDS).
+	if err := pds.CheckURL(*pdsURL, loopbackOnly); err != nil {
+		errs = append(errs, fmt.Errorf("--pds: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

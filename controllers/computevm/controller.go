@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -38,6 +39,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/names"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/ssa"
 )
 
@@ -63,6 +65,9 @@ type Reconciler struct {
 	Drivers map[string]driver.Driver
 	// Events records the VMs' Events.
 	Events events.EventRecorder
+	// Grants receive the DIDs each running tenant's RBAC names, which the
+	// agent's service-auth webhook lets in (nil: not kept).
+	Grants *serviceauth.Grants
 }
 
 // SetupWithManager registers the controller.
@@ -115,6 +120,7 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		return reconcile.Result{}, nil
 	case st.Phase == computev1alpha1.VMLost || st.Phase == computev1alpha1.VMFailed:
 		// Never started again: the provider replaces or releases it.
+		r.forgetGrants(vm)
 		return reconcile.Result{}, nil
 	}
 	s, err := d.Provision(ctx, driver.VMOf(vm))
@@ -147,6 +153,9 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
 	st.ServiceID = s.ServiceID
+	if st.ServiceID != "" {
+		r.refreshGrants(ctx, vm, d)
+	}
 	st.Enforced = enforced(s.Enforced)
 	set(st, vm, computev1alpha1.VMRunning, string(computev1alpha1.VMRunning), "the tenant apiserver answers at "+s.Endpoint)
 	return reconcile.Result{RequeueAfter: pollRunning}, nil
@@ -166,6 +175,28 @@ func (r *Reconciler) credential(ctx context.Context, vm *computev1alpha1.Compute
 		return fmt.Errorf("the VM's credential Secret: %w", err)
 	}
 	return nil
+}
+
+// forgetGrants drops what the webhook lets into a VM that is gone.
+func (r *Reconciler) forgetGrants(vm *computev1alpha1.ComputeVM) {
+	if r.Grants != nil {
+		r.Grants.Delete(string(vm.UID))
+	}
+}
+
+// refreshGrants reads the DIDs the running VM's tenant (one that takes
+// service-auth tokens) names in its RBAC for the webhook. A failed read keeps the DIDs read before (the tenant
+// may be busy); the next look reads them again.
+func (r *Reconciler) refreshGrants(ctx context.Context, vm *computev1alpha1.ComputeVM, d driver.Driver) {
+	if r.Grants == nil {
+		return
+	}
+	dids, err := d.AccessDIDs(ctx, driver.VMOf(vm))
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("reading the DIDs the tenant's RBAC names", "error", err.Error())
+		return
+	}
+	r.Grants.Set(string(vm.UID), dids)
 }
 
 // enforced is the status field of what the driver read back of the VM's
@@ -227,6 +258,7 @@ func (r *Reconciler) terminate(ctx context.Context, vm *computev1alpha1.ComputeV
 			return reconcile.Result{}, client.IgnoreNotFound(err)
 		}
 	}
+	r.forgetGrants(vm)
 	if err := ssa.RemoveFinalizer(ctx, r.Client, vm, Finalizer); err != nil {
 		if apierrors.IsConflict(err) {
 			return reconcile.Result{RequeueAfter: time.Second}, nil

@@ -115,6 +115,10 @@ type Driver interface {
 	// on the running VM's tenant apiserver: made for this, allowed to
 	// impersonate and nothing else (never the tenant's admin).
 	Credential(ctx context.Context, vm VM) (string, error)
+	// AccessDIDs returns the DIDs the running VM's tenant names in its
+	// RBAC (users of bindings): the agent lets them in with service-auth
+	// tokens (package serviceauth), beside the VM's admin DIDs.
+	AccessDIDs(ctx context.Context, vm VM) ([]string, error)
 	// Terminate stops the VM and removes what the driver kept of it.
 	Terminate(ctx context.Context, vm VM) error
 	// Export reads the running VM's tenant objects (namespaces and

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"syscall"
 
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	rbacac "k8s.io/client-go/applyconfigurations/rbac/v1"
@@ -92,6 +94,47 @@ func Grant(ctx context.Context, cfg *rest.Config, vm VM, mount rbacv1.Subject) e
 		}
 	}
 	return nil
+}
+
+// MaxAccessDIDs bounds the DIDs a tenant's RBAC lets in (AccessDIDs):
+// past it, the first in order are kept.
+const MaxAccessDIDs = 256
+
+// AccessDIDs returns the DIDs the tenant of cfg (its admin) names as
+// users of its ClusterRoleBindings and RoleBindings, sorted, at most
+// MaxAccessDIDs.
+func AccessDIDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var subjects []rbacv1.Subject
+	crbs, err := cs.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range crbs.Items {
+		subjects = append(subjects, b.Subjects...)
+	}
+	rbs, err := cs.RbacV1().RoleBindings("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range rbs.Items {
+		subjects = append(subjects, b.Subjects...)
+	}
+	var dids []string
+	for _, s := range subjects {
+		if s.Kind != rbacv1.UserKind {
+			continue
+		}
+		if _, err := syntax.ParseDID(s.Name); err == nil {
+			dids = append(dids, s.Name)
+		}
+	}
+	slices.Sort(dids)
+	dids = slices.Compact(dids)
+	return dids[:min(len(dids), MaxAccessDIDs)], nil
 }
 
 // applyRole applies the ClusterRole name with rules and its binding to

@@ -16,6 +16,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -60,6 +61,22 @@ func Audience(bidderDID, vmID string) string {
 	return bidderDID + audiencePrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15]))
 }
 
+// IsAudienceOf says whether aud is a tenant's service identity of the
+// DID did (as Audience makes them): did, then the fragment prefix, then
+// lowercase base32 only.
+func IsAudienceOf(aud, did string) bool {
+	rest, ok := strings.CutPrefix(aud, did+audiencePrefix)
+	if !ok || did == "" || rest == "" {
+		return false
+	}
+	for _, r := range rest {
+		if (r < 'a' || r > 'z') && (r < '2' || r > '7') {
+			return false
+		}
+	}
+	return true
+}
+
 // ErrInvalid is wrapped by every refusal of a token.
 var ErrInvalid = errors.New("invalid service-auth token")
 
@@ -77,31 +94,22 @@ func NewValidator(dir identity.Directory) *Validator {
 }
 
 // Validate returns the DID a token was issued by, when it is a valid
-// service-auth token for audience and Method, signed by the key of the
-// issuer's DID document, issued at most MaxLifetime before it expires and
-// not expired. The error wraps ErrInvalid and says why, for the agent's
-// log only: a caller is told nothing more than 401.
-func (v *Validator) Validate(ctx context.Context, token, audience string) (syntax.DID, error) {
+// service-auth token for audience and Method, issued by one of the DIDs
+// allowed, signed by the key of the issuer's DID document, issued at
+// most MaxLifetime before it expires and not expired. Everything but the
+// signature is checked before the issuer's DID is resolved, so a token
+// from anyone but an allowed DID costs no resolution. The error wraps
+// ErrInvalid and says why, for the agent's log only: a caller is told
+// nothing more than 401.
+func (v *Validator) Validate(ctx context.Context, token, audience string, allowed []string) (syntax.DID, error) {
 	if audience == "" {
 		return "", fmt.Errorf("%w: the tenant has no service identity", ErrInvalid)
 	}
 	if len(token) > MaxToken {
 		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalid, MaxToken)
 	}
-	// The lifetime first, unverified: a long-lived token is refused
-	// before its issuer is resolved.
-	var claims jwt.RegisteredClaims
-	if _, _, err := jwt.NewParser().ParseUnverified(token, &claims); err != nil {
+	if err := precheck(token, audience, allowed, v.now()); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if claims.ExpiresAt == nil || claims.IssuedAt == nil {
-		return "", fmt.Errorf("%w: no exp or iat", ErrInvalid)
-	}
-	if life := claims.ExpiresAt.Sub(claims.IssuedAt.Time); life > MaxLifetime || life <= 0 {
-		return "", fmt.Errorf("%w: valid for %s (at most %s)", ErrInvalid, life, MaxLifetime)
-	}
-	if claims.ExpiresAt.Add(Leeway).Before(v.now()) {
-		return "", fmt.Errorf("%w: expired", ErrInvalid)
 	}
 	method := syntax.NSID(Method)
 	sv := auth.ServiceAuthValidator{Audience: audience, Dir: v.dir, TimestampLeeway: Leeway}
@@ -110,6 +118,47 @@ func (v *Validator) Validate(ctx context.Context, token, audience string) (synta
 		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return did, nil
+}
+
+// claims are a service-auth token's claims, as read before its
+// signature is checked.
+type claims struct {
+	jwt.RegisteredClaims
+	LexMethod string `json:"lxm,omitempty"`
+}
+
+// precheck checks, without the signature, what a token says: an ES256 or
+// ES256K signature (the only ones a DID key makes), one of the allowed
+// issuers, the audience, the method, and a lifetime of at most
+// MaxLifetime that has not ended.
+func precheck(token, audience string, allowed []string, now time.Time) error {
+	var c claims
+	t, _, err := jwt.NewParser().ParseUnverified(token, &c)
+	if err != nil {
+		return err
+	}
+	if alg := t.Method.Alg(); alg != "ES256" && alg != "ES256K" {
+		return fmt.Errorf("signature algorithm %q", alg)
+	}
+	if !slices.Contains(allowed, c.Issuer) {
+		return errors.New("the issuer is not one the tenant lets in")
+	}
+	if len(c.Audience) != 1 || c.Audience[0] != audience {
+		return errors.New("another audience")
+	}
+	if c.LexMethod != Method {
+		return errors.New("another method")
+	}
+	if c.ExpiresAt == nil || c.IssuedAt == nil {
+		return errors.New("no exp or iat")
+	}
+	if life := c.ExpiresAt.Sub(c.IssuedAt.Time); life > MaxLifetime || life <= 0 {
+		return fmt.Errorf("valid for %s (at most %s)", life, MaxLifetime)
+	}
+	if c.ExpiresAt.Add(Leeway).Before(now) {
+		return errors.New("expired")
+	}
+	return nil
 }
 
 // purgeLimited lets Purge through at most once per PurgeInterval for each

@@ -6,8 +6,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,6 +29,9 @@ const (
 	alice  = syntax.DID("did:plc:alice000000000000000000")
 	bidder = "did:plc:bidder00000000000000000"
 )
+
+// allowed are the DIDs the tenant of the tests lets in.
+var allowed = []string{string(alice)}
 
 // countingDir is a directory of one identity that counts its lookups and
 // purges.
@@ -77,7 +83,7 @@ func sign(t *testing.T, key atcrypto.PrivateKey, iss syntax.DID, aud string, ttl
 func TestValidateAcceptsATokenForTheTenant(t *testing.T) {
 	dir, key := newDir(t, alice)
 	aud := Audience(bidder, "vm-1")
-	did, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Minute, Method), aud)
+	did, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Minute, Method), aud, allowed)
 	if err != nil || did != alice {
 		t.Fatalf("Validate = %q, %v; want %s", did, err, alice)
 	}
@@ -116,19 +122,19 @@ func TestAttackTokensAreRefused(t *testing.T) {
 		{"a forged signature", forged},
 		{"expired", expired},
 		{"valid for an hour", sign(t, key, alice, aud, time.Hour, Method)},
-		{"an unknown issuer", sign(t, key, "did:plc:nobody00000000000000000", aud, time.Minute, Method)},
+		{"an issuer the tenant does not let in", sign(t, key, "did:plc:nobody00000000000000000", aud, time.Minute, Method)},
 		{"not a JWT", "hello"},
 		{"too long", good + strings.Repeat("A", MaxToken)},
 		{"alg none", signClaims(t, nil, jwt.MapClaims{"iss": string(alice), "aud": aud, "lxm": Method, "iat": time.Now().Unix(), "exp": time.Now().Add(time.Minute).Unix()})},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			did, err := NewValidator(dir).Validate(t.Context(), c.token, aud)
+			did, err := NewValidator(dir).Validate(t.Context(), c.token, aud, allowed)
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("Validate = %q, %v; want ErrInvalid", did, err)
 			}
 		})
 	}
-	if _, err := NewValidator(dir).Validate(t.Context(), good, ""); !errors.Is(err, ErrInvalid) {
+	if _, err := NewValidator(dir).Validate(t.Context(), good, "", allowed); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a tenant with no audience accepted a token: %v", err)
 	}
 }
@@ -169,7 +175,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 	v.dir.(*purgeLimited).now = func() time.Time { return now }
 	aud := Audience(bidder, "vm-1")
 	for range 100 {
-		if _, err := v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud); !errors.Is(err, ErrInvalid) {
+		if _, err := v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
 			t.Fatal(err)
 		}
 	}
@@ -177,7 +183,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 		t.Fatalf("100 forged tokens purged %d times, want 1", got)
 	}
 	now = now.Add(PurgeInterval)
-	_, _ = v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud)
+	_, _ = v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed)
 	if got := dir.purges.Load(); got != 2 {
 		t.Fatalf("after the interval: %d purges, want 2", got)
 	}
@@ -188,7 +194,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 func TestLongLivedTokenIsRefusedWithoutResolving(t *testing.T) {
 	dir, key := newDir(t, alice)
 	aud := Audience(bidder, "vm-1")
-	if _, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Hour, Method), aud); !errors.Is(err, ErrInvalid) {
+	if _, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Hour, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
 		t.Fatal(err)
 	}
 	if n := dir.lookups.Load(); n != 0 {
@@ -208,8 +214,10 @@ func review(t *testing.T, h http.Handler, path, token string) (int, authenticati
 
 func TestWebhookAuthenticatesTheDIDForTheVMItNames(t *testing.T) {
 	dir, key := newDir(t, alice)
-	auds := map[string]string{"vm-1": Audience(bidder, "vm-1")}
-	h := &Webhook{Validator: NewValidator(dir), Log: logr.Discard(), Audience: func(_ context.Context, id string) (string, error) { return auds[id], nil }}
+	auds := map[string]string{"vm-1": Audience(bidder, "vm-1"), "vm-2": Audience(bidder, "vm-2")}
+	h := &Webhook{Validator: NewValidator(dir), Log: logr.Discard(), Tenant: func(_ context.Context, id string) (string, []string, error) {
+		return auds[id], allowed, nil
+	}}
 	tok := sign(t, key, alice, auds["vm-1"], time.Minute, Method)
 
 	code, out := review(t, h, WebhookPath+"vm-1", tok)
@@ -246,8 +254,88 @@ func TestServingCertIsKeptAndServesItsAddress(t *testing.T) {
 	if err != nil || !bytes.Equal(ca, again) {
 		t.Fatalf("the CA changed on a second start: %v", err)
 	}
-	_, other, err := ServingCert(dir, "127.0.0.2")
-	if err != nil || bytes.Equal(ca, other) {
-		t.Fatalf("a certificate for another address was kept: %v", err)
+	if _, _, err := ServingCert(dir, "127.0.0.2"); err == nil {
+		t.Fatal("the certificate of another address was served, or replaced")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), []byte("broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ServingCert(dir, "127.0.0.1"); err == nil {
+		t.Fatal("a broken key was replaced: the tenants' CA would change")
+	}
+	if err := os.Remove(filepath.Join(dir, "tls.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "tls.crt")); err != nil {
+		t.Fatal(err)
+	}
+	if _, other, err := ServingCert(dir, "127.0.0.2"); err != nil || bytes.Equal(ca, other) {
+		t.Fatalf("no new certificate once both files were removed: %v", err)
+	}
+}
+
+func TestIsAudienceOf(t *testing.T) {
+	aud := Audience(bidder, "vm-1")
+	if !IsAudienceOf(aud, bidder) {
+		t.Fatalf("%q is not an audience of %s", aud, bidder)
+	}
+	for _, c := range []struct{ aud, did string }{
+		{aud, "did:plc:other0000000000000000000"},
+		{bidder, bidder},
+		{bidder + "#knotless_tenant_", bidder},
+		{bidder + "#atproto_pds", bidder},
+		{aud + "#x", bidder},
+		{strings.ToUpper(aud), bidder},
+		{aud, ""},
+	} {
+		if IsAudienceOf(c.aud, c.did) {
+			t.Errorf("%q taken as an audience of %q", c.aud, c.did)
+		}
+	}
+}
+
+// BenchmarkWebhookReview is the agent's work for one TokenReview of a
+// valid token whose issuer's document is cached (the tenant keeps a
+// review WebhookCacheTTL, so this runs once per token per 10 s).
+func BenchmarkWebhookReview(b *testing.B) {
+	t := &testing.T{}
+	dir, key := newDir(t, alice)
+	aud := Audience(bidder, "vm-1")
+	h := &Webhook{Validator: NewValidator(dir), Log: logr.Discard(), Tenant: func(context.Context, string) (string, []string, error) { return aud, allowed, nil }}
+	tok := sign(t, key, alice, aud, time.Minute, Method)
+	body, _ := json.Marshal(authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok}})
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, WebhookPath+"vm-1", bytes.NewReader(body)))
+		if !bytes.Contains(rec.Body.Bytes(), []byte(`"authenticated":true`)) {
+			b.Fatal(rec.Body.String())
+		}
+	}
+}
+
+// Tokens the pre-check refuses cost no DID resolution and no purge:
+// another issuer than the tenant lets in, another audience or method, an
+// unsigned token (from the review: these made the agent fetch a document
+// each, or filled the purge limiter).
+func TestAttackRefusedBeforeResolving(t *testing.T) {
+	dir, key := newDir(t, alice)
+	aud := Audience(bidder, "vm-1")
+	v := NewValidator(dir)
+	none := signClaims(t, nil, jwt.MapClaims{"iss": string(alice), "aud": aud, "lxm": Method, "iat": time.Now().Unix(), "exp": time.Now().Add(time.Minute).Unix()})
+	for i := range 300 {
+		for _, tok := range []string{
+			sign(t, key, syntax.DID(fmt.Sprintf("did:plc:stranger%016d", i)), aud, time.Minute, Method),
+			sign(t, key, alice, Audience(bidder, "vm-2"), time.Minute, Method),
+			sign(t, key, alice, aud, time.Minute, "com.atproto.repo.listRecords"),
+			none,
+		} {
+			if _, err := v.Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
+				t.Fatal(err)
+			}
+		}
+	}
+	if l, p := dir.lookups.Load(), dir.purges.Load(); l != 0 || p != 0 {
+		t.Fatalf("1200 refused tokens: %d lookups, %d purges; want none", l, p)
 	}
 }

@@ -21,13 +21,28 @@ const certLife = 10 * 365 * 24 * time.Hour
 
 // ServingCert returns the webhook's serving certificate for the IP
 // address host and the PEM of the CA that signed it, kept in dir
-// (tls.crt, tls.key) so that an agent that starts again keeps the CA its
-// tenants were started with. A certificate that is missing, unreadable,
-// expired or for another address is made again.
+// (tls.crt, tls.key, readable by the agent only) so that an agent that
+// starts again keeps the CA its tenants were started with. It is made
+// when neither file exists; one that is unreadable, expired or for
+// another address is an error, not replaced: the running tenants trust
+// its CA (remove both files to make a new one, then provision the
+// tenants again).
 func ServingCert(dir, host string) (tls.Certificate, []byte, error) {
 	crtPath, keyPath := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if pair, ca, err := load(crtPath, keyPath, host); err == nil {
-		return pair, ca, nil
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	_, crtErr := os.Stat(crtPath)
+	_, keyErr := os.Stat(keyPath)
+	if !errors.Is(crtErr, os.ErrNotExist) || !errors.Is(keyErr, os.ErrNotExist) {
+		pair, ca, err := load(crtPath, keyPath, host)
+		if err != nil {
+			return pair, nil, fmt.Errorf("the webhook's certificate in %s: %w (remove tls.crt and tls.key to make a new one)", dir, err)
+		}
+		return pair, ca, os.Chmod(keyPath, 0o600)
 	}
 	ip := net.ParseIP(host)
 	if ip == nil {
@@ -37,9 +52,6 @@ func ServingCert(dir, host string) (tls.Certificate, []byte, error) {
 		Host: host, AlternateIPs: []net.IP{ip}, MaxAge: certLife,
 	})
 	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return tls.Certificate{}, nil, err
 	}
 	if err := os.WriteFile(keyPath, key, 0o600); err != nil {

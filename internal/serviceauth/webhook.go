@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/go-logr/logr"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -21,14 +23,17 @@ const WebhookPath = "/tokenreview/"
 const maxReview = 16 << 10
 
 // Webhook serves Kubernetes webhook token authentication (TokenReview
-// v1) for tenants: a token is authenticated when v validates it for the
-// audience of the VM the path names (audience returns "" for a VM the
-// agent does not know, and every token is refused). The user is the
-// issuer's DID (name and UID), with no group and no extra. A refusal
-// says only "invalid token": why is logged.
+// v1) for tenants: a token is authenticated when the Validator validates
+// it for the audience of the VM the path names and one of the DIDs that
+// VM lets in (Tenant returns no audience for a VM the agent does not
+// know, and every token is refused). The user is the issuer's DID (name
+// and UID), with no group and no extra. A DID the VM does not name is
+// not authenticated at all: a tenant apiserver gives every authenticated
+// user something (kcp: system:authenticated may list workspaces and make
+// a home workspace). A refusal says only "invalid token": why is logged.
 type Webhook struct {
 	Validator *Validator
-	Audience  func(ctx context.Context, vmID string) (string, error)
+	Tenant    func(ctx context.Context, vmID string) (audience string, dids []string, err error)
 	Log       logr.Logger
 }
 
@@ -64,13 +69,45 @@ func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Webhook) review(ctx context.Context, vmID, token string) (string, error) {
-	aud, err := h.Audience(ctx, vmID)
+	aud, dids, err := h.Tenant(ctx, vmID)
 	if err != nil {
 		return "", err
 	}
 	if aud == "" {
 		return "", errors.New("no tenant with a service identity has this ID")
 	}
-	did, err := h.Validator.Validate(ctx, token, aud)
+	did, err := h.Validator.Validate(ctx, token, aud, dids)
 	return string(did), err
+}
+
+// Grants are the DIDs each tenant's RBAC names, by VM ID (the agent
+// refreshes them while the VM runs): a tenant lets them in beside its
+// admin DIDs. It is safe for concurrent use.
+type Grants struct {
+	mu sync.RWMutex
+	m  map[string][]string
+}
+
+// Set records the DIDs the tenant of the VM id names.
+func (g *Grants) Set(id string, dids []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = map[string][]string{}
+	}
+	g.m[id] = slices.Clone(dids)
+}
+
+// Get returns the DIDs the tenant of the VM id names.
+func (g *Grants) Get(id string) []string {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.m[id]
+}
+
+// Delete forgets the VM id.
+func (g *Grants) Delete(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.m, id)
 }

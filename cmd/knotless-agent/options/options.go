@@ -99,7 +99,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KindRoot, "kind-root", o.KindRoot, "directory where the kind driver keeps its VMs (absolute)")
 	fs.StringVar(&o.KindPathPrefix, "kind-path-prefix", o.KindPathPrefix, "directory put first in the PATH of kind and docker (the docker shim hack/node-image/docker-runtime.sh prints, on machines that need it)")
 	fs.Var(&o.PreloadImages, "preload-image", "an image of the agent's docker loaded into every new kind VM before it runs (repeatable; for nodes that cannot pull)")
-	fs.StringVar(&o.WebhookAddress, "webhook-address", o.WebhookAddress, "IP:port of the service-auth webhook the process driver's tenants authenticate bearer tokens with (keep it fixed: running tenants keep the address they started with)")
+	fs.StringVar(&o.WebhookAddress, "webhook-address", o.WebhookAddress, "loopback IP:port of the service-auth webhook the process driver's tenants authenticate bearer tokens with (keep it fixed: running tenants keep the address they started with)")
 	fs.StringVar(&o.WebhookDir, "webhook-dir", o.WebhookDir, "directory that keeps the webhook's serving certificate and CA (absolute)")
 	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves the DIDs of service-auth tokens")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) DID resolution may reach; empty allows public addresses only")
@@ -147,8 +147,11 @@ func (o *Options) Validate() error {
 // validateServiceAuth checks the flags of the service-auth webhook.
 func (o *Options) validateServiceAuth() []error {
 	var errs []error
-	if host, port, err := net.SplitHostPort(o.WebhookAddress); err != nil || net.ParseIP(host) == nil || port == "" || port == "0" {
-		errs = append(errs, fmt.Errorf("--webhook-address: %q is not IP:port with a fixed port", o.WebhookAddress))
+	// Loopback only: the webhook authenticates no caller (anyone who
+	// reaches it learns whether a token is valid), and the process
+	// driver's tenants run on this machine.
+	if host, port, err := net.SplitHostPort(o.WebhookAddress); err != nil || !net.ParseIP(host).IsLoopback() || port == "" || port == "0" {
+		errs = append(errs, fmt.Errorf("--webhook-address: %q is not a loopback IP:port with a fixed port", o.WebhookAddress))
 	}
 	if !filepath.IsAbs(o.WebhookDir) {
 		errs = append(errs, fmt.Errorf("--webhook-dir: %q is not an absolute path", o.WebhookDir))

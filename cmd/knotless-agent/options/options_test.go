@@ -71,6 +71,8 @@ func TestValidate(t *testing.T) {
 		{"--preload-image", func(o *Options) { o.PreloadImages = []string{"a:1"} }},
 		{"--webhook-address", func(o *Options) { o.WebhookAddress = "127.0.0.1:0" }},
 		{"--webhook-address", func(o *Options) { o.WebhookAddress = "localhost:8094" }},
+		{"--webhook-address", func(o *Options) { o.WebhookAddress = "0.0.0.0:8094" }},
+		{"--webhook-address", func(o *Options) { o.WebhookAddress = "[::]:8094" }},
 		{"--webhook-dir", func(o *Options) { o.WebhookDir = "relative" }},
 		{"--plc-url", func(o *Options) { o.PLCURL = "http://user:pw@plc" }},
 		{"--allow-private-networks", func(o *Options) { o.AllowPrivateNetworks = "not-a-range" }},

@@ -91,6 +91,9 @@ func (f *Fake) Status(_ context.Context, vm driver.VM) (driver.Status, error) {
 // Credential implements driver.Driver.
 func (f *Fake) Credential(context.Context, driver.VM) (string, error) { return "tok", nil }
 
+// AccessDIDs implements driver.Driver: a fake tenant names none.
+func (f *Fake) AccessDIDs(context.Context, driver.VM) ([]string, error) { return nil, nil }
+
 // Terminate implements driver.Driver.
 func (f *Fake) Terminate(_ context.Context, vm driver.VM) error {
 	f.mu.Lock()

@@ -450,6 +450,15 @@ func (d *Driver) grant(ctx context.Context, cfg *rest.Config, cs kubernetes.Inte
 	return driver.Grant(ctx, cfg, vm, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: MountServiceAccount, Namespace: MountNamespace})
 }
 
+// AccessDIDs implements driver.Driver.
+func (d *Driver) AccessDIDs(ctx context.Context, vm driver.VM) ([]string, error) {
+	cfg, err := d.running(vm)
+	if err != nil {
+		return nil, err
+	}
+	return driver.AccessDIDs(ctx, cfg)
+}
+
 // Credential implements driver.Driver: the mount ServiceAccount's token.
 func (d *Driver) Credential(ctx context.Context, vm driver.VM) (string, error) {
 	cfg, err := d.running(vm)

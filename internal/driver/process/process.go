@@ -183,6 +183,9 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 		"--embedded-etcd-client-port", strconv.Itoa(st.EtcdClient),
 		"--embedded-etcd-peer-port", strconv.Itoa(st.EtcdPeer),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
+		// Nobody gets a workspace of their own on a tenant: an
+		// authenticated user would be its admin there.
+		"--enable-home-workspaces=false",
 	}
 	if d.Webhook != nil && vm.ServiceID != "" {
 		cfg, err := d.Webhook.Kubeconfig(vm.ID)
@@ -277,6 +280,19 @@ func (d *Driver) base(st *state) string {
 // admin is the tenant's admin config, from the kubeconfig kcp wrote.
 func (d *Driver) admin(dir string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kcp", "admin.kubeconfig"))
+}
+
+// AccessDIDs implements driver.Driver.
+func (d *Driver) AccessDIDs(ctx context.Context, vm driver.VM) ([]string, error) {
+	dir, err := d.dir(vm)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := d.admin(dir)
+	if err != nil {
+		return nil, err
+	}
+	return driver.AccessDIDs(ctx, cfg)
 }
 
 // Credential implements driver.Driver.

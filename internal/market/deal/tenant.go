@@ -1,0 +1,46 @@
+package deal
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
+)
+
+// Tenant is how a running lease says its tenant is reached: its
+// endpoint, the CA bundle that verifies it, and the service identity
+// callers ask their PDS for tokens for.
+type Tenant struct {
+	Endpoint  string
+	CA        []byte
+	ServiceID string
+}
+
+// TenantOf checks what the lease l, written by the bidder bidderDID,
+// says of its tenant: the lease is running, its endpoint is an https
+// URL, its CA bundle is exactly the one its caFingerprint pins, and its
+// service identity is one of the bidder's own (bidderDID#knotless_
+// tenant_...): a bidder cannot make a caller ask for a token that
+// another service would accept.
+func TenantOf(bidderDID string, l *market.Lease) (Tenant, error) {
+	if l.State != LeaseRunning {
+		return Tenant{}, fmt.Errorf("the lease is %s, not running", l.State)
+	}
+	u, err := url.Parse(l.Endpoint)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return Tenant{}, errors.New("the lease's endpoint is not an https URL")
+	}
+	fp, err := market.CAFingerprint([]byte(l.CABundle))
+	if err != nil {
+		return Tenant{}, fmt.Errorf("the lease's CA bundle: %w", err)
+	}
+	if fp != l.CAFingerprint {
+		return Tenant{}, errors.New("the lease's CA bundle is not the one its caFingerprint pins")
+	}
+	if !serviceauth.IsAudienceOf(l.ServiceID, bidderDID) {
+		return Tenant{}, errors.New("the lease's serviceId is not a service identity of the bidder's")
+	}
+	return Tenant{Endpoint: l.Endpoint, CA: []byte(l.CABundle), ServiceID: l.ServiceID}, nil
+}

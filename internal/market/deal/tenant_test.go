@@ -1,0 +1,51 @@
+package deal
+
+import (
+	"strings"
+	"testing"
+
+	certutil "k8s.io/client-go/util/cert"
+
+	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
+)
+
+func TestTenantOfChecksWhatTheLeaseSays(t *testing.T) {
+	crt, _, err := certutil.GenerateSelfSignedCertKey("tenant", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := string(crt)
+	fp, err := market.CAFingerprint(crt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, _ := certutil.GenerateSelfSignedCertKey("attacker", nil, nil)
+	good := func() *market.Lease {
+		return &market.Lease{State: LeaseRunning, Endpoint: "https://127.0.0.1:7443/clusters/root", CABundle: ca, CAFingerprint: fp,
+			ServiceID: serviceauth.Audience(fit, "vm-uid")}
+	}
+	tn, err := TenantOf(fit, good())
+	if err != nil || tn.Endpoint != good().Endpoint || string(tn.CA) != ca || tn.ServiceID != good().ServiceID {
+		t.Fatalf("TenantOf = %+v, %v", tn, err)
+	}
+	for name, bad := range map[string]func(*market.Lease){
+		"not running":                         func(l *market.Lease) { l.State = LeaseConfirmed },
+		"plain http":                          func(l *market.Lease) { l.Endpoint = "http://127.0.0.1:7443" },
+		"credentials in the URL":              func(l *market.Lease) { l.Endpoint = "https://u:p@127.0.0.1:7443" },
+		"no CA":                               func(l *market.Lease) { l.CABundle = "" },
+		"another CA than pinned":              func(l *market.Lease) { l.CABundle = string(other) },
+		"an attacker CA after the pinned one": func(l *market.Lease) { l.CABundle = ca + string(other) },
+		"another DID's service identity":      func(l *market.Lease) { l.ServiceID = serviceauth.Audience(shop, "vm-uid") },
+		"the bidder's PDS service":            func(l *market.Lease) { l.ServiceID = fit + "#atproto_pds" },
+		"the bidder's bare DID":               func(l *market.Lease) { l.ServiceID = fit },
+	} {
+		l := good()
+		bad(l)
+		if _, err := TenantOf(fit, l); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "BEGIN") {
+			t.Errorf("%s: the error quotes the bundle: %v", name, err)
+		}
+	}
+}
