@@ -79,6 +79,11 @@ func TestMarketTenantMounted(t *testing.T) {
 	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
 	spec.TenantAdmins.Users = []string{"alice"}
 	spec.UnresponsiveGraceSeconds = 20
+	viewer, err := env.pds.CreateAccount(ctx, env.prefix+"tviewer.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.TenantAccess = []marketv1alpha1.TenantAccess{{DID: viewer.DID, Role: marketv1alpha1.AccessView}}
 	d.requester(ctx, t, "vms", spec)
 	contractOf(ctx, t, d.app, "vms", "the requester's contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Records.Lease != nil
@@ -146,6 +151,22 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Errorf("the buyer's DID cannot create a namespace: %v", err)
 	} else if _, err := cs.CoreV1().Namespaces().Get(ctx, "by-buyer-did", metav1.GetOptions{}); err != nil {
 		t.Errorf("alice does not see, through the mount, the namespace the buyer's DID made: %v", err)
+	}
+	// spec.tenantAccess: the requester's side applied it into the tenant
+	// with its own identity (nothing read from bob's workspace); the
+	// viewer's DID lists and cannot create.
+	contractOf(ctx, t, d.app, "vms", "the tenant access applied", func(cc *marketv1alpha1.ComputeContract) bool {
+		return meta.IsStatusConditionTrue(cc.Status.Conditions, marketv1alpha1.ConditionTenantAccess)
+	})
+	asViewer := didClient(ctx, t, viewer, d.appWS, rc.Name)
+	if err := framework.Eventually(ctx, time.Minute, "the viewer's DID lists namespaces (the agent reads the tenant's RBAC every 15 s)", func(ctx context.Context) (bool, string, error) {
+		_, err := asViewer.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return err == nil, fmt.Sprint(err), nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if _, err := asViewer.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "by-viewer"}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the viewer's DID creates a namespace: %v, want 403", err)
 	}
 	for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
 		for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Presence} {

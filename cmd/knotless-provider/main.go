@@ -247,7 +247,7 @@ func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Opt
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
-	return setupMarket(ctx, mgr, scheme, pool, hub, o.AtprotoResync)
+	return setupMarket(ctx, mgr, scheme, pool, hub, policy, o.AtprotoResync)
 }
 
 // setupTenantCluster registers the tenantcluster controller: its kcp
@@ -352,7 +352,7 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 }
 
 // setupMarket registers the market controllers and their metric.
-func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, resync time.Duration) error {
+func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, policy *netpolicy.Policy, resync time.Duration) error {
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "knotless_market_invalid_records_total",
 		Help:        "Market records read from firehoses that did not match their lexicon and were ignored.",
@@ -386,7 +386,7 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	}
 	if err := (&marketrequester.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
-		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}

@@ -70,7 +70,9 @@ func main() {
 }
 
 // loopbackOnly allows plain http to this machine only.
-var loopbackOnly = netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, nil)
+func loopbackOnly() *netpolicy.Policy {
+	return netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, nil)
+}
 
 // tokenTTL is how long a token is asked for: kubectl asks again once it
 // expired (ExecCredential's expirationTimestamp).
@@ -94,7 +96,7 @@ func token(ctx context.Context, args []string, out io.Writer) error {
 	}
 	// The password goes over https only (plain http to this machine,
 	// for a local PDS).
-	if err := pds.CheckURL(*pdsURL, loopbackOnly); err != nil {
+	if err := pds.CheckURL(*pdsURL, loopbackOnly()); err != nil {
 		errs = append(errs, fmt.Errorf("--pds: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {

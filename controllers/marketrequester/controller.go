@@ -55,6 +55,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/market/network"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -110,6 +111,9 @@ type Reconciler struct {
 	Connect market.Connector
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Policy is the address policy of connections to tenants (R18; nil
+	// in unit tests).
+	Policy *netpolicy.Policy
 	// StepSeconds observes the requester's market steps (deadline_accept,
 	// lease_active) when set (market.NewStepSeconds).
 	StepSeconds *prometheus.HistogramVec
@@ -261,10 +265,12 @@ type session struct {
 	// done is set when a deleting requester holds nothing any more.
 	done bool
 
-	id      *marketv1alpha1.MarketIdentity
-	net     *marketv1alpha1.MarketNetwork
-	view    market.Reader
-	inv     *market.Inventory
+	id   *marketv1alpha1.MarketIdentity
+	net  *marketv1alpha1.MarketNetwork
+	view market.Reader
+	inv  *market.Inventory
+	// pub is the requester's repo (its records, its service-auth tokens).
+	pub     market.Publisher
 	owner   string
 	network string
 	// stop is why no new request is made ("" when one may be); release
@@ -393,11 +399,10 @@ func (s *session) run() error {
 	if s.view, err = s.r.Market.Follow(fl, s.net.Spec.Firehoses); err != nil {
 		return conditions.Errorf(marketv1alpha1.ReasonNotReady, err, "MarketNetwork %s: %v", s.net.Name, err)
 	}
-	pub, err := market.Connect(s.ctx, s.r.Connect, s.r.Pool, s.c, s.lc, repo)
-	if err != nil {
+	if s.pub, err = market.Connect(s.ctx, s.r.Connect, s.r.Pool, s.c, s.lc, repo); err != nil {
 		return err
 	}
-	if s.inv, err = s.r.Inventories.Open(s.ctx, engage.Key(s.req), s.st.DID, s.owner, pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
+	if s.inv, err = s.r.Inventories.Open(s.ctx, engage.Key(s.req), s.st.DID, s.owner, s.pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
 		return err
 	}
 	if err := s.loadObjects(); err != nil {

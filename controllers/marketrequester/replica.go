@@ -195,6 +195,9 @@ func (s *session) contracted(rr *replicaRecords, cc *marketv1alpha1.ComputeContr
 	if err != nil {
 		return false, err
 	}
+	if st.Phase == marketv1alpha1.ContractActive && !dec.Over {
+		s.grantAccess(cc, st, d.lease)
+	}
 	s.due(dec.Due)
 	active := st.Phase == marketv1alpha1.ContractActive && cc.Status.Phase != marketv1alpha1.ContractActive
 	if err := s.contractStatus(cc, st, mountReason, mountMsg, dec.Unresponsive != ""); err != nil {

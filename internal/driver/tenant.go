@@ -89,7 +89,7 @@ func Grant(ctx context.Context, cfg *rest.Config, vm VM, mount rbacv1.Subject) e
 		if len(o.subjects) == 0 {
 			continue
 		}
-		if err := applyRole(ctx, cs, o.role, o.rules, o.subjects); err != nil {
+		if err := ApplyRole(ctx, cs, FieldManager, o.role, o.rules, o.subjects); err != nil {
 			return fmt.Errorf("granting %s: %w", o.role, err)
 		}
 	}
@@ -137,10 +137,11 @@ func AccessDIDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
 	return dids[:min(len(dids), MaxAccessDIDs)], nil
 }
 
-// applyRole applies the ClusterRole name with rules and its binding to
-// subjects.
-func applyRole(ctx context.Context, cs kubernetes.Interface, name string, rules []rbacv1.PolicyRule, subjects []rbacv1.Subject) error {
-	opts := metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
+// ApplyRole applies, as the field manager manager, the ClusterRole name
+// with rules and its binding to subjects (none: the binding names
+// nobody).
+func ApplyRole(ctx context.Context, cs kubernetes.Interface, manager, name string, rules []rbacv1.PolicyRule, subjects []rbacv1.Subject) error {
+	opts := metav1.ApplyOptions{FieldManager: manager, Force: true}
 	role := rbacac.ClusterRole(name)
 	for _, r := range rules {
 		role.WithRules(rbacac.PolicyRule().WithAPIGroups(r.APIGroups...).WithResources(r.Resources...).

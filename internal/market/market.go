@@ -98,6 +98,10 @@ type Publisher interface {
 	// lexicon is a *conditions.Error with reason InvalidRecord and nothing
 	// is written.
 	Publish(ctx context.Context, collection, rkey string, value any) (*pds.EnsureResult, error)
+	// ServiceAuth asks the repo's PDS for a service-auth token of its
+	// account for the service aud and the method lxm, expiring at exp
+	// (pds.Client.ServiceAuth).
+	ServiceAuth(ctx context.Context, aud, lxm string, exp time.Time) (string, error)
 }
 
 // Client returns the Publisher of a repo, logged in through the pool.
@@ -143,6 +147,14 @@ func (p publisher) Publish(ctx context.Context, collection, rkey string, value a
 		return nil, repoconn.Classify(err)
 	}
 	return res, nil
+}
+
+func (p publisher) ServiceAuth(ctx context.Context, aud, lxm string, exp time.Time) (string, error) {
+	tok, err := p.c.ServiceAuth(ctx, aud, lxm, exp)
+	if err != nil {
+		return "", repoconn.Classify(err)
+	}
+	return tok, nil
 }
 
 // Encode marshals a record value and checks it against the collection's

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/api/agnostic"
+	comatproto "github.com/bluesky-social/indigo/api/atproto"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 )
 
@@ -301,4 +302,20 @@ func validateSwap(swapCID *string) error {
 		return &SpecError{Field: "swapCID", Reason: err.Error()}
 	}
 	return nil
+}
+
+// ServiceAuth asks the PDS for an inter-service token of the repo's
+// account (com.atproto.server.getServiceAuth) for the service aud and the
+// method lxm, expiring at exp: how the account proves who it is to
+// another service (a tenant apiserver) without handing it a credential.
+// The token is the caller's to use at once; it is never stored.
+func (c *Client) ServiceAuth(ctx context.Context, aud, lxm string, exp time.Time) (string, error) {
+	if err := c.ready(ctx); err != nil {
+		return "", err
+	}
+	out, err := comatproto.ServerGetServiceAuth(ctx, c.lex(), aud, exp.Unix(), lxm)
+	if err != nil {
+		return "", err
+	}
+	return out.Token, nil
 }

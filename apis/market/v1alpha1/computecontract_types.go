@@ -31,6 +31,14 @@ const (
 	ContractFailed ContractPhase = "Failed"
 )
 
+// The TenantAccess condition of a requester's contract: whether the
+// MarketRequester's spec.tenantAccess is applied into the tenant.
+const (
+	ConditionTenantAccess  = "TenantAccess"
+	ReasonAccessApplied    = "Applied"
+	ReasonAccessNotApplied = "NotApplied"
+)
+
 // ComputeContractSpec is the agreement, set once by the controller that
 // owns the contract and never changed.
 type ComputeContractSpec struct {
@@ -115,6 +123,12 @@ type ComputeContractStatus struct {
 	// chain: the evidence both sides hold.
 	// +optional
 	Records ContractRecords `json:"records,omitempty"`
+	// AccessApplied names the tenant access (the MarketRequester's
+	// spec.tenantAccess) last applied into the tenant, as a hash: the
+	// requester's side applies it again when it differs. Requester side
+	// only.
+	// +optional
+	AccessApplied string `json:"accessApplied,omitempty"`
 	// Reclaim is set once the bidder gave notice that it takes the VM
 	// back.
 	// +optional

@@ -42,6 +42,31 @@ type SelectionPolicy struct {
 	AllowedBidders []string `json:"allowedBidders,omitempty"`
 }
 
+// AccessRole is what a DID may do on a tenant.
+// +kubebuilder:validation:Enum=view;edit;admin
+type AccessRole string
+
+// Access roles.
+const (
+	// AccessView: read every resource.
+	AccessView AccessRole = "view"
+	// AccessEdit: read and write every resource (not impersonate, bind
+	// or escalate).
+	AccessEdit AccessRole = "edit"
+	// AccessAdmin: everything.
+	AccessAdmin AccessRole = "admin"
+)
+
+// TenantAccess gives a DID a role on the requester's tenants.
+type TenantAccess struct {
+	// DID is the ATProto identity.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^did:(plc|web):[a-zA-Z0-9._:%-]+$`
+	DID string `json:"did"`
+	// Role on the tenant.
+	Role AccessRole `json:"role"`
+}
+
 // MarketRequesterSpec is written only by the user (or, as a Component
 // template, by the component controller).
 type MarketRequesterSpec struct {
@@ -117,6 +142,17 @@ type MarketRequesterSpec struct {
 	// record.
 	// +optional
 	TenantAdmins computev1alpha1.TenantAdmins `json:"tenantAdmins,omitempty"`
+	// TenantAccess are ATProto identities given a role on the tenants the
+	// requester gets: the requester's side applies them into each tenant
+	// as RBAC, reaching the tenant with its own identity (a service-auth
+	// token from its PDS); a DID reaches the tenant with a token from its
+	// own PDS (kubectl knotless). The requester's DID is every tenant's
+	// admin.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=did
+	// +optional
+	TenantAccess []TenantAccess `json:"tenantAccess,omitempty"`
 	// StateSync says what becomes of a tenant's objects when its contract
 	// is released.
 	// +optional

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -50,6 +51,12 @@ func (r *Repo) Get(_ context.Context, collection, rkey string) (*pds.Record, err
 		return nil, nil
 	}
 	return &rec, nil
+}
+
+// ServiceAuth implements market.Publisher: a fake repo has no PDS to
+// issue tokens.
+func (r *Repo) ServiceAuth(context.Context, string, string, time.Time) (string, error) {
+	return "", errors.New("markettest: a fake repo issues no service-auth token")
 }
 
 // ListRecords implements market.Publisher.
