@@ -12,7 +12,7 @@ LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(sh
 
 all: build
 
-## build: the knotless binaries into bin/ (provider, mount proxy, agent)
+## build: the knotless binaries into bin/ (provider, mount proxy, agent, kubectl plugin)
 build:
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-provider ./cmd/knotless-provider
 	go build -ldflags "$(LDFLAGS)" -o $(BIN)/knotless-mountproxy ./cmd/knotless-mountproxy

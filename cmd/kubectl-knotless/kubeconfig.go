@@ -176,6 +176,11 @@ func readLease(ctx context.Context, plcURL string, did syntax.DID, rkey string) 
 	if endpoint == "" {
 		return nil, fmt.Errorf("%s names no PDS", did)
 	}
+	// Over https (plain http to this machine only): the lease says where
+	// your token goes.
+	if err := pds.CheckURL(endpoint, loopbackOnly()); err != nil {
+		return nil, fmt.Errorf("the PDS of %s: %w", did, err)
+	}
 	q := url.Values{"repo": {did.String()}, "collection": {lexicon.Lease}, "rkey": {rkey}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/xrpc/com.atproto.repo.getRecord?"+q.Encode(), nil)
 	if err != nil {

@@ -185,8 +185,8 @@ func (r *Reconciler) forgetGrants(vm *computev1alpha1.ComputeVM) {
 }
 
 // refreshGrants reads the DIDs the running VM's tenant (one that takes
-// service-auth tokens) names in its RBAC for the webhook. A failed read keeps the DIDs read before (the tenant
-// may be busy); the next look reads them again.
+// service-auth tokens) names in its RBAC for the webhook. A failed read
+// forgets them (only the VM's admin DIDs get in) until a read succeeds.
 func (r *Reconciler) refreshGrants(ctx context.Context, vm *computev1alpha1.ComputeVM, d driver.Driver) {
 	if r.Grants == nil {
 		return
@@ -194,6 +194,7 @@ func (r *Reconciler) refreshGrants(ctx context.Context, vm *computev1alpha1.Comp
 	dids, err := d.AccessDIDs(ctx, driver.VMOf(vm))
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("reading the DIDs the tenant's RBAC names", "error", err.Error())
+		r.Grants.Delete(string(vm.UID))
 		return
 	}
 	r.Grants.Set(string(vm.UID), dids)

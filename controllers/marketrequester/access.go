@@ -1,9 +1,12 @@
 package marketrequester
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -13,33 +16,47 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
-// accessRules are the rules of a role's ClusterRole on a tenant. The
+// accessRules are the rules of a role's ClusterRole on a tenant, after
+// Kubernetes' own view, edit and admin: view reads the workload kinds (not
+// Secrets); edit also writes them and reads and writes Secrets; neither
+// touches RBAC (an editor could otherwise bind any DID, whom the agent
+// would then let in) or impersonates. admin may do everything. The
 // requester's DID is the tenant's admin already (the bidder's agent binds
 // it from the contract).
 func accessRules(role marketv1alpha1.AccessRole) []rbacv1.PolicyRule {
-	verbs := []string{"*"}
-	switch role {
-	case marketv1alpha1.AccessView:
-		verbs = []string{"get", "list", "watch"}
-	case marketv1alpha1.AccessEdit:
+	if role == marketv1alpha1.AccessAdmin {
+		return []rbacv1.PolicyRule{
+			{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
+			{NonResourceURLs: []string{"*"}, Verbs: []string{"*"}},
+		}
+	}
+	read := []string{"get", "list", "watch"}
+	verbs := read
+	if role == marketv1alpha1.AccessEdit {
 		verbs = []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 	}
-	paths := []string{"get"}
-	if role == marketv1alpha1.AccessAdmin {
-		paths = []string{"*"}
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "pods/log", "pods/status", "services", "endpoints", "configmaps", "persistentvolumeclaims",
+			"serviceaccounts", "replicationcontrollers", "events", "limitranges", "resourcequotas"}, Verbs: verbs},
+		{APIGroups: []string{""}, Resources: []string{"namespaces", "nodes"}, Verbs: read},
+		{APIGroups: []string{"apps", "batch", "autoscaling", "policy", "networking.k8s.io", "discovery.k8s.io", "events.k8s.io"}, Resources: []string{"*"}, Verbs: verbs},
+		{NonResourceURLs: []string{"*"}, Verbs: []string{"get"}},
 	}
-	return []rbacv1.PolicyRule{
-		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: verbs},
-		{NonResourceURLs: []string{"*"}, Verbs: paths},
+	if role == marketv1alpha1.AccessEdit {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets", "namespaces"}, Verbs: verbs})
 	}
+	return rules
 }
 
 // accessRole is the name of a role's ClusterRole (and binding) on a
@@ -61,51 +78,85 @@ func accessKey(access []marketv1alpha1.TenantAccess) string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
+// Tenant access is applied again this often while nothing changes (a
+// binding deleted on the tenant comes back), and tried again after a
+// failure after accessRetry, doubling up to accessRefresh.
+const (
+	accessRefresh = 10 * time.Minute
+	accessRetry   = 30 * time.Second
+	// accessDeadline bounds one application (a token, six requests).
+	accessDeadline = 20 * time.Second
+)
+
+// accessTry is when a contract's tenant access is applied next, and how
+// many tries in a row failed (Reconciler.access, by contract UID).
+type accessTry struct {
+	key   string
+	next  time.Time
+	fails int
+}
+
 // grantAccess applies spec.tenantAccess into the tenant of an Active
-// contract as RBAC, once for each change of it (st.AccessApplied), and
-// says how that went in the contract's TenantAccess condition. The
-// requester's side reaches the tenant with its own identity: a
-// service-auth token its PDS issues for the tenant's service identity,
-// at the endpoint and with the CA the bidder's lease publishes (checked
-// by deal.TenantOf), through the provider's address policy. Nothing is
-// read from the bidder's workspace.
+// contract as RBAC when it changed (st.AccessApplied) or every
+// accessRefresh, and says how that went in the contract's TenantAccess
+// condition; a failure is tried again after a backoff that nothing the
+// bidder writes shortens. The requester's side reaches the tenant with
+// its own identity: a service-auth token its PDS issues for the tenant's
+// service identity, at the endpoint and with the CA the bidder's lease
+// publishes (checked by deal.TenantOf), through the provider's address
+// policy. Nothing is read from the bidder's workspace.
 func (s *session) grantAccess(cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec) {
 	want := accessKey(s.mr.Spec.TenantAccess)
-	if st.AccessApplied == want || lease == nil || lease.Lease == nil {
+	if lease == nil || lease.Lease == nil || want == "" && st.AccessApplied == "" {
+		return
+	}
+	var last accessTry
+	if v, ok := s.r.access.Load(cc.UID); ok {
+		last = v.(accessTry)
+	}
+	if last.key == want && s.now.Before(last.next) {
+		s.due(last.next)
 		return
 	}
 	why := s.applyAccess(cc, lease)
 	if why == "" {
 		st.AccessApplied = want
+		s.r.access.Store(cc.UID, accessTry{key: want, next: s.now.Add(accessRefresh)})
+		s.due(s.now.Add(accessRefresh))
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionTenantAccess, Status: metav1.ConditionTrue,
 			Reason: marketv1alpha1.ReasonAccessApplied, Message: fmt.Sprintf("%d DIDs have a role on the tenant", len(s.mr.Spec.TenantAccess)), ObservedGeneration: cc.Generation})
 		return
 	}
+	fails := 1
+	if last.key == want {
+		fails = last.fails + 1
+	}
+	wait := min(accessRetry<<min(fails-1, 5), accessRefresh)
+	s.r.access.Store(cc.UID, accessTry{key: want, next: s.now.Add(wait), fails: fails})
+	s.due(s.now.Add(wait))
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionTenantAccess, Status: metav1.ConditionFalse,
 		Reason: marketv1alpha1.ReasonAccessNotApplied, Message: "the tenant access is not applied: " + why, ObservedGeneration: cc.Generation})
-	s.due(s.now.Add(accessRetry))
 }
 
-// accessRetry is when tenant access that could not be applied is tried
-// again.
-const accessRetry = 30 * time.Second
-
-// applyAccess applies spec.tenantAccess into the tenant of the lease and
-// returns why it could not ("" when it did).
+// applyAccess applies spec.tenantAccess into the tenant of the lease
+// within accessDeadline and returns why it could not ("" when it did).
+// What the tenant or the PDS answered stays in the provider's log (R17:
+// a tenant at a private address must not learn the caller what sits
+// there); the reason says only which step failed.
 func (s *session) applyAccess(cc *marketv1alpha1.ComputeContract, lease *market.Rec) string {
 	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
 	if err != nil {
 		return err.Error()
 	}
-	token, err := s.pub.ServiceAuth(s.ctx, tn.ServiceID, serviceauth.Method, time.Now().Add(2*time.Minute))
+	ctx, cancel := context.WithTimeout(s.ctx, accessDeadline)
+	defer cancel()
+	logger := log.FromContext(ctx).WithValues("contract", cc.Name)
+	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, time.Now().Add(2*time.Minute))
 	if err != nil {
-		return "a service-auth token from the requester's PDS: " + err.Error()
+		logger.Info("no service-auth token for the tenant", "error", err.Error())
+		return "the requester's PDS issued no service-auth token for the tenant"
 	}
-	cfg := &rest.Config{Host: tn.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: tn.CA}, Timeout: 15 * time.Second}
-	if s.r.Policy != nil {
-		cfg.Dial = s.r.Policy.Dialer(10 * time.Second).DialContext
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := tenantClient(tn, token, s.r.Policy)
 	if err != nil {
 		return err.Error()
 	}
@@ -116,9 +167,30 @@ func (s *session) applyAccess(cc *marketv1alpha1.ComputeContract, lease *market.
 				subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: a.DID})
 			}
 		}
-		if err := driver.ApplyRole(s.ctx, cs, FieldManager, accessRole(role), accessRules(role), subjects); err != nil {
-			return fmt.Sprintf("%s on the tenant: %v", accessRole(role), err)
+		if err := driver.ApplyRole(ctx, cs, FieldManager, accessRole(role), accessRules(role), subjects); err != nil {
+			logger.Info("applying the tenant access", "role", role, "error", err.Error())
+			return "the tenant did not take it (the provider's log says why)"
 		}
 	}
 	return ""
+}
+
+// maxTenantResponse bounds what the requester's side reads of one answer
+// of a tenant (an RBAC object).
+const maxTenantResponse = 1 << 20
+
+// tenantClient is a client of the tenant tn as the bearer of token: it
+// dials through policy only (no proxy from the environment, whose address
+// alone the policy would check), follows no redirect (which would carry
+// the token elsewhere), and reads at most maxTenantResponse of an answer.
+func tenantClient(tn deal.Tenant, token string, policy *netpolicy.Policy) (kubernetes.Interface, error) {
+	cfg := &rest.Config{Host: tn.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: tn.CA}, Timeout: 15 * time.Second,
+		Proxy: func(*http.Request) (*url.URL, error) { return nil, nil }, Dial: policy.Dialer(10 * time.Second).DialContext,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Transport(rt, maxTenantResponse) }}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	hc.CheckRedirect = netpolicy.NoRedirects
+	return kubernetes.NewForConfigAndClient(cfg, hc)
 }

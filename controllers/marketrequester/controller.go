@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -112,7 +113,7 @@ type Reconciler struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Policy is the address policy of connections to tenants (R18; nil
-	// in unit tests).
+	// allows public addresses only).
 	Policy *netpolicy.Policy
 	// StepSeconds observes the requester's market steps (deadline_accept,
 	// lease_active) when set (market.NewStepSeconds).
@@ -121,6 +122,9 @@ type Reconciler struct {
 	// absent tells a lease or bid missing from the view from one gone
 	// from its repo.
 	absent market.Absences
+	// access is when each contract's tenant access is applied next
+	// (accessTry by contract UID).
+	access sync.Map
 }
 
 // observeStep records a market step begun at since that a write just

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/bluesky-social/indigo/atproto/syntax"
@@ -96,45 +97,66 @@ func Grant(ctx context.Context, cfg *rest.Config, vm VM, mount rbacv1.Subject) e
 	return nil
 }
 
-// MaxAccessDIDs bounds the DIDs a tenant's RBAC lets in (AccessDIDs):
-// past it, the first in order are kept.
-const MaxAccessDIDs = 256
+// MaxAccessDIDs bounds the DIDs a tenant's RBAC lets in (AccessDIDs);
+// maxBindings bounds the bindings of each kind read to find them.
+const (
+	MaxAccessDIDs = 256
+	maxBindings   = 1000
+)
 
 // AccessDIDs returns the DIDs the tenant of cfg (its admin) names as
-// users of its ClusterRoleBindings and RoleBindings, sorted, at most
-// MaxAccessDIDs.
+// users of its ClusterRoleBindings and RoleBindings, at most
+// MaxAccessDIDs: first those of knotless's own bindings
+// (knotless:tenant-admin, knotless:access:<role>), so that bindings made
+// by others cannot push them out, then the others in order. At most
+// maxBindings of each kind are read.
 func AccessDIDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	var subjects []rbacv1.Subject
-	crbs, err := cs.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	var own, other []string
+	add := func(name string, subjects []rbacv1.Subject) {
+		for _, s := range subjects {
+			if s.Kind != rbacv1.UserKind {
+				continue
+			}
+			if _, err := syntax.ParseDID(s.Name); err != nil {
+				continue
+			}
+			if strings.HasPrefix(name, "knotless:") {
+				own = append(own, s.Name)
+			} else {
+				other = append(other, s.Name)
+			}
+		}
+	}
+	crbs, err := cs.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{Limit: maxBindings})
 	if err != nil {
 		return nil, err
 	}
 	for _, b := range crbs.Items {
-		subjects = append(subjects, b.Subjects...)
+		add(b.Name, b.Subjects)
 	}
-	rbs, err := cs.RbacV1().RoleBindings("").List(ctx, metav1.ListOptions{})
+	rbs, err := cs.RbacV1().RoleBindings("").List(ctx, metav1.ListOptions{Limit: maxBindings})
 	if err != nil {
 		return nil, err
 	}
 	for _, b := range rbs.Items {
-		subjects = append(subjects, b.Subjects...)
+		add("", b.Subjects)
 	}
-	var dids []string
-	for _, s := range subjects {
-		if s.Kind != rbacv1.UserKind {
-			continue
-		}
-		if _, err := syntax.ParseDID(s.Name); err == nil {
-			dids = append(dids, s.Name)
+	slices.Sort(own)
+	slices.Sort(other)
+	dids := slices.Compact(append(slices.Compact(own), other...))
+	seen := map[string]bool{}
+	out := dids[:0]
+	for _, d := range dids {
+		if !seen[d] && len(out) < MaxAccessDIDs {
+			seen[d] = true
+			out = append(out, d)
 		}
 	}
-	slices.Sort(dids)
-	dids = slices.Compact(dids)
-	return dids[:min(len(dids), MaxAccessDIDs)], nil
+	return out, nil
 }
 
 // ApplyRole applies, as the field manager manager, the ClusterRole name

@@ -137,6 +137,16 @@ func precheck(token, audience string, allowed []string, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// The claims as a map, as indigo reads the issuer it purges: JSON
+	// keys match a struct field whatever their case, so a token could
+	// carry an allowed "ISS" beside another "iss".
+	var m jwt.MapClaims
+	if _, _, err := jwt.NewParser().ParseUnverified(token, &m); err != nil {
+		return err
+	}
+	if iss, _ := m["iss"].(string); iss != c.Issuer {
+		return errors.New("the issuer is named twice")
+	}
 	if alg := t.Method.Alg(); alg != "ES256" && alg != "ES256K" {
 		return fmt.Errorf("signature algorithm %q", alg)
 	}

@@ -150,13 +150,19 @@ func signClaims(t *testing.T, key atcrypto.PrivateKey, claims jwt.MapClaims) str
 		}
 		return tok
 	}
-	// Re-sign through indigo: make a token, then swap its claims.
-	base := sign(t, key, alice, "did:plc:x", time.Minute, Method)
-	head := base[:strings.IndexByte(base, '.')]
 	payload, err := json.Marshal(claims)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return signRaw(t, key, payload)
+}
+
+// signRaw signs the JSON payload as it is with key (ES256K).
+func signRaw(t *testing.T, key atcrypto.PrivateKey, payload []byte) string {
+	t.Helper()
+	// The header of a token indigo makes.
+	base := sign(t, key, alice, "did:plc:x", time.Minute, Method)
+	head := base[:strings.IndexByte(base, '.')]
 	signing := head + "." + base64.RawURLEncoding.EncodeToString(payload)
 	sig, err := jwt.GetSigningMethod("ES256K").Sign(signing, key)
 	if err != nil {
@@ -337,5 +343,24 @@ func TestAttackRefusedBeforeResolving(t *testing.T) {
 	}
 	if l, p := dir.lookups.Load(), dir.purges.Load(); l != 0 || p != 0 {
 		t.Fatalf("1200 refused tokens: %d lookups, %d purges; want none", l, p)
+	}
+}
+
+// A token that names an allowed issuer as "ISS" and another as "iss" is
+// refused before anything is resolved or purged (from the review: indigo
+// purges the map's "iss").
+func TestAttackIssuerNamedTwice(t *testing.T) {
+	dir, key := newDir(t, alice)
+	aud := Audience(bidder, "vm-1")
+	now := time.Now()
+	// "iss" first, "ISS" last: the struct takes the last, indigo's map
+	// the exact key.
+	payload := fmt.Sprintf(`{"iss":"did:web:victim.example","aud":%q,"lxm":%q,"iat":%d,"exp":%d,"ISS":%q}`, aud, Method, now.Unix(), now.Add(time.Minute).Unix(), alice)
+	tok := signRaw(t, key, []byte(payload))
+	if _, err := NewValidator(dir).Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
+		t.Fatal(err)
+	}
+	if l, p := dir.lookups.Load(), dir.purges.Load(); l != 0 || p != 0 {
+		t.Fatalf("%d lookups, %d purges", l, p)
 	}
 }
