@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -184,6 +185,23 @@ func TestMarketThroughput(t *testing.T) {
 		reads, checks := writes1.rest(writes0, len(agreed))
 		t.Logf("FIGURE %.1f kcp reads (GET, LIST, WATCH) and %.1f authorization checks kcp made itself, per contract", reads, checks)
 	}
+	// Which Events both sides recorded, by reason (an Event object each).
+	byReason := map[string]int{}
+	for _, c := range []client.Client{d.app, d.bid} {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs.Items {
+			byReason[ev.InvolvedObject.Kind+" "+ev.Reason]++
+		}
+	}
+	var reasons []string
+	for r, n := range byReason {
+		reasons = append(reasons, fmt.Sprintf("%s %.2f", r, float64(n)/float64(len(agreed))))
+	}
+	sort.Strings(reasons)
+	t.Logf("FIGURE Events per contract, by object kind and reason:\n\t%s", strings.Join(reasons, "\n\t"))
 	var pw []string
 	pwTotal := 0.0
 	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE"} {
