@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -114,7 +115,7 @@ func run(ctx context.Context, o *options.Options) error {
 			return fmt.Errorf("--kind-root: %w", err)
 		}
 		drivers["kind"] = &kind.Driver{Root: o.KindRoot, Kind: o.KindPath(), Image: o.NodeImage, Host: o.TenantHost,
-			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages}
+			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages, Webhook: webhook}
 		logger.Info("kind driver", "image", o.NodeImage, "kind", o.KindPath(), "kindRoot", o.KindRoot, "preload", o.PreloadImages)
 	}
 	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Grants: grants, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
@@ -143,6 +144,11 @@ func run(ctx context.Context, o *options.Options) error {
 	logger.Info("stopped")
 	return nil
 }
+
+// closer is an io.Closer of a function.
+type closer func() error
+
+func (c closer) Close() error { return c() }
 
 // uidIndex indexes ComputeVMs by UID: the webhook's path names a VM by
 // its ID (its UID).
@@ -203,5 +209,25 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	})); err != nil {
 		return nil, err
 	}
-	return &driver.Webhook{URL: "https://" + o.WebhookAddress, CA: ca}, nil
+	listenFor := func(id, addr string) (io.Closer, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		one := srv.Handler
+		vm := &http.Server{
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != serviceauth.WebhookPath+id {
+					http.NotFound(w, r)
+					return
+				}
+				one.ServeHTTP(w, r)
+			}),
+			TLSConfig: srv.TLSConfig, ReadHeaderTimeout: srv.ReadHeaderTimeout, ReadTimeout: srv.ReadTimeout, MaxHeaderBytes: srv.MaxHeaderBytes,
+		}
+		stop := context.AfterFunc(ctx, func() { _ = vm.Close() })
+		go func() { _ = vm.ServeTLS(ln, "", "") }()
+		return closer(func() error { stop(); return vm.Close() }), nil
+	}
+	return &driver.Webhook{URL: "https://" + o.WebhookAddress, CA: ca, ListenFor: listenFor}, nil
 }

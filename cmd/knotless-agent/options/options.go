@@ -99,7 +99,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KindRoot, "kind-root", o.KindRoot, "directory where the kind driver keeps its VMs (absolute)")
 	fs.StringVar(&o.KindPathPrefix, "kind-path-prefix", o.KindPathPrefix, "directory put first in the PATH of kind and docker (the docker shim hack/node-image/docker-runtime.sh prints, on machines that need it)")
 	fs.Var(&o.PreloadImages, "preload-image", "an image of the agent's docker loaded into every new kind VM before it runs (repeatable; for nodes that cannot pull)")
-	fs.StringVar(&o.WebhookAddress, "webhook-address", o.WebhookAddress, "loopback IP:port of the service-auth webhook the process driver's tenants authenticate bearer tokens with (keep it fixed: running tenants keep the address they started with)")
+	fs.StringVar(&o.WebhookAddress, "webhook-address", o.WebhookAddress, "loopback IP:port of the service-auth webhook the tenants authenticate bearer tokens with (a kind VM reaches it on its docker network's gateway, at the same port) (keep it fixed: running tenants keep the address they started with)")
 	fs.StringVar(&o.WebhookDir, "webhook-dir", o.WebhookDir, "directory that keeps the webhook's serving certificate and CA (absolute)")
 	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves the DIDs of service-auth tokens")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) DID resolution may reach; empty allows public addresses only")

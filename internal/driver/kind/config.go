@@ -54,15 +54,23 @@ func Reserved(vm driver.VM, c Capacity) (cpuMillis, memoryBytes int64, err error
 	return cpuMillis, memoryBytes, nil
 }
 
+// WebhookDir is where a node finds its webhook token authentication
+// configuration (the VM directory's webhook/, mounted read-only), and its
+// API server too.
+const WebhookDir = "/etc/kubernetes/knotless-webhook"
+
 // Config is the kind configuration of vm's cluster: one node, the API
 // server on host at a port kind picks, and a kubelet whose
-// systemReserved leaves the shape allocatable.
-func Config(vm driver.VM, host string, c Capacity) ([]byte, error) {
+// systemReserved leaves the shape allocatable. With webhookDir (the
+// host's folder of the webhook configuration, "" for none) the API
+// server authenticates bearer tokens with the agent's service-auth
+// webhook (WebhookDir/webhook.kubeconfig).
+func Config(vm driver.VM, host string, c Capacity, webhookDir string) ([]byte, error) {
 	cpu, mem, err := Reserved(vm, c)
 	if err != nil {
 		return nil, err
 	}
-	patch, err := yaml.Marshal(map[string]any{
+	kubelet, err := yaml.Marshal(map[string]any{
 		"apiVersion":     "kubelet.config.k8s.io/v1beta1",
 		"kind":           "KubeletConfiguration",
 		"systemReserved": map[string]string{"cpu": strconv.FormatInt(cpu, 10) + "m", "memory": strconv.FormatInt(mem, 10)},
@@ -70,13 +78,33 @@ func Config(vm driver.VM, host string, c Capacity) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	patches := []string{string(kubelet)}
+	node := map[string]any{"role": "control-plane"}
+	if webhookDir != "" {
+		apiServer, err := yaml.Marshal(map[string]any{
+			"kind": "ClusterConfiguration",
+			"apiServer": map[string]any{
+				"extraArgs": []map[string]string{
+					{"name": "authentication-token-webhook-config-file", "value": WebhookDir + "/webhook.kubeconfig"},
+					{"name": "authentication-token-webhook-version", "value": "v1"},
+					{"name": "authentication-token-webhook-cache-ttl", "value": driver.WebhookCacheTTL.String()},
+				},
+				"extraVolumes": []map[string]any{{"name": "knotless-webhook", "hostPath": WebhookDir, "mountPath": WebhookDir, "readOnly": true, "pathType": "Directory"}},
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		patches = append(patches, string(apiServer))
+		node["extraMounts"] = []map[string]any{{"hostPath": webhookDir, "containerPath": WebhookDir, "readOnly": true}}
+	}
 	return yaml.Marshal(map[string]any{
 		"kind":                 "Cluster",
 		"apiVersion":           "kind.x-k8s.io/v1alpha4",
 		"name":                 ClusterName(vm.ID),
 		"networking":           map[string]any{"apiServerAddress": host, "apiServerPort": 0},
-		"nodes":                []map[string]any{{"role": "control-plane"}},
-		"kubeadmConfigPatches": []string{string(patch)},
+		"nodes":                []map[string]any{node},
+		"kubeadmConfigPatches": patches,
 	})
 }
 

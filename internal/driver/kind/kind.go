@@ -27,12 +27,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -66,6 +70,12 @@ const (
 	filePID        = "create.pid"
 	fileRC         = "create.rc"
 	fileKubeconfig = "kubeconfig"
+	// The service-auth webhook: the folder the node mounts (its
+	// webhook.kubeconfig), the address the agent serves it at for the VM
+	// (on the VM network's gateway), and the VM's service identity.
+	dirWebhook    = "webhook"
+	fileWebhookAt = "webhook.addr"
+	fileServiceID = "service-id"
 )
 
 // Driver runs VMs as kind clusters.
@@ -88,6 +98,15 @@ type Driver struct {
 	// Preload are images (in the agent's docker) loaded into every new
 	// VM before it is Running: nodes that cannot pull run them.
 	Preload []string
+	// Webhook is where the tenants ask who a bearer token is (the agent's
+	// service-auth webhook, which serves each VM on its docker network's
+	// gateway: Webhook.ListenFor); without it a tenant accepts no
+	// service-auth token.
+	Webhook *driver.Webhook
+
+	mu sync.Mutex
+	// serving are the webhook's listeners, by VM id.
+	serving map[string]io.Closer
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -165,11 +184,18 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 	if err != nil {
 		return driver.Status{}, err
 	}
-	cfg, err := Config(vm, d.host(), c)
-	if err != nil {
+	if _, _, err := Reserved(vm, c); err != nil {
 		return driver.Status{}, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return driver.Status{}, err
+	}
+	webhookDir, err := d.webhook(ctx, dir, vm)
+	if err != nil {
+		return driver.Status{}, err
+	}
+	cfg, err := Config(vm, d.host(), c, webhookDir)
+	if err != nil {
 		return driver.Status{}, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, fileConfig), cfg, 0o600); err != nil {
@@ -217,6 +243,97 @@ func recordStart(dir string) error {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, filePID))
+}
+
+// webhook prepares the service-auth webhook of a VM that has a service
+// identity, when the agent serves one: it makes the VM's docker network
+// (kind takes one that exists), writes the node's webhook configuration
+// (the webhook at the network's gateway, on the agent's webhook port)
+// into dir/webhook, which it returns ("" for none), and starts serving
+// the webhook there for the VM.
+func (d *Driver) webhook(ctx context.Context, dir string, vm driver.VM) (string, error) {
+	if d.Webhook == nil || d.Webhook.ListenFor == nil || vm.ServiceID == "" {
+		return "", nil
+	}
+	cluster := ClusterName(vm.ID)
+	if _, err := d.run(ctx, cluster, d.docker(), "network", "create", "--driver", "bridge", cluster); err != nil && !strings.Contains(err.Error(), "already exists") {
+		return "", fmt.Errorf("kind driver: %w", err)
+	}
+	out, err := d.run(ctx, cluster, d.docker(), "network", "inspect", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}", cluster)
+	if err != nil {
+		return "", fmt.Errorf("kind driver: %w", err)
+	}
+	gateway := ""
+	for _, f := range strings.Fields(string(out)) {
+		if ip := net.ParseIP(f); ip != nil && ip.To4() != nil {
+			gateway = f
+			break
+		}
+	}
+	u, err := url.Parse(d.Webhook.URL)
+	if gateway == "" || err != nil || u.Port() == "" {
+		return "", fmt.Errorf("kind driver: no IPv4 gateway of the VM's network (%q) or no webhook port", strings.TrimSpace(string(out)))
+	}
+	addr := net.JoinHostPort(gateway, u.Port())
+	kc, err := d.Webhook.KubeconfigAt(vm.ID, addr)
+	if err != nil {
+		return "", err
+	}
+	wd := filepath.Join(dir, dirWebhook)
+	if err := os.MkdirAll(wd, 0o700); err != nil {
+		return "", err
+	}
+	for name, b := range map[string][]byte{filepath.Join(wd, "webhook.kubeconfig"): kc, filepath.Join(dir, fileWebhookAt): []byte(addr), filepath.Join(dir, fileServiceID): []byte(vm.ServiceID)} {
+		if err := os.WriteFile(name, b, 0o600); err != nil {
+			return "", err
+		}
+	}
+	if _, err := d.serveWebhook(dir, vm); err != nil {
+		return "", err
+	}
+	return wd, nil
+}
+
+// serveWebhook makes sure the agent serves the webhook for a VM that
+// was provisioned with one (after the agent starts again too), and
+// returns the VM's service identity ("" for a VM without).
+func (d *Driver) serveWebhook(dir string, vm driver.VM) (string, error) {
+	id, err := os.ReadFile(filepath.Join(dir, fileServiceID))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	addr, err := os.ReadFile(filepath.Join(dir, fileWebhookAt))
+	if err != nil {
+		return "", err
+	}
+	if d.Webhook == nil || d.Webhook.ListenFor == nil {
+		return "", errors.New("kind driver: the VM's tenant authenticates with the agent's webhook, which this agent does not serve")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.serving[vm.ID] == nil {
+		ln, err := d.Webhook.ListenFor(vm.ID, string(addr))
+		if err != nil {
+			return "", fmt.Errorf("kind driver: serving the webhook for the VM: %w", err)
+		}
+		if d.serving == nil {
+			d.serving = map[string]io.Closer{}
+		}
+		d.serving[vm.ID] = ln
+	}
+	return string(id), nil
+}
+
+// stopWebhook stops serving the webhook for the VM id.
+func (d *Driver) stopWebhook(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.serving[id]; c != nil {
+		_ = c.Close()
+		delete(d.serving, id)
+	}
 }
 
 // Status implements driver.Driver.
@@ -375,8 +492,12 @@ func (d *Driver) status(ctx context.Context, dir string, vm driver.VM) (driver.S
 	if err := d.grant(ctx, cfg, cs, vm); err != nil {
 		return driver.Status{State: driver.Starting, Reason: err.Error()}, nil
 	}
+	serviceID, err := d.serveWebhook(dir, vm)
+	if err != nil {
+		return driver.Status{State: driver.Starting, Reason: err.Error()}, nil
+	}
 	alloc.LimitCPUMillis, alloc.LimitMemoryMiB = c.HostConfig.NanoCpus/1_000_000, c.HostConfig.Memory>>20
-	return driver.Status{State: driver.Running, Endpoint: cfg.Host, CA: cfg.CAData, Enforced: alloc}, nil
+	return driver.Status{State: driver.Running, Endpoint: cfg.Host, CA: cfg.CAData, Enforced: alloc, ServiceID: serviceID}, nil
 }
 
 // admin is the tenant's admin config, from the kubeconfig kind wrote.
@@ -515,6 +636,7 @@ func (d *Driver) Terminate(ctx context.Context, vm driver.VM) error {
 		}
 		_ = p.Proc.Signal(syscall.SIGKILL)
 	}
+	d.stopWebhook(vm.ID)
 	cluster := ClusterName(vm.ID)
 	if _, err := d.run(ctx, cluster, d.Kind, "delete", "cluster", "--name", cluster, "--kubeconfig", filepath.Join(dir, fileKubeconfig)); err != nil {
 		return fmt.Errorf("kind driver: %w", err)

@@ -46,7 +46,7 @@ func TestClusterName(t *testing.T) {
 // shape.
 func TestConfig(t *testing.T) {
 	vm := driver.VM{ID: "uid-1", CPUMillis: 1500, MemoryMiB: 2048}
-	b, err := Config(vm, "10.0.0.7", Capacity{CPUs: 4, MemoryBytes: 8 << 30})
+	b, err := Config(vm, "10.0.0.7", Capacity{CPUs: 4, MemoryBytes: 8 << 30}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +92,11 @@ func TestShapesRefused(t *testing.T) {
 		"more CPU":          {ID: "a", CPUMillis: 2001, MemoryMiB: 2048},
 		"more memory":       {ID: "a", CPUMillis: 1000, MemoryMiB: 4097},
 	} {
-		if _, err := Config(vm, "127.0.0.1", c); !errors.Is(err, driver.ErrUnrunnable) {
+		if _, err := Config(vm, "127.0.0.1", c, ""); !errors.Is(err, driver.ErrUnrunnable) {
 			t.Errorf("%s: %v, want ErrUnrunnable", name, err)
 		}
 	}
-	if _, err := Config(driver.VM{ID: "a", CPUMillis: 2000, MemoryMiB: 4096}, "127.0.0.1", c); err != nil {
+	if _, err := Config(driver.VM{ID: "a", CPUMillis: 2000, MemoryMiB: 4096}, "127.0.0.1", c, ""); err != nil {
 		t.Errorf("the whole machine: %v", err)
 	}
 }
@@ -341,4 +341,57 @@ func groupRuns(pgid int) bool {
 		}
 	}
 	return false
+}
+
+// TestConfigWithWebhook: with a webhook folder the node mounts it
+// read-only at WebhookDir and its API server authenticates bearer tokens
+// with the webhook configuration there (kubeadm v1beta4 arguments, which
+// kind merges into its own).
+func TestConfigWithWebhook(t *testing.T) {
+	vm := driver.VM{ID: "uid-1", CPUMillis: 1500, MemoryMiB: 2048}
+	b, err := Config(vm, "10.0.0.7", Capacity{CPUs: 4, MemoryBytes: 8 << 30}, "/var/lib/vms/uid-1/webhook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Nodes []struct {
+			Role        string
+			ExtraMounts []struct {
+				HostPath      string `json:"hostPath"`
+				ContainerPath string `json:"containerPath"`
+				ReadOnly      bool   `json:"readOnly"`
+			} `json:"extraMounts"`
+		}
+		KubeadmConfigPatches []string `json:"kubeadmConfigPatches"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Nodes) != 1 || len(cfg.Nodes[0].ExtraMounts) != 1 || cfg.Nodes[0].ExtraMounts[0].HostPath != "/var/lib/vms/uid-1/webhook" ||
+		cfg.Nodes[0].ExtraMounts[0].ContainerPath != WebhookDir || !cfg.Nodes[0].ExtraMounts[0].ReadOnly || len(cfg.KubeadmConfigPatches) != 2 {
+		t.Fatalf("config:\n%s", b)
+	}
+	var api struct {
+		Kind      string
+		APIServer struct {
+			ExtraArgs    []struct{ Name, Value string } `json:"extraArgs"`
+			ExtraVolumes []struct {
+				HostPath  string `json:"hostPath"`
+				MountPath string `json:"mountPath"`
+				ReadOnly  bool   `json:"readOnly"`
+			} `json:"extraVolumes"`
+		} `json:"apiServer"`
+	}
+	if err := yaml.Unmarshal([]byte(cfg.KubeadmConfigPatches[1]), &api); err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{}
+	for _, a := range api.APIServer.ExtraArgs {
+		args[a.Name] = a.Value
+	}
+	if api.Kind != "ClusterConfiguration" || args["authentication-token-webhook-config-file"] != WebhookDir+"/webhook.kubeconfig" ||
+		args["authentication-token-webhook-version"] != "v1" || args["authentication-token-webhook-cache-ttl"] != "10s" ||
+		len(api.APIServer.ExtraVolumes) != 1 || api.APIServer.ExtraVolumes[0].HostPath != WebhookDir || !api.APIServer.ExtraVolumes[0].ReadOnly {
+		t.Fatalf("API server patch:\n%s", cfg.KubeadmConfigPatches[1])
+	}
 }
