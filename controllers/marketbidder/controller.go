@@ -100,25 +100,6 @@ type Reconciler struct {
 	absent market.Absences
 }
 
-// tenantAdmins are the tenant admins that the requester of a contract
-// names, found by the requester's DID (the index of requesters over every
-// engaged workspace) and the accept it made; none when the requester is
-// not reconciled by this provider.
-func (r *Reconciler) tenantAdmins(ctx context.Context, cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins {
-	_, _, acceptKey := market.SplitURI(cc.Spec.Accept.URI)
-	for _, req := range r.Market.Followers(market.RoleRequester, cc.Spec.RequesterDID) {
-		cl, err := r.GetCluster(ctx, req.ClusterName)
-		if err != nil {
-			continue
-		}
-		mr := &marketv1alpha1.MarketRequester{}
-		if cl.GetClient().Get(ctx, req.NamespacedName, mr) == nil && market.Owns(market.Owner(string(mr.UID)), acceptKey) {
-			return mr.Spec.TenantAdmins
-		}
-	}
-	return computev1alpha1.TenantAdmins{}
-}
-
 // SetupWithManager registers the controller and its indexes.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &marketv1alpha1.MarketBidder{}, byIdentity, func(o client.Object) []string {
@@ -284,7 +265,6 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 	}
 	t := &trader{ctx: ctx, c: c, b: b, st: st, events: cl.GetEventRecorder(Name), now: clock.Now(r.Now), id: id, net: net,
 		network: network.Name(net), owner: market.Owner(string(b.UID)), absent: &r.absent,
-		admins:  func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins { return r.tenantAdmins(ctx, cc) },
 		observe: func(step string, since time.Time) { market.ObserveStep(r.StepSeconds, step, since, clock.Now(r.Now)) }}
 	if b.Spec.Suspend {
 		t.stop = "suspended"

@@ -45,8 +45,6 @@ type trader struct {
 	absent  *market.Absences
 	// stop is why no new work is taken ("" when it may be).
 	stop string
-	// admins are the tenant admins the requester of a contract names.
-	admins func(cc *marketv1alpha1.ComputeContract) computev1alpha1.TenantAdmins
 	// observe records a market step ended by a record write (nil: none).
 	observe func(step string, since time.Time)
 
@@ -258,9 +256,6 @@ func (t *trader) vm(op deal.VMOp) error {
 		return nil
 	}
 	want := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: op.Name, Namespace: t.b.Namespace}, Spec: *op.Create}
-	if t.admins != nil {
-		want.Spec.Admins = t.admins(cc)
-	}
 	return ssa.Child(t.ctx, t.c, want, cc, FieldManager)
 }
 

@@ -138,41 +138,64 @@ func (s *session) grantAccess(cc *marketv1alpha1.ComputeContract, st *marketv1al
 		Reason: marketv1alpha1.ReasonAccessNotApplied, Message: "the tenant access is not applied: " + why, ObservedGeneration: cc.Generation})
 }
 
-// applyAccess applies spec.tenantAccess into the tenant of the lease
-// within accessDeadline and returns why it could not ("" when it did).
-// What the tenant or the PDS answered stays in the provider's log (R17:
-// a tenant at a private address must not learn the caller what sits
-// there); the reason says only which step failed.
+// applyAccess applies spec.tenantAccess into the tenant of the lease,
+// as the requester's DID, and returns why it could not ("" when it did).
 func (s *session) applyAccess(cc *marketv1alpha1.ComputeContract, lease *market.Rec) string {
 	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
 	if err != nil {
 		return err.Error()
 	}
+	_, why := s.identityOnTenant(cc, tn, s.now.Add(2*time.Minute), func(ctx context.Context, cs kubernetes.Interface) error {
+		for _, role := range []marketv1alpha1.AccessRole{marketv1alpha1.AccessView, marketv1alpha1.AccessEdit, marketv1alpha1.AccessAdmin} {
+			var subjects []rbacv1.Subject
+			for _, a := range s.mr.Spec.TenantAccess {
+				if a.Role == role {
+					subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: a.DID})
+				}
+			}
+			if err := driver.ApplyRole(ctx, cs, FieldManager, accessRole(role), accessRules(role), subjects); err != nil {
+				return fmt.Errorf("role %s: %w", role, err)
+			}
+		}
+		return nil
+	})
+	return why
+}
+
+// identityOnTenant reaches the tenant tn as the requester's DID within
+// accessDeadline: it asks the requester's PDS for a service-auth token
+// for the tenant's service identity, expiring at exp, and calls apply
+// with a client of the tenant bearing it. It returns the token, or why it
+// could not. What the tenant or the PDS answered stays in the provider's
+// log (R17: a tenant at a private address must not learn the caller what
+// sits there); the reason says only which step failed.
+func (s *session) identityOnTenant(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, exp time.Time, apply func(context.Context, kubernetes.Interface) error) (string, string) {
 	ctx, cancel := context.WithTimeout(s.ctx, accessDeadline)
 	defer cancel()
 	logger := log.FromContext(ctx).WithValues("contract", cc.Name)
-	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, time.Now().Add(2*time.Minute))
+	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
 	if err != nil {
 		logger.Info("no service-auth token for the tenant", "error", err.Error())
-		return "the requester's PDS issued no service-auth token for the tenant"
+		return "", "the requester's PDS issued no service-auth token for the tenant"
 	}
-	cs, err := tenantClient(tn, token, s.r.Policy)
+	cs, err := s.r.tenantClient(tn, token)
 	if err != nil {
-		return err.Error()
+		return "", err.Error()
 	}
-	for _, role := range []marketv1alpha1.AccessRole{marketv1alpha1.AccessView, marketv1alpha1.AccessEdit, marketv1alpha1.AccessAdmin} {
-		var subjects []rbacv1.Subject
-		for _, a := range s.mr.Spec.TenantAccess {
-			if a.Role == role {
-				subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: a.DID})
-			}
-		}
-		if err := driver.ApplyRole(ctx, cs, FieldManager, accessRole(role), accessRules(role), subjects); err != nil {
-			logger.Info("applying the tenant access", "role", role, "error", err.Error())
-			return "the tenant did not take it (the provider's log says why)"
-		}
+	if err := apply(ctx, cs); err != nil {
+		logger.Info("the tenant refused the requester's side", "error", err.Error())
+		return "", "the tenant did not take it (the provider's log says why)"
 	}
-	return ""
+	return token, ""
+}
+
+// tenantClient is TenantClient, by default a client through the
+// provider's address policy (tenantClient).
+func (r *Reconciler) tenantClient(tn deal.Tenant, token string) (kubernetes.Interface, error) {
+	if r.TenantClient != nil {
+		return r.TenantClient(tn, token)
+	}
+	return tenantClient(tn, token, r.Policy)
 }
 
 // maxTenantResponse bounds what the requester's side reads of one answer

@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -115,6 +116,10 @@ type Reconciler struct {
 	// Policy is the address policy of connections to tenants (R18; nil
 	// allows public addresses only).
 	Policy *netpolicy.Policy
+	// TenantClient returns a client of a tenant bearing a token (default:
+	// through Policy, no proxy, no redirect, bounded answers); tests
+	// replace it.
+	TenantClient func(tn deal.Tenant, token string) (kubernetes.Interface, error)
 	// StepSeconds observes the requester's market steps (deadline_accept,
 	// lease_active) when set (market.NewStepSeconds).
 	StepSeconds *prometheus.HistogramVec

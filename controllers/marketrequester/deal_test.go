@@ -3,11 +3,16 @@ package marketrequester
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
@@ -86,11 +91,41 @@ type marketFixture struct {
 	bid     *marketbidder.Reconciler
 	shop    *clustertest.Cluster
 	bidders map[string]*clustertest.Cluster // by bidder name (= workspace)
+	// tenants are the tenants the requester's side reached, by endpoint,
+	// with the last token it bore there; a tenant in refusing answers
+	// every request with an error.
+	tenants  map[string]*fakeTenant
+	refusing map[string]bool
+}
+
+// fakeTenant is a tenant apiserver as the requester's side reaches it.
+type fakeTenant struct {
+	*k8sfake.Clientset
+	token string
+}
+
+// tenantClient is the fixture's Reconciler.TenantClient.
+func (m *marketFixture) tenantClient(tn deal.Tenant, token string) (kubernetes.Interface, error) {
+	ft := m.tenants[tn.Endpoint]
+	if ft == nil {
+		ft = &fakeTenant{Clientset: k8sfake.NewClientset()}
+		m.tenants[tn.Endpoint] = ft
+	}
+	ft.token = token
+	if m.refusing[tn.Endpoint] {
+		cs := k8sfake.NewClientset()
+		cs.PrependReactor("*", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("the tenant refuses")
+		})
+		return cs, nil
+	}
+	return ft.Clientset, nil
 }
 
 func newMarket(t *testing.T, bidders ...*marketv1alpha1.MarketBidder) *marketFixture {
 	t.Helper()
-	m := &marketFixture{t: t, clock: &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}, repos: map[string]*markettest.Repo{}, bidders: map[string]*clustertest.Cluster{}}
+	m := &marketFixture{t: t, clock: &clock{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}, repos: map[string]*markettest.Repo{}, bidders: map[string]*clustertest.Cluster{},
+		tenants: map[string]*fakeTenant{}, refusing: map[string]bool{}}
 	m.net = markettest.NewNetwork()
 	m.net.Now = m.clock.now
 	op := m.repo(operator)
@@ -113,7 +148,7 @@ func newMarket(t *testing.T, bidders ...*marketv1alpha1.MarketBidder) *marketFix
 		return m.repos[repo.Status.DID], nil
 	}
 	m.req = &Reconciler{GetCluster: clustertest.Getter(clusters), Market: m.net, Scheme: apis.NewScheme(),
-		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now}
+		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now, TenantClient: m.tenantClient}
 	m.bid = &marketbidder.Reconciler{GetCluster: clustertest.Getter(clusters), Market: m.net,
 		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now}
 	return m

@@ -1,19 +1,30 @@
 package marketrequester
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 )
 
 // The objects a contract's tenant is mounted with, in the requester's
@@ -40,13 +51,14 @@ func ownsMount(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantClu
 }
 
 // ReasonBidderAmbiguous: more than one workspace passes as the bidder of
-// the contract (the Ready condition's reason while the contract waits):
-// an impostor is present, so the tenant is delivered to none of them.
+// the contract (the Ready condition's reason while the contract waits for
+// a snapshot's import): an impostor is present, so the snapshot goes to
+// none of them.
 const ReasonBidderAmbiguous = "BidderAmbiguous"
 
-// ReasonCABundleNotPinned: the VM's CA bundle is not the one the
-// bidder's lease record pins (market.CAFingerprint over the whole
-// bundle), or is not a bundle of certificates: the tenant is not mounted.
+// ReasonCABundleNotPinned: the CA bundle of the bidder's lease record is
+// not the one the record pins (market.CAFingerprint over the whole
+// bundle): the tenant is not mounted.
 const ReasonCABundleNotPinned = "CABundleNotPinned"
 
 // errBidderAmbiguous: bidderVM found more than one workspace claiming the
@@ -100,79 +112,178 @@ func (s *session) findBidderVM(cc *marketv1alpha1.ComputeContract) (client.Clien
 	return found, foundVM, nil
 }
 
-// runningVM is the bidder's VM of the contract once it runs, with the
-// bidder workspace's client and the mount's token.
-func (s *session) runningVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM, string, error) {
-	c, vm, err := s.findBidderVM(cc)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning || vm.Status.CredentialSecret == "" {
-		return nil, nil, "", nil
-	}
-	sec := &corev1.Secret{}
-	if err := c.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: vm.Status.CredentialSecret}, sec); err != nil {
-		return nil, nil, "", client.IgnoreNotFound(err)
-	}
-	if !metav1.IsControlledBy(sec, vm) || len(sec.Data["token"]) == 0 {
-		return nil, nil, "", nil
-	}
-	return c, vm, string(sec.Data["token"]), nil
-}
+// The mount's token is a service-auth token the requester's PDS issues
+// for the tenant's service identity: it lives mountTokenLife (within the
+// agent's serviceauth.MaxLifetime) and is minted again once less than
+// mountTokenRenew of it is left, or after a failure mountTokenRetry
+// later. The mount's Secret says when its token expires
+// (annotationTokenExpires, RFC 3339), and which spec.tenantAdmins the
+// tenant was given with it (annotationAdmins, adminsKey): a change is
+// applied with a new token.
+const (
+	mountTokenLife         = 8 * time.Minute
+	mountTokenRenew        = 4 * time.Minute
+	mountTokenRetry        = 30 * time.Second
+	annotationTokenExpires = "market.knotless.dev/token-expires"
+	annotationAdmins       = "market.knotless.dev/tenant-admins"
+)
 
-// deliver mounts the tenant of a contract whose lease says the VM runs:
-// it copies the VM's endpoint, CA and the mount's credential from the
-// bidder's workspace (never through a record) once the CA matches the
-// fingerprint the bidder's lease record carries, and makes the
-// TenantCluster. It reports whether the mount is Ready, and what it waits
-// for: a reason for the contract's Ready condition when it is not the
-// phase's own (ReasonMountNameTaken), and a message.
+// ReasonTenantNotPublished: the bidder's running lease does not say how
+// to reach its tenant (an https endpoint, a CA bundle its caFingerprint
+// pins, one of the bidder's service identities): the tenant is not
+// mounted.
+const ReasonTenantNotPublished = "TenantNotPublished"
+
+// ReasonTenantRefused: the requester's side could not reach the tenant
+// with its identity (its PDS issued no token, or the tenant did not take
+// the mount's admins); tried again after mountTokenRetry.
+const ReasonTenantRefused = "TenantRefused"
+
+// mountAdminRole is the ClusterRole (and its binding) on a tenant of the
+// kcp users and groups spec.tenantAdmins names: the mount reaches the
+// tenant as the requester's DID and impersonates the kcp user who made
+// the request, who has rights there only through this binding.
+const mountAdminRole = "knotless:mount-admin"
+
+// deliver mounts the tenant of a contract whose lease says the VM runs,
+// with what the bidder's signed lease record says (endpoint, the CA
+// bundle it pins, the tenant's service identity: deal.TenantOf) and the
+// requester's own identity: a service-auth token its PDS issues for the
+// tenant, which the mount presents while impersonating the kcp user. It
+// first binds spec.tenantAdmins as the tenant's admins, through the same
+// identity. Nothing is read from the bidder's workspace, except a
+// snapshot's import (spec.restoreFrom, before the first mount). It
+// reports whether the mount is Ready and what it waits for (a reason for
+// the contract's Ready condition when it is not the phase's own, and a
+// message), and asks to be looked at again when it must (s.due).
 func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, string, error) {
-	// Once mounted, the mount's own probe says whether the tenant answers
-	// (liveness is judged off the record and off the bidder's view).
-	tc := &computev1alpha1.TenantCluster{}
-	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
-		if !ownsMount(cc, tc) {
-			return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil
-		}
-		if tc.Spec.Credential.SecretRef.Name == tenantCredential(cc.Name) {
-			ready, why := mountState(tc)
-			return ready, "", why, nil
-		}
-	} else if !apierrors.IsNotFound(err) {
-		return false, "", "", err
-	}
-	bc, vm, token, err := s.runningVM(cc)
+	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
 	switch {
-	case errors.Is(err, errBidderAmbiguous):
-		return false, ReasonBidderAmbiguous, s.refuse(cc, ReasonBidderAmbiguous, "more than one workspace claims to be the contract's bidder "+cc.Spec.BidderDID+": the tenant is delivered to none of them"), nil
+	case errors.Is(err, deal.ErrCABundleNotPinned):
+		s.due(s.now.Add(mountTokenRetry))
+		return false, ReasonCABundleNotPinned, s.refuse(cc, ReasonCABundleNotPinned, "the CA bundle of the bidder's lease is not the one it pins: the tenant is not mounted"), nil
+	case err != nil:
+		s.due(s.now.Add(mountTokenRetry))
+		return false, ReasonTenantNotPublished, s.refuse(cc, ReasonTenantNotPublished, "the bidder's lease does not say how to reach the tenant ("+err.Error()+"): the tenant is not mounted"), nil
+	}
+	tc := &computev1alpha1.TenantCluster{}
+	switch err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); {
+	case err == nil && !ownsMount(cc, tc):
+		s.due(s.now.Add(2 * time.Second))
+		return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil
+	case apierrors.IsNotFound(err):
+		tc = nil
 	case err != nil:
 		return false, "", "", err
-	case vm == nil:
-		return false, "", "the bidder's VM is not running yet", nil
 	}
-	// The pin covers the whole bundle: every certificate of it is copied
-	// into the mount's ca.crt and trusted there.
-	if fp, err := market.CAFingerprint([]byte(vm.Status.CABundle)); err != nil || fp != lease.Lease.CAFingerprint {
-		return false, ReasonCABundleNotPinned, s.refuse(cc, ReasonCABundleNotPinned, "the VM's CA bundle is not the one the bidder's lease record pins: the tenant is not mounted"), nil
+	expires, admins, current := s.mountToken(cc, tc, tn)
+	if current && admins == s.adminsKey() && expires.Sub(s.now) > mountTokenRenew {
+		s.due(expires.Add(-mountTokenRenew))
+		ready, why := mountState(tc)
+		return ready, "", why, nil
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
-	if from := s.mr.Spec.RestoreFrom; from != "" {
-		if done, why, err := s.restore(cc, bc, vm, from); !done || err != nil {
-			return false, "", why, err
+	if tc == nil && s.mr.Spec.RestoreFrom != "" {
+		if done, reason, why, err := s.restoreFirst(cc); !done || err != nil {
+			return false, reason, why, err
 		}
 	}
-	ready, why, err := s.mount(cc, vm, token)
+	exp := s.now.Add(mountTokenLife)
+	token, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
+	if why != "" {
+		s.due(s.now.Add(mountTokenRetry))
+		if current && s.now.Before(expires) {
+			// The token in place still serves: the mount stays as it is.
+			ready, msg := mountState(tc)
+			return ready, "", msg, nil
+		}
+		return false, ReasonTenantRefused, s.refuse(cc, ReasonTenantRefused, "the tenant is not reached with the requester's identity: "+why), nil
+	}
+	ready, why, err := s.mount(cc, tn, token, exp)
+	if err == nil {
+		s.due(exp.Add(-mountTokenRenew))
+		if !ready {
+			s.due(s.now.Add(2 * time.Second))
+		}
+	}
 	return ready, "", why, err
+}
+
+// restoreFirst imports spec.restoreFrom into the tenant of cc before it
+// is first mounted, through the bidder's workspace (the agent's
+// StateSync). It reports whether that is done, and what it waits for.
+func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract) (bool, string, string, error) {
+	bc, vm, err := s.findBidderVM(cc)
+	switch {
+	case errors.Is(err, errBidderAmbiguous):
+		return false, ReasonBidderAmbiguous, s.refuse(cc, ReasonBidderAmbiguous, "more than one workspace claims to be the contract's bidder "+cc.Spec.BidderDID+": the snapshot goes to none of them"), nil
+	case err != nil:
+		return false, "", "", err
+	case vm == nil || vm.Status.Phase != computev1alpha1.VMRunning:
+		s.due(s.now.Add(2 * time.Second))
+		return false, "", "the bidder's VM is not running yet", nil
+	}
+	done, why, err := s.restore(cc, bc, vm, s.mr.Spec.RestoreFrom)
+	if !done {
+		s.due(s.now.Add(2 * time.Second))
+	}
+	return done, "", why, err
+}
+
+// mountToken says when the token of the contract's mount expires, which
+// spec.tenantAdmins the tenant was given with it (adminsKey), and whether
+// the mount is current: its TenantCluster (tc, nil when there is none)
+// and Secret are the contract's, for the tenant tn (endpoint and CA).
+func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (time.Time, string, bool) {
+	if tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) {
+		return time.Time{}, "", false
+	}
+	sec := &corev1.Secret{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}, sec); err != nil ||
+		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) {
+		return time.Time{}, "", false
+	}
+	expires, err := time.Parse(time.RFC3339, sec.Annotations[annotationTokenExpires])
+	return expires, sec.Annotations[annotationAdmins], err == nil
+}
+
+// adminsKey names spec.tenantAdmins (annotationAdmins).
+func (s *session) adminsKey() string {
+	h := sha256.New()
+	for _, n := range s.mr.Spec.TenantAdmins.Users {
+		fmt.Fprintf(h, "user=%s\n", n)
+	}
+	for _, n := range s.mr.Spec.TenantAdmins.Groups {
+		fmt.Fprintf(h, "group=%s\n", n)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// applyMountAdmins binds spec.tenantAdmins (kcp users and groups; no
+// system: name, which means something of its own on a tenant) to
+// mountAdminRole on the tenant of cs.
+func (s *session) applyMountAdmins(ctx context.Context, cs kubernetes.Interface) error {
+	var subjects []rbacv1.Subject
+	for kind, names := range map[string][]string{rbacv1.UserKind: s.mr.Spec.TenantAdmins.Users, rbacv1.GroupKind: s.mr.Spec.TenantAdmins.Groups} {
+		for _, n := range names {
+			if !strings.HasPrefix(n, "system:") {
+				subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: kind, Name: n})
+			}
+		}
+	}
+	slices.SortFunc(subjects, func(a, b rbacv1.Subject) int { return strings.Compare(a.Kind+"/"+a.Name, b.Kind+"/"+b.Name) })
+	return driver.ApplyRole(ctx, cs, FieldManager, mountAdminRole, accessRules(marketv1alpha1.AccessAdmin), subjects)
 }
 
 // mount writes the contract's TenantCluster (first, so that the
 // credential never exists beside a TenantCluster of another URL) and the
-// Secret it reads, labelled for it alone and bound to the VM's endpoint
-// (computev1alpha1.MountCredentialURLKey) and CA
+// Secret it reads, labelled for it alone and bound to the tenant's
+// endpoint (computev1alpha1.MountCredentialURLKey) and CA
 // (computev1alpha1.MountCredentialCAKey): whoever changes the
 // TenantCluster's URL or CA afterwards does not get the token sent there.
-func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.ComputeVM, token string) (bool, string, error) {
+// The token is the requester's service-auth token for the tenant alone,
+// expiring at exp.
+func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, token string, exp time.Time) (bool, string, error) {
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
 	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
@@ -181,7 +292,7 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.
 			return errMountNameTaken
 		}
 		metav1.SetMetaDataLabel(&tc.ObjectMeta, LabelContract, string(cc.UID))
-		tc.Spec.URL = vm.Status.Endpoint
+		tc.Spec.URL = tn.Endpoint
 		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: computev1alpha1.MountCredentialCAKey}
 		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}}
 		return nil
@@ -193,8 +304,10 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, vm *computev1alpha1.
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
+		metav1.SetMetaDataAnnotation(&sec.ObjectMeta, annotationTokenExpires, exp.UTC().Format(time.RFC3339))
+		metav1.SetMetaDataAnnotation(&sec.ObjectMeta, annotationAdmins, s.adminsKey())
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: []byte(vm.Status.CABundle), computev1alpha1.MountCredentialURLKey: []byte(vm.Status.Endpoint)}
+		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", fmt.Errorf("the tenant's Secret: %w", err)

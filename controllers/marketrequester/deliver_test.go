@@ -3,11 +3,14 @@ package marketrequester
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,8 +162,8 @@ func (m *marketFixture) mountedNothing(name, reason string, forbidden ...string)
 }
 
 // TestUnpinnedCertificateInTheCABundleIsNotMounted (issue 29): the VM's
-// CA bundle is [honest CA, attacker CA] while the bidder's lease pins the
-// honest CA. Every certificate of the bundle would be trusted by the
+// CA bundle, which the bidder's lease publishes, is [honest CA, attacker
+// CA] while the lease pins the honest CA. Every certificate of the bundle would be trusted by the
 // mount, so the contract is not mounted: no TenantCluster, no credential
 // Secret, the contract waits with CABundleNotPinned and one Warning Event
 // says why, naming neither CA, its pin nor the VM's endpoint. Before,
@@ -182,8 +185,9 @@ func TestUnpinnedCertificateInTheCABundleIsNotMounted(t *testing.T) {
 	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
-	if l := m.leaseOf(); l.State != deal.LeaseRunning || l.CAFingerprint != pin {
-		t.Fatalf("lease %+v, want running with the honest CA's pin", l)
+	m.reconcileBidder("fit")
+	if l := m.leaseOf(); l.State != deal.LeaseRunning || l.CAFingerprint != pin || l.CABundle != vm.Status.CABundle {
+		t.Fatalf("lease %+v, want running with both CAs and the honest CA's pin", l)
 	}
 	m.reconcileRequester()
 	m.reconcileRequester()
@@ -195,6 +199,7 @@ func TestUnpinnedCertificateInTheCABundleIsNotMounted(t *testing.T) {
 	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
+	m.reconcileBidder("fit")
 	m.reconcileRequester()
 	sec := &corev1.Secret{}
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data[computev1alpha1.MountCredentialCAKey]) != string(honest) {
@@ -271,49 +276,106 @@ func (m *marketFixture) impostor(cc marketv1alpha1.ComputeContract, uid types.UI
 
 // TestImpostorBidderWorkspaceGetsNothing (issue 29): a workspace whose
 // PDS claims the bidder's DID holds a contract on the deal's accept and a
-// running VM with the honest CA bundle at its own endpoint. It did not
-// make the bid the requester accepted (the bid's key carries the honest
-// MarketBidder's UID), so it is not the bidder: the tenant is mounted
-// from the bidder's own VM, and the impostor's endpoint and token are
-// never copied. Before, whichever workspace the index listed first was
-// taken (each of several deals is tried: one pick of the impostor fails).
+// running VM with the honest CA bundle at its own endpoint, even with the
+// bidder's MarketBidder UID (which kcp never gives two objects). The
+// mount is made from the bidder's signed lease alone: the impostor's
+// endpoint and token are never used, and the requester's side reaches
+// only the lease's endpoint, with its own service-auth token for the
+// lease's service identity.
 func TestImpostorBidderWorkspaceGetsNothing(t *testing.T) {
 	ctx := context.Background()
-	for i := range 8 {
+	for _, uid := range []types.UID{"evil-uid", "fit-uid"} {
 		m := newMarket(t, bidderObj("fit", 30, 2))
 		cc := m.dealRunning(drivertest.TestCA(t))
-		_, endpoint := m.impostor(cc, "evil-uid")
+		_, endpoint := m.impostor(cc, uid)
 		m.reconcileRequester()
+		lease := m.leaseOf()
 		tc := &computev1alpha1.TenantCluster{}
-		if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL == endpoint {
-			t.Fatalf("deal %d: the TenantCluster %+v, %v: want the bidder's VM mounted, not the impostor's", i, tc.Spec, err)
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL != lease.Endpoint || lease.Endpoint == endpoint {
+			t.Fatalf("%s: the TenantCluster %+v, %v: want the lease's endpoint %s", uid, tc.Spec, err, lease.Endpoint)
 		}
 		sec := &corev1.Secret{}
-		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data["token"]) != "tok" {
-			t.Fatalf("deal %d: the credential Secret: %v, token %q; want the bidder's", i, err, sec.Data["token"])
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil ||
+			!strings.HasPrefix(string(sec.Data["token"]), "markettest:did:plc:shop:"+lease.ServiceID+":") {
+			t.Fatalf("%s: the credential Secret: %v, token %q; want the requester's for %s", uid, err, sec.Data["token"], lease.ServiceID)
+		}
+		if len(m.tenants) != 1 || m.tenants[lease.Endpoint] == nil {
+			t.Fatalf("%s: the requester reached %v, want only %s", uid, slices.Collect(maps.Keys(m.tenants)), lease.Endpoint)
 		}
 	}
 }
 
-// TestAmbiguousBidderGetsNothing (issue 29): should two workspaces both
-// pass as the contract's bidder (the impostor here even has the bidder's
-// MarketBidder UID, which kcp never gives two objects), the requester
-// cannot tell which is the bidder: the tenant is delivered to none, the
-// contract waits with BidderAmbiguous and one Warning Event says so,
-// naming neither workspace nor the impostor's endpoint. Once the impostor
-// is gone the bidder's tenant is mounted.
-func TestAmbiguousBidderGetsNothing(t *testing.T) {
+// TestMountReadsNoBidderWorkspace (issue 29): the requester's side runs
+// with no access to any workspace but its own, and the bidder's with none
+// to the requester's: the deal completes, and the tenant is mounted with
+// the requester's identity. Before the mount, the requester's side binds
+// spec.tenantAdmins (no system: names) as the tenant's admins; a change
+// of them is applied with the next token. A tenant that refuses keeps the
+// contract waiting with TenantRefused, tried again after 30 s.
+func TestMountReadsNoBidderWorkspace(t *testing.T) {
+	ctx := context.Background()
 	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) {
+		mr.Spec.TenantAdmins = computev1alpha1.TenantAdmins{Users: []string{"alice", "system:admin"}, Groups: []string{"ops", "system:masters"}}
+	})
+	m.req.GetCluster = clustertest.Getter(map[string]*clustertest.Cluster{"shop": m.shop})
+	m.bid.GetCluster = clustertest.Getter(map[string]*clustertest.Cluster{"fit": m.bidders["fit"]})
 	cc := m.dealRunning(drivertest.TestCA(t))
-	evil, endpoint := m.impostor(cc, "fit-uid")
+	lease := m.leaseOf()
+	m.refusing[lease.Endpoint] = true
 	m.reconcileRequester()
-	m.reconcileRequester()
-	m.mountedNothing(cc.Name, ReasonBidderAmbiguous, "evil", endpoint, `"fit"`, "workspace fit")
+	m.mountedNothing(cc.Name, ReasonTenantRefused, lease.Endpoint, "refuses")
 
-	m.net.Unfollow(evil)
+	delete(m.refusing, lease.Endpoint)
+	m.clock.advance(31 * time.Second)
 	m.reconcileRequester()
-	tc := &computev1alpha1.TenantCluster{}
-	if err := m.shop.Client.Get(context.Background(), client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL == endpoint {
-		t.Fatalf("the TenantCluster %+v, %v: want the bidder's VM mounted", tc.Spec, err)
+	m.tenantReady()
+	m.reconcileRequester()
+	if got := contracts(t, m.shop)[0]; got.Status.Phase != marketv1alpha1.ContractActive {
+		t.Fatalf("contract %s, want Active", got.Status.Phase)
+	}
+	binding := func() []rbacv1.Subject {
+		t.Helper()
+		crb, err := m.tenants[lease.Endpoint].RbacV1().ClusterRoleBindings().Get(ctx, mountAdminRole, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return crb.Subjects
+	}
+	want := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "ops"}, {APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"}}
+	if got := binding(); !slices.Equal(got, want) {
+		t.Fatalf("the tenant's %s binds %+v, want %+v", mountAdminRole, got, want)
+	}
+	first := m.tenants[lease.Endpoint].token
+
+	// Within the token's life nothing is minted; a change of the admins
+	// is applied with a new token.
+	m.clock.advance(time.Minute)
+	m.reconcileRequester()
+	if m.tenants[lease.Endpoint].token != first {
+		t.Fatal("a token was minted while the mount's still had 7 minutes")
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.TenantAdmins.Users = []string{"bob"} })
+	m.reconcileRequester()
+	want = []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "ops"}, {APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "bob"}}
+	if got := binding(); !slices.Equal(got, want) {
+		t.Fatalf("after the change the tenant's %s binds %+v, want %+v", mountAdminRole, got, want)
+	}
+	// Past mountTokenRenew before its end, the token is minted again; a
+	// failure then leaves the mount as it is.
+	m.clock.advance(5 * time.Minute)
+	m.repos["did:plc:shop"].NoServiceAuth = true
+	m.reconcileRequester()
+	if got := contracts(t, m.shop)[0]; got.Status.Phase != marketv1alpha1.ContractActive {
+		t.Fatalf("contract %s while the old token still serves, want Active", got.Status.Phase)
+	}
+	m.repos["did:plc:shop"].NoServiceAuth = false
+	before := m.tenants[lease.Endpoint].token
+	m.clock.advance(31 * time.Second)
+	m.reconcileRequester()
+	sec := &corev1.Secret{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data["token"]) == before ||
+		string(sec.Data["token"]) != m.tenants[lease.Endpoint].token {
+		t.Fatalf("the mount's token was not renewed: %v", err)
 	}
 }

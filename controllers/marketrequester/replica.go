@@ -303,8 +303,6 @@ func (s *session) carryOut(rr *replicaRecords, cc *marketv1alpha1.ComputeContrac
 		}
 		if ready {
 			st.Phase = marketv1alpha1.ContractActive
-		} else {
-			s.due(s.now.Add(2 * time.Second))
 		}
 		return reason, why, nil
 	case dec.Unmount:

@@ -15,6 +15,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
 
@@ -36,7 +37,7 @@ func (m *marketFixture) runVM(ws *clustertest.Cluster, ca []byte) *computev1alph
 		}
 		fp, _ := market.CAFingerprint(ca)
 		vm.Status = computev1alpha1.ComputeVMStatus{Phase: computev1alpha1.VMRunning, Endpoint: "https://127.0.0.1:7443/clusters/root",
-			CABundle: string(ca), CAFingerprint: fp, CredentialSecret: sec.Name}
+			CABundle: string(ca), CAFingerprint: fp, CredentialSecret: sec.Name, ServiceID: serviceauth.Audience(vm.Spec.ServiceDID, string(vm.UID))}
 		if err := ws.Client.Status().Update(ctx, vm); err != nil {
 			m.t.Fatal(err)
 		}

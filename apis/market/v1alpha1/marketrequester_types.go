@@ -138,8 +138,8 @@ type MarketRequesterSpec struct {
 	// TenantAdmins are the kcp users and groups that administer the
 	// tenants the requester gets (each is mounted into this workspace as
 	// a TenantCluster; requests reach the tenant as the kcp user who made
-	// them). They travel to the bidder through the provider, never in a
-	// record.
+	// them). The requester's side binds them (no system: name) on each
+	// tenant with its own identity; they never reach the bidder.
 	// +optional
 	TenantAdmins computev1alpha1.TenantAdmins `json:"tenantAdmins,omitempty"`
 	// TenantAccess are ATProto identities given a role on the tenants the

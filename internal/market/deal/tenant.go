@@ -18,6 +18,11 @@ type Tenant struct {
 	ServiceID string
 }
 
+// ErrCABundleNotPinned: a lease's CA bundle is not the one its
+// caFingerprint pins (market.CAFingerprint covers every certificate of
+// the bundle, each of which a client of the tenant would trust).
+var ErrCABundleNotPinned = errors.New("the lease's CA bundle is not the one its caFingerprint pins")
+
 // TenantOf checks what the lease l, written by the bidder bidderDID,
 // says of its tenant: the lease is running, its endpoint is an https
 // URL, its CA bundle is exactly the one its caFingerprint pins, and its
@@ -37,7 +42,7 @@ func TenantOf(bidderDID string, l *market.Lease) (Tenant, error) {
 		return Tenant{}, fmt.Errorf("the lease's CA bundle: %w", err)
 	}
 	if fp != l.CAFingerprint {
-		return Tenant{}, errors.New("the lease's CA bundle is not the one its caFingerprint pins")
+		return Tenant{}, ErrCABundleNotPinned
 	}
 	if !serviceauth.IsAudienceOf(l.ServiceID, bidderDID) {
 		return Tenant{}, errors.New("the lease's serviceId is not a service identity of the bidder's")

@@ -25,6 +25,8 @@ import (
 // Repo is one repo's records.
 type Repo struct {
 	DID string
+	// NoServiceAuth: the repo's PDS issues no service-auth token.
+	NoServiceAuth bool
 
 	mu      sync.Mutex
 	records map[string]pds.Record // collection/rkey
@@ -53,10 +55,14 @@ func (r *Repo) Get(_ context.Context, collection, rkey string) (*pds.Record, err
 	return &rec, nil
 }
 
-// ServiceAuth implements market.Publisher: a fake repo has no PDS to
-// issue tokens.
-func (r *Repo) ServiceAuth(context.Context, string, string, time.Time) (string, error) {
-	return "", errors.New("markettest: a fake repo issues no service-auth token")
+// ServiceAuth implements market.Publisher: a fake repo's token is
+// "markettest:<did>:<aud>:<lxm>:<exp unix>", which nothing verifies;
+// NoServiceAuth makes it fail instead.
+func (r *Repo) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (string, error) {
+	if r.NoServiceAuth {
+		return "", errors.New("markettest: this repo issues no service-auth token")
+	}
+	return fmt.Sprintf("markettest:%s:%s:%s:%d", r.DID, aud, lxm, exp.Unix()), nil
 }
 
 // ListRecords implements market.Publisher.
