@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -303,4 +306,25 @@ func cannotMakeStateSync(ctx context.Context, t *testing.T, c client.Client, vm 
 	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner("forger")); !apierrors.IsForbidden(err) {
 		t.Errorf("%s applying a StateSync of the VM: %v, want Forbidden", who, err)
 	}
+}
+
+// jwtClaims are the claims of a JWT, unverified (what a test checks of a
+// token it holds).
+func jwtClaims(t *testing.T, token string) map[string]any {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		t.Errorf("not a JWT (%d parts)", len(parts))
+		return nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Errorf("the JWT's claims: %v", err)
+		return nil
+	}
+	claims := map[string]any{}
+	if err := json.Unmarshal(raw, &claims); err != nil {
+		t.Errorf("the JWT's claims: %v", err)
+	}
+	return claims
 }

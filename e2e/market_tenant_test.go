@@ -26,6 +26,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 // tenantDeal is a deal (requester buyer, the given bidders) whose
@@ -124,6 +125,19 @@ func TestMarketTenantMounted(t *testing.T) {
 	}
 	ownedBy(t, vm, "ComputeContract", bc.UID)
 	token := vmToken(ctx, t, d.bid, vm)
+	// The mount's credential is the buyer's own service-auth token for
+	// the tenant alone (its PDS issued it; no credential of bob's).
+	copied := &corev1.Secret{}
+	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, copied); err != nil {
+		t.Fatal(err)
+	}
+	ownedBy(t, copied, "ComputeContract", rc.UID)
+	mountToken := string(copied.Data["token"])
+	if claims := jwtClaims(t, mountToken); mountToken == token || claims["iss"] != d.accounts["buyer"].DID || claims["aud"] != vm.Status.ServiceID ||
+		claims["lxm"] != serviceauth.Method {
+		t.Errorf("the mount's token has claims %v, want the buyer's DID's for %s", claims, vm.Status.ServiceID)
+	}
+	secrets := []string{token, mountToken}
 	leases := listCollection(ctx, t, env.pds, d.accounts["acme"].DID, lexicon.Lease)
 	for _, l := range leases {
 		rec := decodeRecord[market.Lease](t, l)
@@ -171,19 +185,16 @@ func TestMarketTenantMounted(t *testing.T) {
 	for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
 		for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Presence} {
 			for _, r := range listCollection(ctx, t, env.pds, did, col) {
-				if strings.Contains(string(r.Value), token) {
-					t.Errorf("record %s carries the credential", r.URI)
+				for _, st := range secrets {
+					if strings.Contains(string(r.Value), st) {
+						t.Errorf("record %s carries a credential", r.URI)
+					}
 				}
 			}
 		}
 	}
-	copied := &corev1.Secret{}
-	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, copied); err != nil {
-		t.Fatal(err)
-	}
-	ownedBy(t, copied, "ComputeContract", rc.UID)
 	for _, o := range []client.Object{rc, bc} {
-		for _, st := range []string{token} {
+		for _, st := range secrets {
 			if raw := fmt.Sprintf("%+v", o); strings.Contains(raw, st) {
 				t.Errorf("%T %s carries the credential", o, o.GetName())
 			}
@@ -197,8 +208,10 @@ func TestMarketTenantMounted(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ev := range evs.Items {
-			if strings.Contains(ev.Message, token) {
-				t.Errorf("an Event in %s workspace carries the credential: %s", name, ev.Reason)
+			for _, st := range secrets {
+				if strings.Contains(ev.Message, st) {
+					t.Errorf("an Event in %s workspace carries a credential: %s", name, ev.Reason)
+				}
 			}
 		}
 	}
@@ -207,8 +220,14 @@ func TestMarketTenantMounted(t *testing.T) {
 		logs = append(logs, env.mountProxy.Process)
 	}
 	for _, p := range logs {
-		if raw, err := os.ReadFile(p.LogPath); err != nil || strings.Contains(string(raw), token) {
-			t.Errorf("the log of %s carries the credential (or cannot be read: %v)", p.Name, err)
+		raw, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			t.Errorf("the log of %s cannot be read: %v", p.Name, err)
+		}
+		for _, st := range secrets {
+			if strings.Contains(string(raw), st) {
+				t.Errorf("the log of %s carries a credential", p.Name)
+			}
 		}
 	}
 	// bob's credential (the agent's) cannot read alice's workspace.
