@@ -91,6 +91,7 @@ func TestAuthorizationBeforeForwarding(t *testing.T) {
 		{"a kcp ServiceAccount", http.Header{testUser: {"system:serviceaccount:default:ci"}, testGroup: {"system:serviceaccounts"}}, "/tenants/ws-a/shop/api", 403, ReasonServiceAccount},
 		{"system:masters", http.Header{testUser: {"anyone"}, testGroup: {"system:masters"}}, "/tenants/ws-a/shop/api", 403, ReasonPrivilegedGroup},
 		{"a system user", http.Header{testUser: {"system:node:worker-1"}, testGroup: {"system:nodes"}}, "/tenants/ws-a/shop/api", 403, ReasonSystemUser},
+		{"a user named like a DID", http.Header{testUser: {"did:plc:ewvi7nxzyoun6zhxrhs64oiz"}}, "/tenants/ws-a/shop/api", 403, ReasonDIDUser},
 	} {
 		resp, body := f.get(c, tc.path, tc.header)
 		if resp.StatusCode != tc.code || resp.Header.Get(ReasonHeader) != tc.reason {

@@ -218,6 +218,10 @@ const (
 	ReasonServiceAccount = "ServiceAccountNotAllowed"
 	// ReasonSystemUser: a system: user is never asserted to a tenant.
 	ReasonSystemUser = "SystemUserNotAllowed"
+	// ReasonDIDUser: a user named like an ATProto identity (did:...) is
+	// never asserted to a tenant, where a DID is an identity of its own
+	// with its own rights (reached with its own token).
+	ReasonDIDUser = "DIDUserNotAllowed"
 	// ReasonPrivilegedGroup: system:masters is never asserted to a tenant.
 	ReasonPrivilegedGroup = "PrivilegedGroupNotAllowed"
 	// ReasonProbeNotAllowed: a probe certificate asked for more than a
@@ -385,6 +389,10 @@ func (s *Server) authorize(r *http.Request, c *Caller, probe bool, lc, rest stri
 	case strings.HasPrefix(c.User, "system:"):
 		// system: users (nodes, controllers) are the tenant's own.
 		return http.StatusForbidden, ReasonSystemUser, "system users are not forwarded to tenants; use a user identity"
+	case strings.HasPrefix(c.User, "did:"):
+		// On a tenant the kcp user "did:plc:x" would have the rights
+		// of the DID did:plc:x (its admin, or a tenantAccess role).
+		return http.StatusForbidden, ReasonDIDUser, "users named like ATProto identities are not forwarded to tenants; a DID reaches a tenant with its own token"
 	case slices.Contains(c.Groups, "system:masters"):
 		return http.StatusForbidden, ReasonPrivilegedGroup, "members of system:masters are not forwarded to tenants"
 	}

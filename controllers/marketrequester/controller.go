@@ -130,6 +130,9 @@ type Reconciler struct {
 	// access is when each contract's tenant access is applied next
 	// (accessTry by contract UID).
 	access sync.Map
+	// mints is when each contract's mount token is minted next after a
+	// failure (mintTry by contract UID).
+	mints sync.Map
 }
 
 // observeStep records a market step begun at since that a write just

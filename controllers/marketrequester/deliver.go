@@ -116,16 +116,18 @@ func (s *session) findBidderVM(cc *marketv1alpha1.ComputeContract) (client.Clien
 // for the tenant's service identity: it lives mountTokenLife (within the
 // agent's serviceauth.MaxLifetime) and is minted again once less than
 // mountTokenRenew of it is left, or after a failure mountTokenRetry
-// later. The mount's Secret says when its token expires
-// (annotationTokenExpires, RFC 3339), and which spec.tenantAdmins the
-// tenant was given with it (annotationAdmins, adminsKey): a change is
-// applied with a new token.
+// later, doubling up to mountTokenMaxWait. The mount's Secret says when its token expires
+// (its key keyTokenExpires, RFC 3339), for which audience (keyAudience),
+// and which spec.tenantAdmins the tenant was given with it (keyAdmins,
+// adminsKey): a change of either is applied with a new token.
 const (
-	mountTokenLife         = 8 * time.Minute
-	mountTokenRenew        = 4 * time.Minute
-	mountTokenRetry        = 30 * time.Second
-	annotationTokenExpires = "market.knotless.dev/token-expires"
-	annotationAdmins       = "market.knotless.dev/tenant-admins"
+	mountTokenLife    = 8 * time.Minute
+	mountTokenRenew   = 4 * time.Minute
+	mountTokenRetry   = 30 * time.Second
+	keyTokenExpires   = "expires"
+	keyAdmins         = "tenant-admins"
+	keyAudience       = "audience"
+	mountTokenMaxWait = 10 * time.Minute
 )
 
 // ReasonTenantNotPublished: the bidder's running lease does not say how
@@ -157,15 +159,6 @@ const mountAdminRole = "knotless:mount-admin"
 // the contract's Ready condition when it is not the phase's own, and a
 // message), and asks to be looked at again when it must (s.due).
 func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, string, string, error) {
-	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
-	switch {
-	case errors.Is(err, deal.ErrCABundleNotPinned):
-		s.due(s.now.Add(mountTokenRetry))
-		return false, ReasonCABundleNotPinned, s.refuse(cc, ReasonCABundleNotPinned, "the CA bundle of the bidder's lease is not the one it pins: the tenant is not mounted"), nil
-	case err != nil:
-		s.due(s.now.Add(mountTokenRetry))
-		return false, ReasonTenantNotPublished, s.refuse(cc, ReasonTenantNotPublished, "the bidder's lease does not say how to reach the tenant ("+err.Error()+"): the tenant is not mounted"), nil
-	}
 	tc := &computev1alpha1.TenantCluster{}
 	switch err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); {
 	case err == nil && !ownsMount(cc, tc):
@@ -176,9 +169,30 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	case err != nil:
 		return false, "", "", err
 	}
-	expires, admins, current := s.mountToken(cc, tc, tn)
-	if current && admins == s.adminsKey() && expires.Sub(s.now) > mountTokenRenew {
-		s.due(expires.Add(-mountTokenRenew))
+	// held is the answer while the tenant cannot be reached anew: a mount
+	// in place keeps serving with the token it has, and its own probe says
+	// when the tenant stops answering (the contract's grace runs from
+	// there, and a release follows); without one the contract waits.
+	held := func(reason, msg string) (bool, string, string, error) {
+		msg = s.refuse(cc, reason, msg)
+		if tc != nil {
+			ready, _ := mountState(tc)
+			return ready, reason, msg, nil
+		}
+		return false, reason, msg, nil
+	}
+	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
+	switch {
+	case errors.Is(err, deal.ErrCABundleNotPinned):
+		s.due(s.now.Add(mountTokenRetry))
+		return held(ReasonCABundleNotPinned, "the CA bundle of the bidder's lease is not the one it pins: the tenant is not mounted anew")
+	case err != nil:
+		s.due(s.now.Add(mountTokenRetry))
+		return held(ReasonTenantNotPublished, "the bidder's lease does not say how to reach the tenant ("+err.Error()+"): the tenant is not mounted anew")
+	}
+	mt, current := s.mountToken(cc, tc, tn)
+	if current && mt.fresh(s.now, tn.ServiceID, s.adminsKey()) {
+		s.due(mt.expires.Add(-mountTokenRenew))
 		ready, why := mountState(tc)
 		return ready, "", why, nil
 	}
@@ -188,25 +202,57 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 			return false, reason, why, err
 		}
 	}
-	exp := s.now.Add(mountTokenLife)
-	token, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
+	token, exp, why := s.mintMount(cc, tn, mt, current)
 	if why != "" {
-		s.due(s.now.Add(mountTokenRetry))
-		if current && s.now.Before(expires) {
-			// The token in place still serves: the mount stays as it is.
-			ready, msg := mountState(tc)
-			return ready, "", msg, nil
-		}
-		return false, ReasonTenantRefused, s.refuse(cc, ReasonTenantRefused, "the tenant is not reached with the requester's identity: "+why), nil
+		return held(ReasonTenantRefused, why)
 	}
-	ready, why, err := s.mount(cc, tn, token, exp)
+	ready, reason, why, err := s.mount(cc, tn, token, exp)
 	if err == nil {
 		s.due(exp.Add(-mountTokenRenew))
 		if !ready {
 			s.due(s.now.Add(2 * time.Second))
 		}
 	}
-	return ready, "", why, err
+	return ready, reason, why, err
+}
+
+// mintMount mints the token of cc's mount, for the tenant tn, and binds
+// spec.tenantAdmins there with it; mt is the token in place (current:
+// the mount is the tenant's). A failure waits mountTokenRetry, doubling
+// up to mountTokenMaxWait (in memory: nothing the bidder writes shortens
+// it). It returns the token and its expiry, or why there is none.
+func (s *session) mintMount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, mt mountedToken, current bool) (string, time.Time, string) {
+	var last mintTry
+	if v, ok := s.r.mints.Load(cc.UID); ok {
+		last = v.(mintTry)
+	}
+	if s.now.Before(last.next) {
+		s.due(last.next)
+		return "", time.Time{}, last.why
+	}
+	exp := s.now.Add(mountTokenLife)
+	token, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
+	if why != "" {
+		wait := min(mountTokenRetry<<min(last.fails, 5), mountTokenMaxWait)
+		msg := "the tenant is not reached with the requester's identity: " + why
+		if current && s.now.Before(mt.expires) {
+			msg += "; the mount keeps its token until " + market.Time(mt.expires)
+		}
+		s.r.mints.Store(cc.UID, mintTry{next: s.now.Add(wait), fails: last.fails + 1, why: msg})
+		s.due(s.now.Add(wait))
+		return "", time.Time{}, msg
+	}
+	s.r.mints.Delete(cc.UID)
+	return token, exp, ""
+}
+
+// mintTry is when the token of a contract's mount is minted next after
+// a failure, how many tries in a row failed, and what the last said
+// (Reconciler.mints, by contract UID).
+type mintTry struct {
+	next  time.Time
+	fails int
+	why   string
 }
 
 // restoreFirst imports spec.restoreFrom into the tenant of cc before it
@@ -230,24 +276,39 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract) (bool, string
 	return done, "", why, err
 }
 
-// mountToken says when the token of the contract's mount expires, which
-// spec.tenantAdmins the tenant was given with it (adminsKey), and whether
-// the mount is current: its TenantCluster (tc, nil when there is none)
-// and Secret are the contract's, for the tenant tn (endpoint and CA).
-func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (time.Time, string, bool) {
+// mountedToken is what the mount's Secret says of its token: when it
+// expires, the audience it is for, and the spec.tenantAdmins the tenant
+// was given with it (adminsKey).
+type mountedToken struct {
+	expires          time.Time
+	audience, admins string
+}
+
+// fresh reports whether the token serves the tenant of service identity
+// aud with admins for more than mountTokenRenew still. An expiry further
+// than mountTokenLife away is not one the requester's side wrote (the
+// Secret is the workspace's, its members may write it).
+func (t mountedToken) fresh(now time.Time, aud, admins string) bool {
+	return t.audience == aud && t.admins == admins && t.expires.Sub(now) > mountTokenRenew && !t.expires.After(now.Add(mountTokenLife))
+}
+
+// mountToken reads the mount's token, and whether the mount is current:
+// its TenantCluster (tc, nil when there is none) and Secret are the
+// contract's, for the tenant tn (endpoint and CA).
+func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (mountedToken, bool) {
 	if tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) {
-		return time.Time{}, "", false
+		return mountedToken{}, false
 	}
 	sec := &corev1.Secret{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}, sec); err != nil ||
 		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) {
-		return time.Time{}, "", false
+		return mountedToken{}, false
 	}
-	expires, err := time.Parse(time.RFC3339, sec.Annotations[annotationTokenExpires])
-	return expires, sec.Annotations[annotationAdmins], err == nil
+	expires, err := time.Parse(time.RFC3339, string(sec.Data[keyTokenExpires]))
+	return mountedToken{expires: expires, audience: string(sec.Data[keyAudience]), admins: string(sec.Data[keyAdmins])}, err == nil
 }
 
-// adminsKey names spec.tenantAdmins (annotationAdmins).
+// adminsKey names spec.tenantAdmins (keyAdmins).
 func (s *session) adminsKey() string {
 	h := sha256.New()
 	for _, n := range s.mr.Spec.TenantAdmins.Users {
@@ -283,7 +344,7 @@ func (s *session) applyMountAdmins(ctx context.Context, cs kubernetes.Interface)
 // TenantCluster's URL or CA afterwards does not get the token sent there.
 // The token is the requester's service-auth token for the tenant alone,
 // expiring at exp.
-func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, token string, exp time.Time) (bool, string, error) {
+func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, token string, exp time.Time) (bool, string, string, error) {
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
 	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
@@ -297,23 +358,22 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}}
 		return nil
 	}); errors.Is(err, errMountNameTaken) {
-		return false, s.mountNameTaken(cc), nil
+		return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil
 	} else if err != nil {
-		return false, "", fmt.Errorf("the TenantCluster: %w", err)
+		return false, "", "", fmt.Errorf("the TenantCluster: %w", err)
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
-		metav1.SetMetaDataAnnotation(&sec.ObjectMeta, annotationTokenExpires, exp.UTC().Format(time.RFC3339))
-		metav1.SetMetaDataAnnotation(&sec.ObjectMeta, annotationAdmins, s.adminsKey())
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint)}
+		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint),
+			keyTokenExpires: []byte(exp.UTC().Format(time.RFC3339)), keyAudience: []byte(tn.ServiceID), keyAdmins: []byte(s.adminsKey())}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
-		return false, "", fmt.Errorf("the tenant's Secret: %w", err)
+		return false, "", "", fmt.Errorf("the tenant's Secret: %w", err)
 	}
 	ready, why := mountState(tc)
-	return ready, why, nil
+	return ready, "", why, nil
 }
 
 // errMountNameTaken: the TenantCluster of the contract's name is not the

@@ -379,3 +379,114 @@ func TestMountReadsNoBidderWorkspace(t *testing.T) {
 		t.Fatalf("the mount's token was not renewed: %v", err)
 	}
 }
+
+// TestMountTokenThroughFailures (issue 29): the mount's token is renewed
+// while the tenant does not answer (a tenant that answers again within
+// the grace is reached); a tenant that refuses is tried again after 30 s
+// doubling, however often the requester is woken; an Active contract
+// whose lease stops saying how to reach its tenant stays Active on the
+// mount it has (the grace then runs from the mount's own probe), and a
+// token expiry that the requester's side did not write is not trusted.
+func TestMountTokenThroughFailures(t *testing.T) {
+	ctx := context.Background()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	cc := m.dealRunning(drivertest.TestCA(t))
+	lease := m.leaseOf()
+	m.reconcileRequester()
+	m.tenantReady()
+	m.reconcileRequester()
+	token := func() string {
+		t.Helper()
+		sec := &corev1.Secret{}
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
+			t.Fatal(err)
+		}
+		return string(sec.Data["token"])
+	}
+	setPhase := func(phase string) {
+		t.Helper()
+		tc := &computev1alpha1.TenantCluster{}
+		if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil {
+			t.Fatal(err)
+		}
+		tc.Status.Phase = phase
+		if err := m.shop.Client.Status().Update(ctx, tc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := token()
+
+	// The tenant stops answering; past the renewal time the token is
+	// minted again all the same.
+	setPhase(computev1alpha1.PhaseUnknown)
+	m.clock.advance(5 * time.Minute)
+	m.reconcileRequester()
+	if got := contracts(t, m.shop)[0]; got.Status.Phase != marketv1alpha1.ContractActive || token() == first {
+		t.Fatalf("contract %s while its tenant does not answer; token renewed: %v", got.Status.Phase, token() != first)
+	}
+	setPhase(computev1alpha1.PhaseReady)
+
+	// A refusing tenant: ten wakes at one instant cost one try; the next
+	// comes 30 s later, then 60 s.
+	m.clock.advance(5 * time.Minute)
+	m.refusing[lease.Endpoint] = true
+	calls := func() int { return m.repos["did:plc:shop"].ServiceAuths }
+	before := calls()
+	for range 10 {
+		m.reconcileRequester()
+	}
+	if n := calls() - before; n != 1 {
+		t.Fatalf("%d tokens minted for ten wakes at one instant, want 1", n)
+	}
+	got := contracts(t, m.shop)[0]
+	if c := clustertest.Condition(t, got.Status.Conditions, marketv1alpha1.ConditionReady); got.Status.Phase != marketv1alpha1.ContractActive || c.Reason != ReasonTenantRefused {
+		t.Fatalf("contract %s, Ready %+v; want Active with TenantRefused while the token in place serves", got.Status.Phase, c)
+	}
+	m.clock.advance(31 * time.Second)
+	m.reconcileRequester()
+	m.clock.advance(31 * time.Second)
+	m.reconcileRequester()
+	if n := calls() - before; n != 2 {
+		t.Fatalf("%d tries 62 s after the first failure, want 2 (30 s, then 60 s)", n)
+	}
+	delete(m.refusing, lease.Endpoint)
+	m.clock.advance(30 * time.Second)
+	m.reconcileRequester()
+	if c := clustertest.Condition(t, contracts(t, m.shop)[0].Status.Conditions, marketv1alpha1.ConditionReady); c.Reason != string(marketv1alpha1.ContractActive) {
+		t.Fatalf("Ready %+v once the tenant takes the token again", c)
+	}
+
+	// A member writes a far expiry on the mount's Secret: not trusted.
+	sec := &corev1.Secret{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data[keyTokenExpires] = []byte(m.clock.now().Add(24 * time.Hour).UTC().Format(time.RFC3339))
+	if err := m.shop.Client.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	was := token()
+	m.clock.advance(time.Second) // a fake token names its expiry
+	m.reconcileRequester()
+	if token() == was {
+		t.Fatal("a token expiring in 24 h (written by a member) was trusted")
+	}
+
+	// The bidder's lease stops naming a service identity of its own: the
+	// contract stays Active on the mount it has.
+	var vms computev1alpha1.ComputeVMList
+	if err := m.bidders["fit"].Client.List(ctx, &vms); err != nil || len(vms.Items) != 1 {
+		t.Fatalf("VMs %v, %v", vms.Items, err)
+	}
+	vm := &vms.Items[0]
+	vm.Status.ServiceID = "did:plc:other#knotless_tenant_aaaa"
+	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	m.reconcileBidder("fit")
+	m.reconcileRequester()
+	got = contracts(t, m.shop)[0]
+	if c := clustertest.Condition(t, got.Status.Conditions, marketv1alpha1.ConditionReady); got.Status.Phase != marketv1alpha1.ContractActive || c.Reason != ReasonTenantNotPublished {
+		t.Fatalf("contract %s, Ready %+v; want Active with TenantNotPublished", got.Status.Phase, c)
+	}
+}

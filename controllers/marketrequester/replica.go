@@ -295,6 +295,13 @@ func (s *session) carryOut(rr *replicaRecords, cc *marketv1alpha1.ComputeContrac
 	}
 	switch {
 	case dec.Unresponsive != "":
+		// The mount's token is still renewed: a tenant that answers again
+		// within the grace is reached.
+		if d.lease != nil && d.lease.Lease != nil && d.lease.Lease.State == deal.LeaseRunning {
+			if _, _, _, err := s.deliver(cc, d.lease); err != nil {
+				return "", "", err
+			}
+		}
 		return "", dec.Unresponsive, nil
 	case dec.Mount:
 		ready, reason, why, err := s.deliver(cc, d.lease)
@@ -345,6 +352,8 @@ func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeC
 // over deletes what is left of a deal that ended: the mount, and the
 // requester's records of it (its release, its request, its accept).
 func (s *session) over(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, release *ownRelease) error {
+	s.r.access.Delete(cc.UID)
+	s.r.mints.Delete(cc.UID)
 	errs := []error{s.undeliver(cc)}
 	if release != nil {
 		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))
@@ -457,7 +466,7 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 		}
 		reason = cmp.Or(mountReason, reason)
 	case marketv1alpha1.ContractActive:
-		msg = cmp.Or(mount, msg)
+		msg, reason = cmp.Or(mount, msg), cmp.Or(mountReason, reason)
 		switch {
 		case unresponsive:
 			status, reason = metav1.ConditionFalse, ReasonTenantUnresponsive

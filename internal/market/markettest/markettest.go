@@ -27,6 +27,8 @@ type Repo struct {
 	DID string
 	// NoServiceAuth: the repo's PDS issues no service-auth token.
 	NoServiceAuth bool
+	// ServiceAuths counts the service-auth tokens asked for.
+	ServiceAuths int
 
 	mu      sync.Mutex
 	records map[string]pds.Record // collection/rkey
@@ -59,6 +61,9 @@ func (r *Repo) Get(_ context.Context, collection, rkey string) (*pds.Record, err
 // "markettest:<did>:<aud>:<lxm>:<exp unix>", which nothing verifies;
 // NoServiceAuth makes it fail instead.
 func (r *Repo) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (string, error) {
+	r.mu.Lock()
+	r.ServiceAuths++
+	r.mu.Unlock()
 	if r.NoServiceAuth {
 		return "", errors.New("markettest: this repo issues no service-auth token")
 	}
