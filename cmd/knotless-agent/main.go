@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/netutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -145,6 +146,10 @@ func run(ctx context.Context, o *options.Options) error {
 	return nil
 }
 
+// vmWebhookConns bounds the connections to the webhook's listener of one
+// kind VM (on its docker network, which its pods reach).
+const vmWebhookConns = 32
+
 // closer is an io.Closer of a function.
 type closer func() error
 
@@ -214,6 +219,9 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 		if err != nil {
 			return nil, err
 		}
+		// The VM's pods reach this address too: they get at most
+		// vmWebhookConns connections at once.
+		ln = netutil.LimitListener(ln, vmWebhookConns)
 		one := srv.Handler
 		vm := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -226,7 +234,11 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 			TLSConfig: srv.TLSConfig, ReadHeaderTimeout: srv.ReadHeaderTimeout, ReadTimeout: srv.ReadTimeout, MaxHeaderBytes: srv.MaxHeaderBytes,
 		}
 		stop := context.AfterFunc(ctx, func() { _ = vm.Close() })
-		go func() { _ = vm.ServeTLS(ln, "", "") }()
+		go func() {
+			if err := vm.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+				ctrl.Log.WithName("webhook").Error(err, "serving the webhook for a VM stopped", "vm", id, "address", addr)
+			}
+		}()
 		return closer(func() error { stop(); return vm.Close() }), nil
 	}
 	return &driver.Webhook{URL: "https://" + o.WebhookAddress, CA: ca, ListenFor: listenFor}, nil
