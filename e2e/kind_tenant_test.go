@@ -187,6 +187,15 @@ func TestKindTenant(t *testing.T) {
 	rc := contractOf(ctx, t, d.app, "vms", "the requester's contract Active (the tenant mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Phase == marketv1alpha1.ContractActive
 	})
+	// The mount reaches the kind tenant as the buyer's DID: its API server
+	// asks the agent's webhook (on the VM network's gateway).
+	mountSecret := &corev1.Secret{}
+	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, mountSecret); err != nil {
+		t.Fatal(err)
+	}
+	if claims := jwtClaims(t, string(mountSecret.Data["token"])); vm.Status.ServiceID == "" || claims["aud"] != vm.Status.ServiceID || claims["iss"] != d.accounts["buyer"].DID {
+		t.Errorf("the kind tenant's mount token has claims %v, want the buyer's for the VM's service identity %q", claims, vm.Status.ServiceID)
+	}
 	if nodes, err := docker(ctx, "ps", "-a", "-q", "--filter", "label=io.x-k8s.kind.cluster="+kind.ClusterName(string(vm.UID))); err != nil || len(strings.Fields(nodes)) != 1 {
 		t.Errorf("the VM's kind node containers after the agent was killed while provisioning: %q (%v), want one", nodes, err)
 	}
