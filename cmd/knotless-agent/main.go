@@ -19,9 +19,11 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/net/netutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -202,12 +204,13 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	if err != nil {
 		return nil, fmt.Errorf("--webhook-address: %w", err)
 	}
+	vms := &vmServers{log: ctrl.Log.WithName("webhook")}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		go func() {
-			<-ctx.Done()
-			_ = srv.Close()
-		}()
-		if err := srv.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+		stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
+		defer stop()
+		err := srv.ServeTLS(ln, "", "")
+		vms.closeAll()
+		if !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -215,31 +218,75 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 		return nil, err
 	}
 	listenFor := func(id, addr string) (io.Closer, error) {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		// The VM's pods reach this address too: they get at most
-		// vmWebhookConns connections at once.
-		ln = netutil.LimitListener(ln, vmWebhookConns)
-		one := srv.Handler
-		vm := &http.Server{
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != serviceauth.WebhookPath+id {
-					http.NotFound(w, r)
-					return
-				}
-				one.ServeHTTP(w, r)
-			}),
-			TLSConfig: srv.TLSConfig, ReadHeaderTimeout: srv.ReadHeaderTimeout, ReadTimeout: srv.ReadTimeout, MaxHeaderBytes: srv.MaxHeaderBytes,
-		}
-		stop := context.AfterFunc(ctx, func() { _ = vm.Close() })
-		go func() {
-			if err := vm.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
-				ctrl.Log.WithName("webhook").Error(err, "serving the webhook for a VM stopped", "vm", id, "address", addr)
-			}
-		}()
-		return closer(func() error { stop(); return vm.Close() }), nil
+		return vms.serve(id, addr, srv)
 	}
 	return &driver.Webhook{URL: "https://" + o.WebhookAddress, CA: ca, ListenFor: listenFor}, nil
+}
+
+// vmServers are the webhook's servers of single VMs (on a kind VM's
+// docker network gateway): each serves one VM's path only, and all are
+// closed and joined when the webhook stops.
+type vmServers struct {
+	log     logr.Logger
+	mu      sync.Mutex
+	wg      sync.WaitGroup
+	servers map[*http.Server]bool
+	stopped bool
+}
+
+// serve serves the webhook of main for the VM id alone on addr, until the
+// returned Closer is closed or the webhook stops.
+func (v *vmServers) serve(id, addr string, main *http.Server) (io.Closer, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.stopped {
+		return nil, errors.New("the webhook has stopped")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	// The VM's pods reach this address too: they get at most
+	// vmWebhookConns connections at once.
+	ln = netutil.LimitListener(ln, vmWebhookConns)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != serviceauth.WebhookPath+id {
+				http.NotFound(w, r)
+				return
+			}
+			main.Handler.ServeHTTP(w, r)
+		}),
+		TLSConfig: main.TLSConfig, ReadHeaderTimeout: main.ReadHeaderTimeout, ReadTimeout: main.ReadTimeout, MaxHeaderBytes: main.MaxHeaderBytes,
+	}
+	if v.servers == nil {
+		v.servers = map[*http.Server]bool{}
+	}
+	v.servers[srv] = true
+	v.wg.Add(1)
+	go func() {
+		defer v.wg.Done()
+		if err := srv.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			v.log.Error(err, "serving the webhook for a VM stopped", "vm", id, "address", addr)
+		}
+	}()
+	return closer(func() error {
+		v.mu.Lock()
+		delete(v.servers, srv)
+		v.mu.Unlock()
+		return srv.Close()
+	}), nil
+}
+
+// closeAll closes every VM's server, waits for them to end, and serves no
+// more.
+func (v *vmServers) closeAll() {
+	v.mu.Lock()
+	v.stopped = true
+	for srv := range v.servers {
+		_ = srv.Close()
+	}
+	v.servers = nil
+	v.mu.Unlock()
+	v.wg.Wait()
 }
