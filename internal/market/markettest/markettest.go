@@ -72,6 +72,11 @@ func (r *Repo) ServiceAuth(_ context.Context, aud, lxm string, exp time.Time) (s
 
 // ListRecords implements market.Publisher.
 func (r *Repo) ListRecords(_ context.Context, collection string, limit int) ([]pds.Record, error) {
+	return r.list(collection, limit), nil
+}
+
+// list is the repo's records of collection, at most limit, by URI.
+func (r *Repo) list(collection string, limit int) []pds.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []pds.Record
@@ -81,7 +86,7 @@ func (r *Repo) ListRecords(_ context.Context, collection string, limit int) ([]p
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].URI < out[j].URI })
-	return out, nil
+	return out
 }
 
 // Publish implements market.Publisher.
@@ -292,6 +297,5 @@ func (n *Network) Refresh(did string) {
 
 // Records returns the repo's records of collection.
 func (r *Repo) Records(collection string) []pds.Record {
-	recs, _ := r.ListRecords(context.Background(), collection, 1<<30)
-	return recs
+	return r.list(collection, 1<<30)
 }
