@@ -71,9 +71,19 @@ func accessKey(access []marketv1alpha1.TenantAccess) string {
 	}
 	sorted := slices.Clone(access)
 	slices.SortFunc(sorted, func(a, b marketv1alpha1.TenantAccess) int { return strings.Compare(a.DID, b.DID) })
-	h := sha256.New()
+	lines := make([]string, 0, len(sorted))
 	for _, a := range sorted {
-		fmt.Fprintf(h, "%s=%s\n", a.DID, a.Role)
+		lines = append(lines, a.DID+"="+string(a.Role))
+	}
+	return linesKey(lines)
+}
+
+// linesKey names a list of lines by their SHA-256 (the first 128 bits,
+// "sha256:<hex>").
+func linesKey(lines []string) string {
+	h := sha256.New()
+	for _, l := range lines {
+		fmt.Fprintf(h, "%s\n", l)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))[:32]
 }

@@ -3,8 +3,6 @@ package marketrequester
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -310,14 +308,14 @@ func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1al
 
 // adminsKey names spec.tenantAdmins (keyAdmins).
 func (s *session) adminsKey() string {
-	h := sha256.New()
+	var lines []string
 	for _, n := range s.mr.Spec.TenantAdmins.Users {
-		fmt.Fprintf(h, "user=%s\n", n)
+		lines = append(lines, "user="+n)
 	}
 	for _, n := range s.mr.Spec.TenantAdmins.Groups {
-		fmt.Fprintf(h, "group=%s\n", n)
+		lines = append(lines, "group="+n)
 	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))[:32]
+	return linesKey(lines)
 }
 
 // applyMountAdmins binds spec.tenantAdmins (kcp users and groups; no
