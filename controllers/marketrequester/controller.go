@@ -133,6 +133,9 @@ type Reconciler struct {
 	// mints is when each contract's mount token is minted next after a
 	// failure (mintTry by contract UID).
 	mints sync.Map
+	// minted is the token each contract's mount holds (mountedToken by
+	// contract UID).
+	minted sync.Map
 }
 
 // observeStep records a market step begun at since that a write just

@@ -3,6 +3,8 @@ package marketrequester
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -114,17 +116,16 @@ func (s *session) findBidderVM(cc *marketv1alpha1.ComputeContract) (client.Clien
 // for the tenant's service identity: it lives mountTokenLife (within the
 // agent's serviceauth.MaxLifetime) and is minted again once less than
 // mountTokenRenew of it is left, or after a failure mountTokenRetry
-// later, doubling up to mountTokenMaxWait. The mount's Secret says when its token expires
-// (its key keyTokenExpires, RFC 3339), for which audience (keyAudience),
-// and which spec.tenantAdmins the tenant was given with it (keyAdmins,
-// adminsKey): a change of either is applied with a new token.
+// later, doubling up to mountTokenMaxWait. What was minted (its expiry,
+// audience and the spec.tenantAdmins the tenant was given with it) is
+// kept in memory (Reconciler.minted), never read back from the Secret,
+// which the workspace's members may write: a change of the audience or
+// the admins is applied with a new token, and a provider that starts
+// again mints once more.
 const (
 	mountTokenLife    = 8 * time.Minute
 	mountTokenRenew   = 4 * time.Minute
 	mountTokenRetry   = 30 * time.Second
-	keyTokenExpires   = "expires"
-	keyAdmins         = "tenant-admins"
-	keyAudience       = "audience"
 	mountTokenMaxWait = 10 * time.Minute
 )
 
@@ -274,39 +275,47 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract) (bool, string
 	return done, "", why, err
 }
 
-// mountedToken is what the mount's Secret says of its token: when it
-// expires, the audience it is for, and the spec.tenantAdmins the tenant
-// was given with it (adminsKey).
+// mountedToken is a token this process minted for a contract's mount
+// (Reconciler.minted): when it expires, the audience it is for, the
+// spec.tenantAdmins the tenant was given with it (adminsKey), and the
+// SHA-256 of the token, by which it is recognised in the Secret.
 type mountedToken struct {
-	expires          time.Time
-	audience, admins string
+	expires               time.Time
+	audience, admins, sum string
 }
 
 // fresh reports whether the token serves the tenant of service identity
-// aud with admins for more than mountTokenRenew still. An expiry further
-// than mountTokenLife away is not one the requester's side wrote (the
-// Secret is the workspace's, its members may write it).
+// aud with admins for more than mountTokenRenew still.
 func (t mountedToken) fresh(now time.Time, aud, admins string) bool {
-	return t.audience == aud && t.admins == admins && t.expires.Sub(now) > mountTokenRenew && !t.expires.After(now.Add(mountTokenLife))
+	return t.audience == aud && t.admins == admins && t.expires.Sub(now) > mountTokenRenew
 }
 
-// mountToken reads the mount's token, and whether the mount is current:
-// its TenantCluster (tc, nil when there is none) and Secret are the
-// contract's, for the tenant tn (endpoint and CA).
+// tokenSum is the SHA-256 of a token, in hex.
+func tokenSum(token []byte) string {
+	sum := sha256.Sum256(token)
+	return hex.EncodeToString(sum[:])
+}
+
+// mountToken returns the token this process minted for cc's mount, and
+// whether the mount is current: its TenantCluster (tc, nil when there is
+// none) and Secret are the contract's, for the tenant tn (endpoint and
+// CA), and the Secret holds that token.
 func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (mountedToken, bool) {
-	if tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) {
+	v, ok := s.r.minted.Load(cc.UID)
+	if !ok || tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) {
 		return mountedToken{}, false
 	}
+	mt := v.(mountedToken)
 	sec := &corev1.Secret{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}, sec); err != nil ||
-		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) {
+		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) ||
+		tokenSum(sec.Data["token"]) != mt.sum {
 		return mountedToken{}, false
 	}
-	expires, err := time.Parse(time.RFC3339, string(sec.Data[keyTokenExpires]))
-	return mountedToken{expires: expires, audience: string(sec.Data[keyAudience]), admins: string(sec.Data[keyAdmins])}, err == nil
+	return mt, true
 }
 
-// adminsKey names spec.tenantAdmins (keyAdmins).
+// adminsKey names spec.tenantAdmins (mountedToken.admins).
 func (s *session) adminsKey() string {
 	var lines []string
 	for _, n := range s.mr.Spec.TenantAdmins.Users {
@@ -364,12 +373,12 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint),
-			keyTokenExpires: []byte(exp.UTC().Format(time.RFC3339)), keyAudience: []byte(tn.ServiceID), keyAdmins: []byte(s.adminsKey())}
+		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", "", fmt.Errorf("the tenant's Secret: %w", err)
 	}
+	s.r.minted.Store(cc.UID, mountedToken{expires: exp, audience: tn.ServiceID, admins: s.adminsKey(), sum: tokenSum([]byte(token))})
 	ready, why := mountState(tc)
 	return ready, "", why, nil
 }

@@ -456,20 +456,34 @@ func TestMountTokenThroughFailures(t *testing.T) {
 		t.Fatalf("Ready %+v once the tenant takes the token again", c)
 	}
 
-	// A member writes a far expiry on the mount's Secret: not trusted.
+	// A member writes a far expiry on the mount's Secret: not trusted
+	// (the token is renewed when the one minted is due), and a token the
+	// member writes there is replaced at once.
 	sec := &corev1.Secret{}
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
 		t.Fatal(err)
 	}
-	sec.Data[keyTokenExpires] = []byte(m.clock.now().Add(24 * time.Hour).UTC().Format(time.RFC3339))
+	sec.Data["expires"] = []byte(m.clock.now().Add(24 * time.Hour).UTC().Format(time.RFC3339))
 	if err := m.shop.Client.Update(ctx, sec); err != nil {
 		t.Fatal(err)
 	}
 	was := token()
-	m.clock.advance(time.Second) // a fake token names its expiry
+	m.clock.advance(5 * time.Minute)
 	m.reconcileRequester()
 	if token() == was {
 		t.Fatal("a token expiring in 24 h (written by a member) was trusted")
+	}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["token"] = []byte("a member's token")
+	if err := m.shop.Client.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	m.clock.advance(time.Second) // a fake token names its expiry
+	m.reconcileRequester()
+	if token() == "a member's token" {
+		t.Fatal("a token a member wrote into the mount's Secret was kept")
 	}
 
 	// The bidder's lease stops naming a service identity of its own: the
@@ -488,5 +502,44 @@ func TestMountTokenThroughFailures(t *testing.T) {
 	got = contracts(t, m.shop)[0]
 	if c := clustertest.Condition(t, got.Status.Conditions, marketv1alpha1.ConditionReady); got.Status.Phase != marketv1alpha1.ContractActive || c.Reason != ReasonTenantNotPublished {
 		t.Fatalf("contract %s, Ready %+v; want Active with TenantNotPublished", got.Status.Phase, c)
+	}
+}
+
+// TestForgedSecretDoesNotHoldBackAdminRemoval (attack review): a member
+// being removed from spec.tenantAdmins writes into the mount's Secret what
+// would say the new list was applied (its hash, a plausible expiry): the
+// requester's side keeps what it applied in memory, so the tenant's
+// binding names the new list.
+func TestForgedSecretDoesNotHoldBackAdminRemoval(t *testing.T) {
+	ctx := context.Background()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) {
+		mr.Spec.TenantAdmins = computev1alpha1.TenantAdmins{Users: []string{"alice"}}
+	})
+	cc := m.dealRunning(drivertest.TestCA(t))
+	lease := m.leaseOf()
+	m.reconcileRequester()
+	m.tenantReady()
+	m.reconcileRequester()
+
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.TenantAdmins.Users = []string{"bob"} })
+	s := &session{mr: m.requester()}
+	sec := &corev1.Secret{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["tenant-admins"] = []byte(s.adminsKey())
+	sec.Data["expires"] = []byte(m.clock.now().Add(mountTokenLife).UTC().Format(time.RFC3339))
+	if err := m.shop.Client.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	m.reconcileRequester()
+	crb, err := m.tenants[lease.Endpoint].RbacV1().ClusterRoleBindings().Get(ctx, mountAdminRole, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "bob"}}
+	if !slices.Equal(crb.Subjects, want) {
+		t.Fatalf("after alice's removal the tenant's %s still binds %+v, want %+v", mountAdminRole, crb.Subjects, want)
 	}
 }

@@ -354,6 +354,7 @@ func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeC
 func (s *session) over(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, accepts map[string][]*ownAccept, release *ownRelease) error {
 	s.r.access.Delete(cc.UID)
 	s.r.mints.Delete(cc.UID)
+	s.r.minted.Delete(cc.UID)
 	errs := []error{s.undeliver(cc)}
 	if release != nil {
 		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))
