@@ -109,7 +109,7 @@ func (t *trader) load() error {
 		Operator: t.net.Spec.OperatorDID, Spec: t.b.Spec, Identity: t.id, Stop: t.stop, View: t.view, Missing: t.absent,
 		Bids: t.inv.List(lexicon.Bid), Leases: t.inv.List(lexicon.Lease), Reclaims: t.inv.List(lexicon.Reclaim),
 		BidObjects: map[string]*marketv1alpha1.Bid{}, Contracts: map[string]*marketv1alpha1.ComputeContract{},
-		VMs: map[string]*computev1alpha1.ComputeVM{}, Exports: map[string]*computev1alpha1.StateSync{}}
+		VMs: map[string]*computev1alpha1.ComputeVM{}}
 	t.snap = s
 	var bids marketv1alpha1.BidList
 	if err := t.c.List(t.ctx, &bids, client.InNamespace(t.b.Namespace)); err != nil {
@@ -136,19 +136,6 @@ func (t *trader) load() error {
 	for i := range vms.Items {
 		if vm := &vms.Items[i]; s.Contracts[vm.Name] != nil && metav1.IsControlledBy(vm, s.Contracts[vm.Name]) {
 			s.VMs[vm.Name] = vm
-		}
-	}
-	if len(s.VMs) == 0 {
-		return nil
-	}
-	var syncs computev1alpha1.StateSyncList
-	if err := t.c.List(t.ctx, &syncs, client.InNamespace(t.b.Namespace)); err != nil {
-		return err
-	}
-	for i := range syncs.Items {
-		ss := &syncs.Items[i]
-		if vm := s.VMs[ss.Spec.VMName]; vm != nil && metav1.IsControlledBy(ss, vm) && ss.Spec.Direction == computev1alpha1.Export && ss.Name == computev1alpha1.ExportName(vm.Name) {
-			s.Exports[vm.Name] = ss
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -173,30 +174,55 @@ func (s *session) applyAccess(cc *marketv1alpha1.ComputeContract, lease *market.
 }
 
 // identityOnTenant reaches the tenant tn as the requester's DID within
-// accessDeadline: it asks the requester's PDS for a service-auth token
-// for the tenant's service identity, expiring at exp, and calls apply
-// with a client of the tenant bearing it. It returns the token, or why it
-// could not. What the tenant or the PDS answered stays in the provider's
-// log (R17: a tenant at a private address must not learn the caller what
-// sits there); the reason says only which step failed.
+// accessDeadline: with a service-auth token for the tenant expiring at
+// exp (withToken), it calls apply with a client of the tenant bearing it.
+// It returns the token, or why it could not (refusal).
 func (s *session) identityOnTenant(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, exp time.Time, apply func(context.Context, kubernetes.Interface) error) (string, string) {
-	ctx, cancel := context.WithTimeout(s.ctx, accessDeadline)
+	token, err := s.withToken(cc, tn, exp, accessDeadline, func(ctx context.Context, token string) error {
+		cs, err := s.r.tenantClient(tn, token)
+		if err != nil {
+			return err
+		}
+		return apply(ctx, cs)
+	})
+	if err != nil {
+		return "", refusal(err)
+	}
+	return token, ""
+}
+
+// errNoToken: the requester's PDS issued no service-auth token for the
+// tenant.
+var errNoToken = errors.New("the requester's PDS issued no service-auth token for the tenant")
+
+// withToken asks the requester's PDS for a service-auth token for the
+// tenant tn's service identity, expiring at exp, and calls apply with it,
+// all within deadline. It returns the token, or errNoToken or apply's
+// error, which go to the provider's log.
+func (s *session) withToken(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, exp time.Time, deadline time.Duration, apply func(context.Context, string) error) (string, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
 	logger := log.FromContext(ctx).WithValues("contract", cc.Name)
 	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
 	if err != nil {
 		logger.Info("no service-auth token for the tenant", "error", err.Error())
-		return "", "the requester's PDS issued no service-auth token for the tenant"
+		return "", errNoToken
 	}
-	cs, err := s.r.tenantClient(tn, token)
-	if err != nil {
-		return "", err.Error()
-	}
-	if err := apply(ctx, cs); err != nil {
+	if err := apply(ctx, token); err != nil {
 		logger.Info("the tenant refused the requester's side", "error", err.Error())
-		return "", "the tenant did not take it (the provider's log says why)"
+		return "", err
 	}
-	return token, ""
+	return token, nil
+}
+
+// refusal says which step of withToken failed, not what the tenant or the
+// PDS answered: that stays in the provider's log (R17: a tenant at a
+// private address must not learn the caller what sits there).
+func refusal(err error) string {
+	if errors.Is(err, errNoToken) {
+		return err.Error()
+	}
+	return "the tenant did not take it (the provider's log says why)"
 }
 
 // tenantClient is TenantClient, by default a client through the
@@ -212,18 +238,26 @@ func (r *Reconciler) tenantClient(tn deal.Tenant, token string) (kubernetes.Inte
 // of a tenant (an RBAC object).
 const maxTenantResponse = 1 << 20
 
-// tenantClient is a client of the tenant tn as the bearer of token: it
-// dials through policy only (no proxy from the environment, whose address
-// alone the policy would check), follows no redirect (which would carry
-// the token elsewhere), and reads at most maxTenantResponse of an answer.
+// tenantClient is a client of the tenant tn as the bearer of token
+// (tenantConfig) that follows no redirect.
 func tenantClient(tn deal.Tenant, token string, policy *netpolicy.Policy) (kubernetes.Interface, error) {
-	cfg := &rest.Config{Host: tn.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: tn.CA}, Timeout: 15 * time.Second,
-		Proxy: func(*http.Request) (*url.URL, error) { return nil, nil }, Dial: policy.Dialer(10 * time.Second).DialContext,
-		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Transport(rt, maxTenantResponse) }}
+	cfg := tenantConfig(tn, token, policy)
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
 	}
 	hc.CheckRedirect = netpolicy.NoRedirects
 	return kubernetes.NewForConfigAndClient(cfg, hc)
+}
+
+// tenantConfig is the configuration of the tenant tn as the bearer of
+// token: it dials through policy only (no proxy from the environment,
+// whose address alone the policy would check), and reads at most
+// maxTenantResponse of an answer. Its clients must follow no redirect
+// (which would carry the token elsewhere): tenantClient's and statesync's
+// do not.
+func tenantConfig(tn deal.Tenant, token string, policy *netpolicy.Policy) *rest.Config {
+	return &rest.Config{Host: tn.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: tn.CA}, Timeout: 15 * time.Second,
+		Proxy: func(*http.Request) (*url.URL, error) { return nil, nil }, Dial: policy.Dialer(10 * time.Second).DialContext,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Transport(rt, maxTenantResponse) }}
 }

@@ -120,6 +120,9 @@ type Reconciler struct {
 	// through Policy, no proxy, no redirect, bounded answers); tests
 	// replace it.
 	TenantClient func(tn deal.Tenant, token string) (kubernetes.Interface, error)
+	// TenantState exports and imports a tenant's objects (default:
+	// package statesync's); tests replace it.
+	TenantState TenantState
 	// StepSeconds observes the requester's market steps (deadline_accept,
 	// lease_active) when set (market.NewStepSeconds).
 	StepSeconds *prometheus.HistogramVec
@@ -136,6 +139,9 @@ type Reconciler struct {
 	// minted is the token each contract's mount holds (mountedToken by
 	// contract UID).
 	minted sync.Map
+	// exports is how each released contract's export went (exportTry by
+	// contract UID), restores each new contract's import (restoreTry).
+	exports, restores sync.Map
 }
 
 // observeStep records a market step begun at since that a write just

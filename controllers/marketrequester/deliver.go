@@ -50,67 +50,10 @@ func ownsMount(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantClu
 	return cc.UID != "" && tc.Labels[LabelContract] == string(cc.UID)
 }
 
-// ReasonBidderAmbiguous: more than one workspace passes as the bidder of
-// the contract (the Ready condition's reason while the contract waits for
-// a snapshot's import): an impostor is present, so the snapshot goes to
-// none of them.
-const ReasonBidderAmbiguous = "BidderAmbiguous"
-
 // ReasonCABundleNotPinned: the CA bundle of the bidder's lease record is
 // not the one the record pins (market.CAFingerprint over the whole
 // bundle): the tenant is not mounted.
 const ReasonCABundleNotPinned = "CABundleNotPinned"
-
-// errBidderAmbiguous: bidderVM found more than one workspace claiming the
-// contract's bidder.
-var errBidderAmbiguous = errors.New(ReasonBidderAmbiguous)
-
-// bidderVM finds the VM of the requester's contract in the bidder's
-// workspace, through the index of bidders by DID: the bidder's contract
-// must rest on the same accept and name this requester, the bid the
-// requester accepted must be the MarketBidder's own (its record key
-// carries the MarketBidder's UID: another workspace whose PDS claims the
-// bidder's DID cannot make one), and the VM must be its own. It returns
-// the bidder workspace's client and the VM, or nil; nil too when more
-// than one workspace passes as the bidder (errBidderAmbiguous).
-func (s *session) bidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM) {
-	c, vm, _ := s.findBidderVM(cc)
-	return c, vm
-}
-
-// findBidderVM is bidderVM, which says when more than one workspace
-// passes as the bidder (errBidderAmbiguous).
-func (s *session) findBidderVM(cc *marketv1alpha1.ComputeContract) (client.Client, *computev1alpha1.ComputeVM, error) {
-	_, _, bidKey := market.SplitURI(cc.Spec.Bid.URI)
-	var found client.Client
-	var foundVM *computev1alpha1.ComputeVM
-	claims := 0
-	for _, req := range s.r.Market.Followers(market.RoleBidder, cc.Spec.BidderDID) {
-		cl, err := s.r.GetCluster(s.ctx, req.ClusterName)
-		if err != nil {
-			continue
-		}
-		c := cl.GetClient()
-		mb := &marketv1alpha1.MarketBidder{}
-		if err := c.Get(s.ctx, req.NamespacedName, mb); err != nil || mb.Status.DID != cc.Spec.BidderDID || !market.Owns(market.Owner(string(mb.UID)), bidKey) {
-			continue
-		}
-		bcc := &marketv1alpha1.ComputeContract{}
-		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: market.ChildName(mb.Name, cc.Spec.Accept.URI)}, bcc); err != nil ||
-			!metav1.IsControlledBy(bcc, mb) || bcc.Spec.Accept != cc.Spec.Accept || bcc.Spec.RequesterDID != s.st.DID {
-			continue
-		}
-		if claims++; claims > 1 {
-			return nil, nil, errBidderAmbiguous
-		}
-		vm := &computev1alpha1.ComputeVM{}
-		if err := c.Get(s.ctx, client.ObjectKey{Namespace: mb.Namespace, Name: bcc.Name}, vm); err != nil || !metav1.IsControlledBy(vm, bcc) {
-			continue
-		}
-		found, foundVM = c, vm
-	}
-	return found, foundVM, nil
-}
 
 // The mount's token is a service-auth token the requester's PDS issues
 // for the tenant's service identity: it lives mountTokenLife (within the
@@ -152,8 +95,9 @@ const mountAdminRole = "knotless:mount-admin"
 // requester's own identity: a service-auth token its PDS issues for the
 // tenant, which the mount presents while impersonating the kcp user. It
 // first binds spec.tenantAdmins as the tenant's admins, through the same
-// identity. Nothing is read from the bidder's workspace, except a
-// snapshot's import (spec.restoreFrom, before the first mount). It
+// identity. A snapshot to restore
+// (spec.restoreFrom) is imported first, the same way (restoreFirst).
+// Nothing is read from the bidder's workspace. It
 // reports whether the mount is Ready and what it waits for (a reason for
 // the contract's Ready condition when it is not the phase's own, and a
 // message), and asks to be looked at again when it must (s.due).
@@ -196,9 +140,9 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 		return ready, "", why, nil
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
-	if tc == nil && s.mr.Spec.RestoreFrom != "" {
-		if done, reason, why, err := s.restoreFirst(cc); !done || err != nil {
-			return false, reason, why, err
+	if tc == nil {
+		if done, why := s.restoreFirst(cc, tn); !done {
+			return false, "", why, nil
 		}
 	}
 	token, exp, why := s.mintMount(cc, tn, mt, current)
@@ -252,27 +196,6 @@ type mintTry struct {
 	next  time.Time
 	fails int
 	why   string
-}
-
-// restoreFirst imports spec.restoreFrom into the tenant of cc before it
-// is first mounted, through the bidder's workspace (the agent's
-// StateSync). It reports whether that is done, and what it waits for.
-func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract) (bool, string, string, error) {
-	bc, vm, err := s.findBidderVM(cc)
-	switch {
-	case errors.Is(err, errBidderAmbiguous):
-		return false, ReasonBidderAmbiguous, s.refuse(cc, ReasonBidderAmbiguous, "more than one workspace claims to be the contract's bidder "+cc.Spec.BidderDID+": the snapshot goes to none of them"), nil
-	case err != nil:
-		return false, "", "", err
-	case vm == nil || vm.Status.Phase != computev1alpha1.VMRunning:
-		s.due(s.now.Add(2 * time.Second))
-		return false, "", "the bidder's VM is not running yet", nil
-	}
-	done, why, err := s.restore(cc, bc, vm, s.mr.Spec.RestoreFrom)
-	if !done {
-		s.due(s.now.Add(2 * time.Second))
-	}
-	return done, "", why, err
 }
 
 // mountedToken is a token this process minted for a contract's mount

@@ -268,7 +268,6 @@ func (s *session) contractFacts(cc *marketv1alpha1.ComputeContract, st *marketv1
 		Grace:         time.Duration(cmp.Or(s.mr.Spec.UnresponsiveGraceSeconds, 300)) * time.Second,
 		Confirm:       s.confirm(),
 		Exported:      s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport && !s.deleting,
-		Collect:       s.mr.Spec.StateSync.Mode == marketv1alpha1.StateSyncExport || s.deleting,
 	}
 	if d.release != nil {
 		f.Release = d.release.release
@@ -317,25 +316,22 @@ func (s *session) carryOut(rr *replicaRecords, cc *marketv1alpha1.ComputeContrac
 			return "", "", err
 		}
 	}
-	switch {
-	case dec.Publish:
+	if dec.Publish {
 		return "", "", s.publishRelease(rr, cc, st, d.lease, dec)
-	case dec.Collect:
-		return "", "", s.collectExport(cc)
 	}
 	return "", "", nil
 }
 
 // publishRelease publishes the requester's release of lease; when an
-// export is wanted it is made first (so that the bidder's side finds it
-// when it sees the release) and the release waits until it is.
+// export is wanted the tenant is exported first (the bidder stops the VM
+// once it sees the release), and the release waits until the snapshot is
+// kept or the export failed.
 func (s *session) publishRelease(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, st *marketv1alpha1.ComputeContractStatus, lease *market.Rec, dec deal.ContractDecision) error {
 	if dec.Export {
-		ready, err := s.startExport(cc)
+		ready, err := s.export(cc, lease)
 		if err != nil || !ready {
 			// Not released yet: the contract keeps its reason.
 			st.Reason = cc.Status.Reason
-			s.due(s.now.Add(2 * time.Second))
 			return err
 		}
 	}
@@ -355,6 +351,8 @@ func (s *session) over(rr *replicaRecords, cc *marketv1alpha1.ComputeContract, a
 	s.r.access.Delete(cc.UID)
 	s.r.mints.Delete(cc.UID)
 	s.r.minted.Delete(cc.UID)
+	s.r.exports.Delete(cc.UID)
+	s.r.restores.Delete(cc.UID)
 	errs := []error{s.undeliver(cc)}
 	if release != nil {
 		errs = append(errs, s.inv.Delete(s.ctx, lexicon.Release, release.rkey))

@@ -1,10 +1,14 @@
 package marketrequester
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
@@ -12,13 +16,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/market"
-	"github.com/knotless-dev/knotless/internal/ssa"
+	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
 
@@ -39,124 +46,216 @@ const (
 
 func snapshotOwner(snapshot string) string { return snapshot + "-snapshot" }
 
-// startExport makes the StateSync that exports the contract's tenant in
-// the bidder's workspace (owned by the VM), before the release is
-// published: the bidder's side keeps a VM with an export until the
-// snapshot is copied here. An export older than market.ExportWait is
-// from an earlier release that did not go out: it is deleted and made
-// again, so a snapshot is never older than its release. It reports
-// whether the release may be published.
-func (s *session) startExport(cc *marketv1alpha1.ComputeContract) (bool, error) {
-	if chunks, _ := s.snapshot(cc.Name); chunks != nil {
-		return true, nil
-	}
-	bc, vm := s.bidderVM(cc)
-	if vm == nil || vm.Status.Phase != computev1alpha1.VMRunning {
-		return true, nil
-	}
-	ss := &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ExportName(vm.Name), Namespace: vm.Namespace}}
-	switch err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); {
-	case err == nil && !ss.DeletionTimestamp.IsZero():
-		return false, nil
-	case err == nil && s.now.After(ss.CreationTimestamp.Add(market.ExportWait)):
-		uid := ss.UID
-		return false, client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
-	case err == nil:
-		return true, nil
-	case !apierrors.IsNotFound(err):
-		return false, err
-	}
-	ss.Spec = computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export, Resources: s.mr.Spec.StateSync.Resources}
-	return true, ssa.Child(s.ctx, bc, ss, vm, FieldManager)
+// A tenant's objects move with the requester's own identity: its side
+// exports the tenant of a contract it releases (spec.stateSync.mode
+// Export) before it publishes the release, and imports spec.restoreFrom
+// into a new tenant before it first mounts it, through package statesync
+// against the tenant the bidder's lease names (deal.TenantOf), with a
+// service-auth token of its PDS. Nothing goes through the bidder's
+// workspace (R20). One export or import has snapshotDeadline and reads at
+// most maxSnapshotRead of the tenant's answers in all; a failure that may
+// pass is tried again after snapshotRetry, doubling; an export that has
+// not succeeded within market.ExportWait of its first try is given up
+// (the release goes out without a snapshot, with an Event).
+const (
+	snapshotDeadline = time.Minute
+	snapshotRetry    = 10 * time.Second
+	maxSnapshotRead  = 2 * statesync.MaxBytes
+	// maxSnapshotKept is the most a snapshot kept in chunks holds.
+	maxSnapshotKept = computev1alpha1.SnapshotChunkBytes * computev1alpha1.SnapshotMaxChunks
+)
+
+// TenantState exports and imports a tenant's objects (statesync.Export
+// and statesync.Import by default).
+type TenantState interface {
+	Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResource) ([]byte, int, error)
+	Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource) (int, error)
 }
 
-// collectExport copies the snapshot of a released contract's export from
-// the bidder's workspace into the requester's, then deletes the export
-// (with its chunks) so that the VM may go. A failed export is deleted too
-// (with an Event), and so is one the requester no longer wants (it is
-// being deleted).
-func (s *session) collectExport(cc *marketv1alpha1.ComputeContract) error {
-	bc, vm := s.bidderVM(cc)
-	if vm == nil {
-		return nil
+type statesyncState struct{}
+
+func (statesyncState) Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResource) ([]byte, int, error) {
+	return statesync.Export(ctx, cfg, resources)
+}
+
+func (statesyncState) Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource) (int, error) {
+	return statesync.Import(ctx, cfg, snapshot, allowed)
+}
+
+func (r *Reconciler) tenantState() TenantState {
+	if r.TenantState != nil {
+		return r.TenantState
 	}
-	ss := &computev1alpha1.StateSync{}
-	if err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ExportName(vm.Name)}, ss); err != nil {
-		return client.IgnoreNotFound(err)
+	return statesyncState{}
+}
+
+// exportTry is how a released contract's export went (Reconciler.exports):
+// when it was first tried, when it is tried next, and how many tries in
+// a row failed.
+type exportTry struct {
+	first, next time.Time
+	fails       int
+}
+
+// export exports the tenant of cc, whose lease is lease, into a snapshot
+// kept in the requester's workspace, before its release. It reports
+// whether the release may be published: the snapshot is kept, or the
+// export failed for good (an Event says why; the release goes out
+// without a snapshot).
+func (s *session) export(cc *marketv1alpha1.ComputeContract, lease *market.Rec) (bool, error) {
+	if chunks, _ := s.snapshot(cc.Name); chunks != nil {
+		s.r.exports.Delete(cc.UID)
+		return true, nil
 	}
-	if !metav1.IsControlledBy(ss, vm) || !ss.DeletionTimestamp.IsZero() {
-		return nil
+	last := exportTry{first: s.now}
+	if v, ok := s.r.exports.Load(cc.UID); ok {
+		last = v.(exportTry)
 	}
-	done := func() error {
-		uid := ss.UID
-		return client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
+	if s.now.Before(last.next) {
+		s.due(last.next)
+		return false, nil
 	}
-	if s.deleting {
-		return done()
-	}
-	failed := func(why string) error {
+	failed := func(why string) (bool, error) {
+		s.r.exports.Delete(cc.UID)
 		s.events.Eventf(s.mr, nil, corev1.EventTypeWarning, "ExportFailed", "Release", "the tenant of %s was not exported (%s); it is released without a snapshot", cc.Name, why)
-		return done()
+		return true, nil
 	}
-	switch ss.Status.Phase {
-	case computev1alpha1.SyncFailed:
-		// Only reasons the agent gives are repeated (the bidder writes
-		// this status).
-		return failed(knownReason(ss.Status.Reason))
-	case computev1alpha1.SyncCompleted:
-	default:
-		s.due(s.now.Add(2 * time.Second))
-		return nil
-	}
-	n := int(ss.Status.Chunks)
-	if n < 1 || n > computev1alpha1.SnapshotMaxChunks {
-		return failed(computev1alpha1.ReasonSnapshotInvalid)
+	tn, err := deal.TenantOf(cc.Spec.BidderDID, lease.Lease)
+	if err != nil {
+		return failed("the bidder's lease does not say how to reach the tenant")
 	}
 	var data []byte
-	chunks := make([][]byte, n)
-	for i := range chunks {
-		sec := &corev1.Secret{}
-		err := bc.Get(s.ctx, client.ObjectKey{Namespace: ss.Namespace, Name: computev1alpha1.SnapshotChunkName(ss.Name, i)}, sec)
-		switch {
-		case err != nil && !apierrors.IsNotFound(err):
-			return err
-		case err != nil || !metav1.IsControlledBy(sec, ss):
-			s.due(s.now.Add(2 * time.Second))
-			return nil
-		case len(sec.Data[computev1alpha1.SnapshotKey]) > computev1alpha1.SnapshotChunkBytes:
-			return failed(computev1alpha1.ReasonSnapshotInvalid)
-		}
-		chunks[i] = sec.Data[computev1alpha1.SnapshotKey]
-		data = append(data, chunks[i]...)
+	var n int
+	_, err = s.withToken(cc, tn, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
+		data, n, err = s.r.tenantState().Export(ctx, s.r.snapshotConfig(tn, token), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources))
+		return err
+	})
+	switch {
+	case errors.Is(err, statesync.ErrInvalid):
+		return failed(snapshotRefusal(err))
+	case err != nil && s.now.Sub(last.first) >= market.ExportWait:
+		return failed(refusal(err) + "; given up after " + market.ExportWait.String())
+	case err != nil:
+		wait := min(snapshotRetry<<min(last.fails, 5), market.ExportWait)
+		s.r.exports.Store(cc.UID, exportTry{first: last.first, next: s.now.Add(wait), fails: last.fails + 1})
+		s.due(s.now.Add(wait))
+		return false, nil
+	case len(data) > maxSnapshotKept:
+		return failed(fmt.Sprintf("the snapshot is more than %d bytes", maxSnapshotKept))
 	}
-	if statesync.Sum(data) != ss.Status.SHA256 {
-		// The chunks may be read before the status that made them.
-		if s.now.Before(ss.CreationTimestamp.Add(market.ExportWait)) {
-			s.due(s.now.Add(2 * time.Second))
-			return nil
-		}
-		return failed(computev1alpha1.ReasonSnapshotInvalid)
+	if err := s.keepSnapshot(cc.Name, data, n); err != nil {
+		return false, err
 	}
+	s.r.exports.Delete(cc.UID)
+	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Exported", "Release", "the tenant of %s was exported: %d objects, %d bytes, kept as snapshot %s (spec.restoreFrom: %s)",
+		cc.Name, n, len(data), cc.Name, cc.Name)
+	return true, nil
+}
+
+// keepSnapshot keeps data, a snapshot of n objects, as snapshot name in
+// the requester's workspace: its chunks (statesync.Chunks), each a Secret
+// owned by the MarketRequester.
+func (s *session) keepSnapshot(name string, data []byte, n int) error {
+	chunks := statesync.Chunks(data, computev1alpha1.SnapshotChunkBytes)
+	sum := statesync.Sum(data)
 	for i, ch := range chunks {
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(snapshotOwner(cc.Name), i), Namespace: s.mr.Namespace}}
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(snapshotOwner(name), i), Namespace: s.mr.Namespace}}
 		if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 			sec.Type = corev1.SecretTypeOpaque
-			sec.Labels = map[string]string{LabelSnapshot: cc.Name}
+			sec.Labels = map[string]string{LabelSnapshot: name}
 			sec.Data = map[string][]byte{
 				computev1alpha1.SnapshotKey: ch,
 				keyIndex:                    []byte(strconv.Itoa(i)),
 				keyChunks:                   []byte(strconv.Itoa(len(chunks))),
-				keySHA256:                   []byte(ss.Status.SHA256),
-				keyObjects:                  []byte(strconv.Itoa(int(ss.Status.Objects))),
+				keySHA256:                   []byte(sum),
+				keyObjects:                  []byte(strconv.Itoa(n)),
 			}
 			return controllerutil.SetControllerReference(s.mr, sec, s.c.Scheme())
 		}); err != nil {
 			return fmt.Errorf("the snapshot's chunk %d: %w", i, err)
 		}
 	}
-	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Exported", "Release", "the tenant of %s was exported: %d objects, %d bytes, kept as snapshot %s (spec.restoreFrom: %s)",
-		cc.Name, ss.Status.Objects, len(data), cc.Name, cc.Name)
-	return done()
+	return nil
+}
+
+// restoreTry is how the import of a snapshot (its SHA-256) into a new
+// contract's tenant went (Reconciler.restores): done, failed for good
+// (why), or when it is tried next after failures that may pass.
+type restoreTry struct {
+	sum, failed, why string
+	done             bool
+	next             time.Time
+	fails            int
+}
+
+// restoreFirst imports spec.restoreFrom into tn, the tenant of cc, before
+// it is first mounted. A contract that was Active once is never restored
+// (its tenant has live objects). It reports whether the import is done,
+// and what it waits for.
+func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenant) (bool, string) {
+	from := s.mr.Spec.RestoreFrom
+	if from == "" || cc.Status.Phase == marketv1alpha1.ContractActive {
+		return true, ""
+	}
+	chunks, sum := s.snapshot(from)
+	if chunks == nil {
+		s.due(s.now.Add(snapshotRetry))
+		return false, fmt.Sprintf("snapshot %s (spec.restoreFrom) is not whole in this workspace: not mounted", from)
+	}
+	var last restoreTry
+	if v, ok := s.r.restores.Load(cc.UID); ok && v.(restoreTry).sum == sum {
+		last = v.(restoreTry)
+	}
+	switch {
+	case last.done:
+		return true, ""
+	case last.failed != "":
+		return false, last.failed
+	case s.now.Before(last.next):
+		s.due(last.next)
+		return false, last.why
+	}
+	var n int
+	_, err := s.withToken(cc, tn, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
+		n, err = s.r.tenantState().Import(ctx, s.r.snapshotConfig(tn, token), bytes.Join(chunks, nil), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources))
+		return err
+	})
+	switch {
+	case err == nil:
+		s.r.restores.Store(cc.UID, restoreTry{sum: sum, done: true})
+		s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Restored", "Provision", "snapshot %s was restored into the tenant of %s: %d objects", from, cc.Name, n)
+		return true, ""
+	case errors.Is(err, statesync.ErrInvalid):
+		why := fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, snapshotRefusal(err))
+		s.r.restores.Store(cc.UID, restoreTry{sum: sum, failed: why})
+		return false, why
+	}
+	wait := min(snapshotRetry<<min(last.fails, 5), mountTokenMaxWait)
+	why := fmt.Sprintf("restoring snapshot %s into the tenant: %s; tried again at %s", from, refusal(err), market.Time(s.now.Add(wait)))
+	s.r.restores.Store(cc.UID, restoreTry{sum: sum, why: why, next: s.now.Add(wait), fails: last.fails + 1})
+	s.due(s.now.Add(wait))
+	return false, why
+}
+
+// snapshotRefusal says why an export or import failed for good
+// (statesync.ErrInvalid): statesync's own words, unless the tenant refused
+// an object (its answer stays in the provider's log, R17).
+func snapshotRefusal(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		return "the tenant refused an object of the snapshot"
+	}
+	return err.Error()
+}
+
+// snapshotConfig is the configuration of tn for one export or import as
+// the bearer of token: tenantConfig's, with every answer of the job read
+// against one budget of maxSnapshotRead.
+func (r *Reconciler) snapshotConfig(tn deal.Tenant, token string) *rest.Config {
+	cfg := tenantConfig(tn, token, r.Policy)
+	cfg.Timeout = snapshotDeadline
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Budget(rt, maxSnapshotRead) }
+	return cfg
 }
 
 // snapshot returns the chunks of a whole snapshot of this requester and
@@ -191,97 +290,10 @@ func (s *session) snapshot(name string) ([][]byte, string) {
 	return chunks, sum
 }
 
-// knownReason is reason if it is one the agent gives, else "failed".
-func knownReason(reason string) string {
-	switch reason {
-	case computev1alpha1.ReasonVMNotRunning, computev1alpha1.ReasonChunksMissing, computev1alpha1.ReasonSnapshotInvalid,
-		computev1alpha1.ReasonSnapshotTooBig, computev1alpha1.ReasonExportFailed, computev1alpha1.ReasonImportFailed, computev1alpha1.ReasonNotWanted:
-		return reason
-	}
-	return "failed"
-}
-
 func atoi(b []byte) int {
 	n, err := strconv.Atoi(string(b))
 	if err != nil {
 		return -1
 	}
 	return n
-}
-
-// importSettled judges the import StateSync ss found in the bidder's
-// workspace. It settles restore's answer when the VM does not own ss, or
-// ss has completed, failed or is going away: done once the import
-// completed, else what it waits for. Otherwise (settled false) the
-// snapshot is still to be written to it.
-func (s *session) importSettled(ss *computev1alpha1.StateSync, vm *computev1alpha1.ComputeVM, from string) (done bool, wait string, settled bool) {
-	switch {
-	case !metav1.IsControlledBy(ss, vm):
-		return false, "the bidder's workspace holds a StateSync the VM does not own: not mounted", true
-	case ss.Status.Phase == computev1alpha1.SyncCompleted:
-		return true, "", true
-	case ss.Status.Phase == computev1alpha1.SyncFailed:
-		return false, fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, knownReason(ss.Status.Reason)), true
-	case !ss.DeletionTimestamp.IsZero():
-		s.due(s.now.Add(2 * time.Second))
-		return false, "restoring snapshot " + from + " into the tenant", true
-	}
-	return false, "", false
-}
-
-// restore imports the snapshot from into the new tenant of cc before it
-// is mounted: a StateSync in the bidder's workspace (owned by the VM)
-// with the snapshot's chunks beside it (owned by the StateSync), that
-// may apply only namespaces and the kinds of spec.stateSync.resources. A
-// contract that was Active once is never restored (its tenant has live
-// objects). It reports whether the import is done, and what it waits
-// for.
-func (s *session) restore(cc *marketv1alpha1.ComputeContract, bc client.Client, vm *computev1alpha1.ComputeVM, from string) (bool, string, error) {
-	if cc.Status.Phase == marketv1alpha1.ContractActive {
-		return true, "", nil
-	}
-	ss := &computev1alpha1.StateSync{}
-	err := bc.Get(s.ctx, client.ObjectKey{Namespace: vm.Namespace, Name: computev1alpha1.ImportName(vm.Name)}, ss)
-	switch {
-	case err == nil:
-		if done, wait, settled := s.importSettled(ss, vm, from); settled {
-			return done, wait, nil
-		}
-	case !apierrors.IsNotFound(err):
-		return false, "", err
-	}
-	chunks, sum := s.snapshot(from)
-	if chunks == nil {
-		return false, fmt.Sprintf("snapshot %s (spec.restoreFrom) is not whole in this workspace: not mounted", from), nil
-	}
-	s.due(s.now.Add(2 * time.Second))
-	if err == nil && ss.Spec.SHA256 != sum && ss.Status.Phase != computev1alpha1.SyncRunning {
-		// Another snapshot than the one asked for now: made again.
-		uid := ss.UID
-		return false, "restoring snapshot " + from + " into the tenant", client.IgnoreNotFound(bc.Delete(s.ctx, ss, client.Preconditions{UID: &uid}))
-	}
-	if apierrors.IsNotFound(err) {
-		ss = &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.ImportName(vm.Name), Namespace: vm.Namespace},
-			Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Import, Chunks: int32(len(chunks)), SHA256: sum,
-				Resources: s.mr.Spec.StateSync.Resources}}
-		if err := ssa.Child(s.ctx, bc, ss, vm, FieldManager); err != nil {
-			return false, "", err
-		}
-		if err := bc.Get(s.ctx, client.ObjectKeyFromObject(ss), ss); err != nil {
-			return false, "", err
-		}
-	}
-	for i, ch := range chunks {
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: computev1alpha1.SnapshotChunkName(ss.Name, i), Namespace: ss.Namespace}}
-		if _, err := controllerutil.CreateOrUpdate(s.ctx, bc, sec, func() error {
-			sec.Type = corev1.SecretTypeOpaque
-			// LabelAgent: the agent caches only Secrets that carry it.
-			sec.Labels = map[string]string{computev1alpha1.LabelStateSync: ss.Name, computev1alpha1.LabelAgent: "true"}
-			sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: ch}
-			return controllerutil.SetControllerReference(ss, sec, bc.Scheme())
-		}); err != nil {
-			return false, "", fmt.Errorf("the snapshot's chunk %d in the bidder's workspace: %w", i, err)
-		}
-	}
-	return false, fmt.Sprintf("restoring snapshot %s into the tenant (%s)", from, cmp.Or(string(ss.Status.Phase), string(computev1alpha1.SyncPending))), nil
 }

@@ -2,11 +2,18 @@ package marketrequester
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -65,118 +72,147 @@ func (m *marketFixture) tenantReady() {
 	}
 }
 
-func getSync(t *testing.T, ws *clustertest.Cluster, name string) *computev1alpha1.StateSync {
-	t.Helper()
-	ss := &computev1alpha1.StateSync{}
-	if err := ws.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, ss); err != nil {
-		return nil
-	}
-	return ss
+// fakeState is the fixture's Reconciler.TenantState: it records every
+// export and import (the tenant, the token, the kinds, the snapshot),
+// exports data (objects objects), and fails every call with err while it
+// is set.
+type fakeState struct {
+	data             []byte
+	objects          int
+	err              error
+	exports, imports []stateCall
 }
 
-// TestExportAndRestore: a release of a requester with stateSync Export
-// asks the export beside the VM before the release record; the bidder
-// keeps the VM while the export runs; chunk counts the bidder writes are
-// checked before anything is read; the completed export's snapshot is
-// kept in the requester's workspace, owned by the MarketRequester, and
-// the export deleted, and only then the VM goes. A later contract with
-// restoreFrom gets an import (the requester's kinds only) with the
-// snapshot's chunks and is mounted only once the import completed.
+type stateCall struct {
+	host, token string
+	kinds       []schema.GroupResource
+	data        []byte
+	bounded     bool
+}
+
+func call(cfg *rest.Config, kinds []schema.GroupResource, data []byte) stateCall {
+	return stateCall{host: cfg.Host, token: cfg.BearerToken, kinds: kinds, data: data, bounded: cfg.WrapTransport != nil && cfg.Dial != nil}
+}
+
+func (f *fakeState) Export(_ context.Context, cfg *rest.Config, kinds []schema.GroupResource) ([]byte, int, error) {
+	f.exports = append(f.exports, call(cfg, kinds, nil))
+	if f.err != nil {
+		return nil, 0, f.err
+	}
+	return f.data, f.objects, nil
+}
+
+func (f *fakeState) Import(_ context.Context, cfg *rest.Config, data []byte, kinds []schema.GroupResource) (int, error) {
+	f.imports = append(f.imports, call(cfg, kinds, data))
+	if f.err != nil {
+		return 0, f.err
+	}
+	return f.objects, nil
+}
+
+// asShop checks that a call went to the VM's tenant as the requester's
+// DID, for the VM's service identity, bounded, with the kinds of the
+// requester's spec.stateSync.
+func asShop(t *testing.T, c stateCall, vm *computev1alpha1.ComputeVM) {
+	t.Helper()
+	if c.host != vm.Status.Endpoint || !strings.HasPrefix(c.token, "markettest:did:plc:shop:"+vm.Status.ServiceID+":") || !c.bounded ||
+		!slices.Equal(c.kinds, []schema.GroupResource{{Resource: "configmaps"}}) {
+		t.Fatalf("call %+v; want the tenant %s as did:plc:shop for %s, bounded, configmaps", c, vm.Status.Endpoint, vm.Status.ServiceID)
+	}
+}
+
+// activeContract runs the market until one contract of the shop is Active
+// on the fit's VM, and returns both.
+func (m *marketFixture) activeContract(ca []byte) (*marketv1alpha1.ComputeContract, *computev1alpha1.ComputeVM) {
+	m.t.Helper()
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	vm := m.runVM(m.bidders["fit"], ca)
+	m.round()
+	m.tenantReady()
+	m.round()
+	for _, cc := range contracts(m.t, m.shop) {
+		if cc.Status.Phase == marketv1alpha1.ContractActive {
+			return &cc, vm
+		}
+	}
+	m.t.Fatalf("no Active contract (VM %s)", vm.Name)
+	return nil, nil
+}
+
+func withExport(mr *marketv1alpha1.MarketRequester) {
+	mr.Spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+}
+
+func eventsOf(m *marketFixture, reason string) []clustertest.Event {
+	var out []clustertest.Event
+	for _, e := range m.shop.Events.Events() {
+		if e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestExportAndRestore (R20): the requester's side exports the tenant of
+// a contract it releases itself, as its own DID at the endpoint the
+// bidder's lease names, before it publishes the release, and keeps the
+// snapshot in its workspace, owned by the MarketRequester; nothing is
+// written to the bidder's workspace, and the bidder stops the VM as soon
+// as it sees the release. A later contract with restoreFrom gets the
+// snapshot imported the same way before it is first mounted: while the
+// import fails (a failure that may pass) the contract is not mounted,
+// and the import is tried again after a backoff, not before.
 func TestExportAndRestore(t *testing.T) {
 	ctx := context.Background()
 	m := newMarket(t, bidderObj("fit", 30, 2))
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) {
-		mr.Spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
-	})
+	st := &fakeState{data: []byte("gzip of the tenant"), objects: 3}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
 	ca := drivertest.TestCA(t)
 	fit := m.bidders["fit"]
-	contract := func() *marketv1alpha1.ComputeContract {
-		t.Helper()
-		m.round()
-		m.clock.advance(11 * time.Second)
-		m.round()
-		m.round()
-		vm := m.runVM(fit, ca)
-		m.round()
-		m.tenantReady()
-		m.round()
-		cc := contracts(t, m.shop)
-		for i := range cc {
-			if cc[i].Status.Phase == marketv1alpha1.ContractActive {
-				return &cc[i]
-			}
-		}
-		t.Fatalf("no Active contract (VM %s): %+v", vm.Name, cc)
-		return nil
-	}
-	cc := contract()
-	var vms computev1alpha1.ComputeVMList
-	_ = fit.Client.List(ctx, &vms)
-	vm := &vms.Items[0]
+	cc, vm := m.activeContract(ca)
 
-	// Release: the export is asked for with the release.
 	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
 	m.reconcileRequester()
-	exp := getSync(t, fit, computev1alpha1.ExportName(vm.Name))
-	if exp == nil || exp.Spec.Direction != computev1alpha1.Export || len(exp.Spec.Resources) != 1 || !metav1.IsControlledBy(exp, vm) {
-		t.Fatalf("export %+v", exp)
+	if len(st.exports) != 1 {
+		t.Fatalf("%d exports, want 1", len(st.exports))
 	}
+	asShop(t, st.exports[0], vm)
 	if m.records("did:plc:shop", lexicon.Release) != 1 {
-		t.Fatal("no release record")
+		t.Fatal("no release record after the export")
 	}
-	// kcp stamps the creation (the fake client does not).
-	exp.CreationTimestamp = metav1.NewTime(m.clock.t)
-	if err := fit.Client.Update(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-	m.reconcileBidder("fit")
-	m.reconcileBidder("fit")
-	if err := fit.Client.Get(ctx, client.ObjectKeyFromObject(vm), &computev1alpha1.ComputeVM{}); err != nil {
-		t.Fatalf("the VM went while its export runs: %v", err)
-	}
-
-	// A bidder that writes an absurd chunk count gets nothing read.
-	exp.Status = computev1alpha1.StateSyncStatus{Phase: computev1alpha1.SyncCompleted, Chunks: 1 << 30}
-	if err := fit.Client.Status().Update(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-	m.reconcileRequester()
-	if getSync(t, fit, exp.Name) != nil {
-		t.Fatal("an export with a bad chunk count was not dropped")
-	}
-	// (the VM may go now; make the export again to see it collected)
-	data := []byte("gzip of the tenant")
-	exp = &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: computev1alpha1.ExportName(vm.Name), OwnerReferences: []metav1.OwnerReference{ownerRef(vm, "ComputeVM")},
-		CreationTimestamp: metav1.NewTime(m.clock.t)},
-		Spec: computev1alpha1.StateSyncSpec{VMName: vm.Name, Direction: computev1alpha1.Export}}
-	if err := fit.Client.Create(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-	exp.Status = computev1alpha1.StateSyncStatus{Phase: computev1alpha1.SyncCompleted, Chunks: 1, SHA256: statesync.Sum(data), Objects: 3}
-	if err := fit.Client.Status().Update(ctx, exp); err != nil {
-		t.Fatal(err)
-	}
-	if err := fit.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: computev1alpha1.SnapshotChunkName(exp.Name, 0), OwnerReferences: []metav1.OwnerReference{ownerRef(exp, "StateSync")}},
-		Data: map[string][]byte{computev1alpha1.SnapshotKey: data}}); err != nil {
-		t.Fatal(err)
-	}
-	m.reconcileRequester()
 	var snap corev1.SecretList
 	if err := m.shop.Client.List(ctx, &snap, client.MatchingLabels{LabelSnapshot: cc.Name}); err != nil || len(snap.Items) != 1 ||
-		string(snap.Items[0].Data[computev1alpha1.SnapshotKey]) != string(data) || !metav1.IsControlledBy(&snap.Items[0], m.requester()) {
+		string(snap.Items[0].Data[computev1alpha1.SnapshotKey]) != string(st.data) || string(snap.Items[0].Data[keyObjects]) != "3" ||
+		!metav1.IsControlledBy(&snap.Items[0], m.requester()) {
 		t.Fatalf("snapshot %+v, %v", snap.Items, err)
 	}
-	if getSync(t, fit, exp.Name) != nil {
-		t.Error("the collected export is still there")
+	if len(eventsOf(m, "Exported")) != 1 {
+		t.Errorf("events %v, want one Exported", m.shop.Events.Reasons())
 	}
-	for range 3 {
+	for range 2 {
 		m.round()
 	}
+	if len(st.exports) != 1 {
+		t.Errorf("%d exports, want still 1: the snapshot is kept", len(st.exports))
+	}
 	if err := fit.Client.Get(ctx, client.ObjectKeyFromObject(vm), &computev1alpha1.ComputeVM{}); err == nil {
-		t.Error("the VM is still there after its export was collected")
+		t.Error("the VM is still there after the release")
+	}
+	var syncs computev1alpha1.StateSyncList
+	var secs corev1.SecretList
+	if err := fit.Client.List(ctx, &syncs); err != nil || len(syncs.Items) != 0 {
+		t.Errorf("StateSyncs in the bidder's workspace: %v, %v", syncs.Items, err)
+	}
+	if err := fit.Client.List(ctx, &secs, client.HasLabels{computev1alpha1.LabelStateSync}); err != nil || len(secs.Items) != 0 {
+		t.Errorf("snapshot chunks in the bidder's workspace: %v, %v", secs.Items, err)
 	}
 
-	// Wanted again, from the snapshot.
+	// Wanted again, from the snapshot; the first import fails.
+	st.err = errors.New("connection reset by the tenant")
 	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
 	m.round()
 	m.clock.advance(11 * time.Second)
@@ -184,34 +220,152 @@ func TestExportAndRestore(t *testing.T) {
 	m.round()
 	vm2 := m.runVM(fit, ca)
 	m.round()
-	imp := getSync(t, fit, computev1alpha1.ImportName(vm2.Name))
-	if imp == nil || imp.Spec.Direction != computev1alpha1.Import || imp.Spec.Chunks != 1 || imp.Spec.SHA256 != statesync.Sum(data) ||
-		len(imp.Spec.Resources) != 1 || !metav1.IsControlledBy(imp, vm2) {
-		t.Fatalf("import %+v", imp)
+	m.round()
+	if len(st.imports) != 1 {
+		t.Fatalf("%d imports, want 1 (then a backoff)", len(st.imports))
 	}
-	chunk := &corev1.Secret{}
-	if err := fit.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: computev1alpha1.SnapshotChunkName(imp.Name, 0)}, chunk); err != nil ||
-		string(chunk.Data[computev1alpha1.SnapshotKey]) != string(data) || !metav1.IsControlledBy(chunk, imp) {
-		t.Fatalf("import chunk %+v, %v", chunk, err)
+	asShop(t, st.imports[0], vm2)
+	if string(st.imports[0].data) != string(st.data) {
+		t.Fatalf("imported %q, want the snapshot", st.imports[0].data)
 	}
 	var tcs computev1alpha1.TenantClusterList
 	if _ = m.shop.Client.List(ctx, &tcs); len(tcs.Items) != 0 {
-		t.Fatalf("mounted before the import completed: %v", tcs.Items)
+		t.Fatalf("mounted before the import: %v", tcs.Items)
 	}
-	imp.Status.Phase = computev1alpha1.SyncCompleted
-	if err := fit.Client.Status().Update(ctx, imp); err != nil {
-		t.Fatal(err)
+	var restoring *marketv1alpha1.ComputeContract
+	for _, c := range contracts(t, m.shop) {
+		if c.Status.Phase == marketv1alpha1.ContractProvisioning {
+			restoring = &c
+		}
 	}
+	if restoring == nil {
+		t.Fatal("no contract Provisioning")
+	}
+	if c := clustertest.Condition(t, restoring.Status.Conditions, marketv1alpha1.ConditionReady); !strings.Contains(c.Message, "restoring snapshot "+cc.Name) ||
+		strings.Contains(c.Message, "connection reset") {
+		t.Errorf("Ready %+v; want it restoring the snapshot, without the tenant's answer", c)
+	}
+	st.err = nil
+	m.clock.advance(snapshotRetry)
 	m.round()
 	m.tenantReady()
 	m.round()
+	if len(st.imports) != 2 {
+		t.Fatalf("%d imports, want 2", len(st.imports))
+	}
 	active := 0
 	for _, c := range contracts(t, m.shop) {
 		if c.Status.Phase == marketv1alpha1.ContractActive {
 			active++
 		}
 	}
-	if active != 1 {
-		t.Errorf("%d Active contracts after the restore, want 1", active)
+	if active != 1 || len(eventsOf(m, "Restored")) != 1 {
+		t.Errorf("%d Active contracts after the restore (want 1), events %v", active, m.shop.Events.Reasons())
+	}
+	m.round()
+	if len(st.imports) != 2 {
+		t.Errorf("%d imports, want 2: an Active contract is not restored again", len(st.imports))
+	}
+}
+
+// TestExportFailures: an export that keeps failing holds the release
+// back for market.ExportWait at most, tried again after a backoff (not at
+// every pass); then the release goes out without a snapshot, with an
+// Event that does not repeat the tenant's answer. An export that fails
+// for good (statesync.ErrInvalid) releases at once.
+func TestExportFailures(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{err: errors.New("tenant-internal-detail")}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	m.activeContract(drivertest.TestCA(t))
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	m.reconcileRequester()
+	m.reconcileRequester()
+	if len(st.exports) != 1 || m.records("did:plc:shop", lexicon.Release) != 0 {
+		t.Fatalf("%d exports (want 1), %d releases (want 0)", len(st.exports), m.records("did:plc:shop", lexicon.Release))
+	}
+	for i := 0; m.records("did:plc:shop", lexicon.Release) == 0; i++ {
+		if i > 20 {
+			t.Fatal("the release never went out")
+		}
+		m.clock.advance(20 * time.Second)
+		m.reconcileRequester()
+	}
+	if n := len(st.exports); n < 3 || n > 8 {
+		t.Errorf("%d exports over %s, want a few", n, market.ExportWait)
+	}
+	failed := eventsOf(m, "ExportFailed")
+	if len(failed) != 1 || failed[0].Type != corev1.EventTypeWarning || strings.Contains(failed[0].Note, "tenant-internal-detail") {
+		t.Fatalf("ExportFailed events %+v; want one Warning, without the tenant's answer", failed)
+	}
+	var snap corev1.SecretList
+	if _ = m.shop.Client.List(context.Background(), &snap, client.HasLabels{LabelSnapshot}); len(snap.Items) != 0 {
+		t.Errorf("snapshot chunks %v after a failed export", snap.Items)
+	}
+
+	// For good: at once.
+	m2 := newMarket(t, bidderObj("fit", 30, 2))
+	st2 := &fakeState{err: fmt.Errorf("%w: more than %d objects", statesync.ErrInvalid, statesync.MaxObjects)}
+	m2.req.TenantState = st2
+	m2.updateRequester(withExport)
+	m2.activeContract(drivertest.TestCA(t))
+	m2.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	m2.reconcileRequester()
+	if len(st2.exports) != 1 || m2.records("did:plc:shop", lexicon.Release) != 1 {
+		t.Fatalf("%d exports (want 1), %d releases (want 1)", len(st2.exports), m2.records("did:plc:shop", lexicon.Release))
+	}
+	if failed := eventsOf(m2, "ExportFailed"); len(failed) != 1 || !strings.Contains(failed[0].Note, "more than 10000 objects") {
+		t.Fatalf("ExportFailed events %+v; want one saying why", failed)
+	}
+}
+
+// TestRestoreRefused: a snapshot the tenant refuses (statesync.ErrInvalid
+// with the tenant's answer) leaves the contract unmounted with a message
+// that says so, without the tenant's words, and is not tried again;
+// removing spec.restoreFrom mounts the tenant.
+func TestRestoreRefused(t *testing.T) {
+	ctx := context.Background()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{data: []byte("gzip"), objects: 1}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	ca := drivertest.TestCA(t)
+	cc, _ := m.activeContract(ca)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m.round()
+	}
+	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "x", errors.New("tenant-secret-text"))
+	st.err = fmt.Errorf("applying ConfigMap a/x: %w: %w", statesync.ErrInvalid, refused)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	m.runVM(m.bidders["fit"], ca)
+	for range 3 {
+		m.round()
+		m.clock.advance(time.Minute)
+	}
+	if len(st.imports) != 1 {
+		t.Fatalf("%d imports, want 1: a refused snapshot is not tried again", len(st.imports))
+	}
+	var msg string
+	for _, c := range contracts(t, m.shop) {
+		if c.Status.Phase == marketv1alpha1.ContractProvisioning {
+			msg = clustertest.Condition(t, c.Status.Conditions, marketv1alpha1.ConditionReady).Message
+		}
+	}
+	if !strings.Contains(msg, "failed (the tenant refused an object of the snapshot)") || !strings.Contains(msg, "remove spec.restoreFrom") || strings.Contains(msg, "tenant-secret-text") {
+		t.Fatalf("Ready message %q", msg)
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.RestoreFrom = "" })
+	m.round()
+	m.tenantReady()
+	m.round()
+	var tcs computev1alpha1.TenantClusterList
+	if _ = m.shop.Client.List(ctx, &tcs); len(tcs.Items) != 1 || len(st.imports) != 1 {
+		t.Fatalf("TenantClusters %d (want 1), imports %d (want 1) once restoreFrom is removed", len(tcs.Items), len(st.imports))
 	}
 }

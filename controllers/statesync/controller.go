@@ -23,7 +23,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -179,7 +178,7 @@ func (r *Reconciler) export(ctx context.Context, ss *computev1alpha1.StateSync, 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	data, n, err := d.Export(ctx, driver.VMOf(vm), resources(ss))
+	data, n, err := d.Export(ctx, driver.VMOf(vm), computev1alpha1.SchemaGroupResources(ss.Spec.Resources))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonExportFailed, err.Error())
@@ -232,7 +231,7 @@ func (r *Reconciler) imp(ctx context.Context, ss *computev1alpha1.StateSync, vm 
 	if err := r.running(ctx, ss, st); err != nil {
 		return reconcile.Result{}, err
 	}
-	n, err := d.Import(ctx, driver.VMOf(vm), data, resources(ss))
+	n, err := d.Import(ctx, driver.VMOf(vm), data, computev1alpha1.SchemaGroupResources(ss.Spec.Resources))
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		set(st, ss, computev1alpha1.SyncFailed, computev1alpha1.ReasonImportFailed, err.Error())
@@ -247,16 +246,6 @@ func (r *Reconciler) imp(ctx context.Context, ss *computev1alpha1.StateSync, vm 
 	st.Objects, st.Bytes = int32(n), int64(len(data))
 	set(st, ss, computev1alpha1.SyncCompleted, string(computev1alpha1.SyncCompleted), fmt.Sprintf("imported %d objects", n))
 	return reconcile.Result{}, nil
-}
-
-// resources are the kinds a StateSync exports, or may import, besides
-// namespaces.
-func resources(ss *computev1alpha1.StateSync) []schema.GroupResource {
-	grs := make([]schema.GroupResource, len(ss.Spec.Resources))
-	for i, gr := range ss.Spec.Resources {
-		grs[i] = schema.GroupResource{Group: gr.Group, Resource: gr.Resource}
-	}
-	return grs
 }
 
 func set(st *computev1alpha1.StateSyncStatus, ss *computev1alpha1.StateSync, phase computev1alpha1.StateSyncPhase, reason, msg string) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 )
 
 // Error is the type of this package's sentinel error.
@@ -70,4 +71,49 @@ func (t transport) RoundTrip(req *http.Request) (*http.Response, error) {
 type body struct {
 	io.Reader
 	io.Closer
+}
+
+// Budget returns rt (nil: http.DefaultTransport) with one limit for the
+// bodies of all its responses together: once limit bytes have been read
+// from them, reading any fails with ErrTooLarge. It is for a job of many
+// requests to one server (a tenant's export), whose whole answer is
+// bounded, not only each part of it.
+func Budget(rt http.RoundTripper, limit int64) http.RoundTripper {
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	return &budget{rt: rt, left: limit, limit: limit}
+}
+
+type budget struct {
+	rt          http.RoundTripper
+	mu          sync.Mutex
+	left, limit int64
+}
+
+func (b *budget) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.rt.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	resp.Body = body{Reader: budgetReader{b: b, r: resp.Body}, Closer: resp.Body}
+	return resp, nil
+}
+
+type budgetReader struct {
+	b *budget
+	r io.Reader
+}
+
+func (r budgetReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	r.b.mu.Lock()
+	defer r.b.mu.Unlock()
+	if int64(n) > r.b.left {
+		n = int(r.b.left)
+		r.b.left = 0
+		return n, fmt.Errorf("%w (more than %d bytes in all)", ErrTooLarge, r.b.limit)
+	}
+	r.b.left -= int64(n)
+	return n, err
 }

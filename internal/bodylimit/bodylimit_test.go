@@ -52,3 +52,30 @@ func TestTransportEndlessBody(t *testing.T) {
 		t.Fatalf("read %d bytes, err %v; want 64 KiB and ErrTooLarge", len(got), err)
 	}
 }
+
+// A budget bounds many answers together: each of 10 KiB passes alone,
+// the fourth goes past a budget of 32 KiB and fails, and so does every
+// answer after it.
+func TestBudgetBoundsAllAnswers(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(strings.Repeat("x", 10<<10)))
+	}))
+	defer srv.Close()
+	hc := &http.Client{Transport: Budget(nil, 32<<10)}
+	total := 0
+	for i := range 5 {
+		resp, err := hc.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		total += len(got)
+		if want := i >= 3; want != errors.Is(err, ErrTooLarge) {
+			t.Errorf("answer %d: read %d bytes, err %v", i, len(got), err)
+		}
+	}
+	if total != 32<<10 {
+		t.Errorf("read %d bytes in all, want the budget's 32 KiB", total)
+	}
+}

@@ -146,9 +146,9 @@ const (
 	prefixReclaim = "c"
 )
 
-// ExportWait is how long a released VM is kept for the export of its
-// tenant (from when the export was made); the requester waits that long,
-// and a little more, for the lease to end.
+// ExportWait is how long the requester's side tries to export the
+// tenant of a contract it releases (from its first try) before it
+// releases it without a snapshot.
 const ExportWait = 2 * time.Minute
 
 func derivedKey(prefix, owner, parentURI string) string { return prefix + owner + Hash(parentURI, 24) }

@@ -37,6 +37,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // Version is the snapshot format's version.
@@ -66,8 +68,16 @@ type clients struct {
 	dyn    dynamic.Interface
 }
 
+// connect makes the clients of the tenant cfg names. They follow no
+// redirect: a tenant answers for itself, and a redirect would carry the
+// credential elsewhere.
 func connect(cfg *rest.Config) (*clients, error) {
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	hc.CheckRedirect = netpolicy.NoRedirects
+	dc, err := discovery.NewDiscoveryClientForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +85,7 @@ func connect(cfg *rest.Config) (*clients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovering the tenant's kinds: %w", err)
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	dyn, err := dynamic.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, err
 	}

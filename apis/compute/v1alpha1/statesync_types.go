@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // StateSyncDirection says whether a StateSync reads a tenant's objects
@@ -88,6 +89,15 @@ type GroupResource struct {
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Resource string `json:"resource"`
+}
+
+// SchemaGroupResources is grs as apimachinery names them.
+func SchemaGroupResources(grs []GroupResource) []schema.GroupResource {
+	out := make([]schema.GroupResource, len(grs))
+	for i, gr := range grs {
+		out[i] = schema.GroupResource{Group: gr.Group, Resource: gr.Resource}
+	}
+	return out
 }
 
 // StateSyncSpec is set by the provider when it makes the StateSync, and

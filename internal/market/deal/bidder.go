@@ -52,12 +52,10 @@ type BidderSnapshot struct {
 	Bids, Leases, Reclaims []pds.Record
 	View                   View
 	Missing                Missing
-	// BidObjects, Contracts, VMs and Exports are its kcp objects by
-	// name (an export by its VM's name).
+	// BidObjects, Contracts and VMs are its kcp objects by name.
 	BidObjects map[string]*marketv1alpha1.Bid
 	Contracts  map[string]*marketv1alpha1.ComputeContract
 	VMs        map[string]*computev1alpha1.ComputeVM
-	Exports    map[string]*computev1alpha1.StateSync
 }
 
 // bidder is one decision of one bidder.
@@ -297,24 +295,6 @@ func (d *bidder) releaseOf(ol *ownLease, requester string) *market.Rec {
 		found = r
 	}
 	return found
-}
-
-// exporting says whether a released VM is kept for its export: the
-// requester's side made one before it released, and it has neither
-// failed nor been copied to the requester (which deletes it then), for
-// market.ExportWait after kcp made it at most (never a time the
-// requester writes). Only a VM that is Lost or Failed cannot be exported.
-func (d *bidder) exporting(vm *computev1alpha1.ComputeVM, release *market.Rec) bool {
-	ss := d.s.Exports[vm.Name]
-	switch {
-	case ss == nil, release == nil, vm.Status.Phase == computev1alpha1.VMLost, vm.Status.Phase == computev1alpha1.VMFailed, !vm.DeletionTimestamp.IsZero(),
-		ss.Status.Phase == computev1alpha1.SyncFailed, !ss.DeletionTimestamp.IsZero():
-		return false
-	case d.now.After(ss.CreationTimestamp.Add(market.ExportWait)):
-		d.p.event("", corev1.EventTypeWarning, "ExportAbandoned", "Release", fmt.Sprintf("the export of %s did not end within %s: the VM stops", vm.Name, market.ExportWait), None)
-		return false
-	}
-	return true
 }
 
 // contractOf is the contract write of a lease: the contract to make

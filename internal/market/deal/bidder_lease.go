@@ -145,8 +145,9 @@ func (d *bidder) deleteVM(vm *computev1alpha1.ComputeVM, needs int) {
 }
 
 // endLease ends a lease that was released, whose accept the requester
-// withdrew, or whose reclaim notice ran out: the VM stops first (after
-// the export the requester's side asked for), then the lease ends.
+// withdrew, or whose reclaim notice ran out: the VM stops first, then the
+// lease ends. (The requester's side exported the tenant, if it wanted
+// to, before it released.)
 func (d *bidder) endLease(lv *leaseView, release *market.Rec) {
 	reason := AcceptWithdrawn
 	switch {
@@ -155,15 +156,7 @@ func (d *bidder) endLease(lv *leaseView, release *market.Rec) {
 	case !lv.withdrawn:
 		reason = Of(Reclaimed)
 	}
-	vm := d.s.VMs[lv.name]
-	if vm != nil && d.exporting(vm, release) {
-		// The tenant's objects are exported before the VM stops.
-		d.p.step(LeaseExport, lv.ol.uri)
-		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractReleasing, reason, None, nil)
-		d.p.due(d.now.Add(2 * time.Second))
-		return
-	}
-	if vm != nil {
+	if vm := d.s.VMs[lv.name]; vm != nil {
 		d.p.step(LeaseStopVM, lv.ol.uri)
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractReleasing, reason, None, nil)
 		d.deleteVM(vm, None)

@@ -107,7 +107,7 @@ func newFixture(t *testing.T, capacity int32) *fixture {
 			PricePerHour: marketv1alpha1.Price{Amount: 30, Currency: "credits"}, Capacity: capacity}}},
 		View: v, Missing: m,
 		BidObjects: map[string]*marketv1alpha1.Bid{}, Contracts: map[string]*marketv1alpha1.ComputeContract{},
-		VMs: map[string]*computev1alpha1.ComputeVM{}, Exports: map[string]*computev1alpha1.StateSync{},
+		VMs: map[string]*computev1alpha1.ComputeVM{},
 	}}
 }
 
@@ -438,15 +438,6 @@ func leaseCases() []bidderCase {
 // releaseCases: the lease ends.
 func releaseCases() []bidderCase {
 	return []bidderCase{
-		{name: "a released VM is kept for its export", setup: func(f *fixture) {
-			_, leaseURI, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
-			f.release(shop, leaseURI, ReplicasLowered)
-			f.s.Exports[name] = &computev1alpha1.StateSync{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(t0.Add(-time.Second))}}
-		}, want: []TransitionID{LeaseExport}, check: func(t *testing.T, f *fixture, p *Plan) {
-			if len(p.VMs) != 0 || contractPhase(p) != marketv1alpha1.ContractReleasing {
-				t.Errorf("plan %+v", p)
-			}
-		}},
 		{name: "a released VM is stopped", setup: func(f *fixture) {
 			_, leaseURI, _ := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
 			f.release(shop, leaseURI, ReplicasLowered)

@@ -43,9 +43,9 @@ func ContractTransitions() []Transition {
 		{ContractTenantGivenUp, "Active, wanted, not released", "the tenant has not answered for spec.unresponsiveGraceSeconds", "Event ProviderUnresponsive; the contract is no longer wanted (provider-unresponsive, no export)", "not wanted"},
 		{ContractEndedByBidder, "contracted", "the lease is declined, completed without the requester's release, or gone (a listing that ended after it was found missing)", "ComputeContract Failed (the lease's reason; reclaimed-early when before the reclaim notice owed), Completed (reclaimed) when completed as reclaimed after it", "over"},
 		{ContractReleaseWaitLease, "not wanted, not released", "the lease is not in the view", "mount deleted; ComputeContract Releasing", "not wanted"},
-		{ContractExport, "not wanted, not released", "the lease runs and spec.stateSync.mode is Export (not when deleting, not provider-unresponsive)", "mount deleted; the StateSync export in the bidder's workspace; the release waits until it is made", "not wanted"},
-		{ContractRelease, "not wanted, not released", "the lease is in the view (its export, if one is wanted, made)", "mount deleted; release record (the reason); ComputeContract Releasing; look again after spec.confirmSeconds", "released"},
-		{ContractAwaitEnd, "released", "the lease is not ended, before the release's createdAt + spec.confirmSeconds (at least ExportWait + 30 s when an export is collected)", "the export's snapshot copied (then the export deleted); ComputeContract Releasing", "released"},
+		{ContractExport, "not wanted, not released", "the lease runs and spec.stateSync.mode is Export (not when deleting, not provider-unresponsive)", "mount deleted; the requester's side exports the tenant with its own identity into a snapshot in its workspace; the release waits until it is kept, or the export failed (then an Event)", "not wanted"},
+		{ContractRelease, "not wanted, not released", "the lease is in the view (its export, if one is wanted, kept or failed)", "mount deleted; release record (the reason); ComputeContract Releasing; look again after spec.confirmSeconds", "released"},
+		{ContractAwaitEnd, "released", "the lease is not ended, before the release's createdAt + spec.confirmSeconds", "ComputeContract Releasing", "released"},
 		{ContractBidderUnresponsive, "released", "the lease is not ended by then", "ComputeContract Failed (bidder-unresponsive)", "over"},
 		{ContractReleasedAndComplete, "released", "the lease is completed or gone", "ComputeContract Completed (the release's reason)", "over"},
 		{ContractOver, "over", "the ComputeContract is Completed or Failed", "mount deleted; the requester's release, request and accept deleted; status.requests back to Open", "settled"},
@@ -87,12 +87,9 @@ type ContractFacts struct {
 	// Confirm is how long the bidder has to end a released lease (as
 	// long as it had to confirm it). Exported: the request wants the
 	// tenant's state exported before the release (not while the
-	// requester is deleted). Collect: a released contract's export is
-	// collected (spec.stateSync.mode is Export, or the requester is
-	// deleted: its export is then deleted).
+	// requester is deleted).
 	Confirm  time.Duration
 	Exported bool
-	Collect  bool
 }
 
 // ContractDecision is what DecideContract decides for one contract: the
@@ -110,13 +107,11 @@ type ContractDecision struct {
 	// within the grace; Since when it first did not.
 	Unresponsive string
 	Since        time.Time
-	// Export: make the export before the release, which is published
-	// only once it is made. Publish: publish the release with
-	// ReleaseReason.
+	// Export: export the tenant before the release, which is published
+	// only once the snapshot is kept (or the export failed). Publish:
+	// publish the release with ReleaseReason.
 	Export, Publish bool
 	ReleaseReason   ReleaseReason
-	// Collect: collect the released contract's export.
-	Collect bool
 	// Over: the deal is over; the requester's records of it go.
 	Over bool
 	// Due is when to look again (zero: on the next event).
@@ -229,12 +224,7 @@ func (f *ContractFacts) release(d *ContractDecision, reason ReleaseReason, now t
 		d.Phase, d.Reason = marketv1alpha1.ContractReleasing, string(reason)
 		d.due(now.Add(f.Confirm))
 	default:
-		wait := f.Confirm
-		if f.Collect {
-			d.Collect = true
-			wait = max(wait, market.ExportWait+30*time.Second)
-		}
-		by := market.ParseTime(f.Release.CreatedAt).Add(wait)
+		by := market.ParseTime(f.Release.CreatedAt).Add(f.Confirm)
 		if now.Before(by) {
 			d.take(ContractAwaitEnd)
 			d.Phase, d.Reason = marketv1alpha1.ContractReleasing, string(f.Release.Reason)

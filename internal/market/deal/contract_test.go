@@ -186,19 +186,10 @@ func contractReleaseCases() []contractCase {
 		{name: "released: waits for the bidder until confirm", facts: releasedFacts(marketv1alpha1.ContractReleasing, leaseIn(LeaseRunning, "", t0), t0.Add(-time.Minute)),
 			want: []TransitionID{ContractAwaitEnd}, check: func(t *testing.T, d ContractDecision) {
 				is(marketv1alpha1.ContractReleasing, string(ReplicasLowered))(t, d)
-				if d.Publish || d.Collect || d.Due != t0.Add(30*time.Second) {
-					t.Errorf("%+v: want nothing published again, no collect, due in 30 s", d)
+				if d.Publish || d.Export || d.Due != t0.Add(30*time.Second) {
+					t.Errorf("%+v: want nothing published or exported again, due in 30 s", d)
 				}
 			}},
-		{name: "released with an export: waits at least ExportWait + 30 s and collects it", facts: func() ContractFacts {
-			f := releasedFacts(marketv1alpha1.ContractReleasing, leaseIn(LeaseRunning, "", t0), t0.Add(-2*time.Minute))
-			f.Confirm, f.Collect = time.Minute, true
-			return f
-		}(), want: []TransitionID{ContractAwaitEnd}, check: func(t *testing.T, d ContractDecision) {
-			if !d.Collect || d.Phase != marketv1alpha1.ContractReleasing {
-				t.Errorf("%+v: want the export collected, Releasing", d)
-			}
-		}},
 		{name: "released, not ended by then: bidder-unresponsive", facts: releasedFacts(marketv1alpha1.ContractReleasing, leaseIn(LeaseRunning, "", t0), t0.Add(-5*time.Minute)),
 			want: []TransitionID{ContractBidderUnresponsive, ContractOver}, check: is(marketv1alpha1.ContractFailed, string(BidderUnresponsive))},
 		{name: "released, completed: Completed with the release's reason", facts: releasedFacts(marketv1alpha1.ContractReleasing, leaseIn(LeaseCompleted, "", t0), t0.Add(-time.Minute)),

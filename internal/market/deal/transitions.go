@@ -33,7 +33,6 @@ const (
 	LeaseRun            TransitionID = "lease.running"
 	LeaseVMLost         TransitionID = "lease.vm-lost"
 	LeaseReclaim        TransitionID = "lease.reclaim"
-	LeaseExport         TransitionID = "lease.export"
 	LeaseStopVM         TransitionID = "lease.stop-vm"
 	LeaseComplete       TransitionID = "lease.complete"
 	LeaseEnded          TransitionID = "lease.ended"
@@ -59,7 +58,6 @@ func BidderTransitions() []Transition {
 		{LeaseRun, "leased", "the VM runs and the lease does not say so (or names another CA, endpoint or service identity)", "lease running (caFingerprint, caBundle, endpoint, serviceId); ComputeContract Active", "running"},
 		{LeaseVMLost, "leased", "the VM is Lost or Failed", "lease completed (vm-lost, driver-failed); ComputeContract Failed; ComputeVM deleted", "lease over"},
 		{LeaseReclaim, "leased", "spec.reclaims names the contract and no reclaim is published", "reclaim record (terminateAfter = now + the request's notice)", "reclaiming"},
-		{LeaseExport, "released", "the requester's side exports the tenant (a StateSync export, neither failed nor older than ExportWait)", "ComputeContract Releasing", "released"},
 		{LeaseStopVM, "released, accept withdrawn, or reclaim notice over", "the VM still exists", "ComputeVM deleted; ComputeContract Releasing", "released"},
 		{LeaseComplete, "released, accept withdrawn, or reclaim notice over", "the VM is gone", "lease completed (reclaimed when the notice ran out); ComputeContract Completed", "lease over"},
 		{LeaseEnded, "lease over", "the ComputeContract is still live", "ComputeContract Completed (Failed when declined)", "lease over"},
