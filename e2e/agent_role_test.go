@@ -30,6 +30,13 @@ import (
 // the kubeconfig names the workspace and that token only.
 func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws string) string {
 	t.Helper()
+	return agentKubeconfigOn(ctx, t, env.home(), c, ws)
+}
+
+// agentKubeconfigOn is agentKubeconfig for a workspace of the installation
+// in.
+func agentKubeconfigOn(ctx context.Context, t *testing.T, in *installation, c client.Client, ws string) string {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("..", "deploy", "agent", "rbac.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +65,8 @@ func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws stri
 	if tr.Status.Token == "" {
 		t.Fatalf("no token in the TokenRequest's status")
 	}
-	cfg := &rest.Config{Host: env.admin.Host, BearerToken: tr.Status.Token,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: env.admin.CAFile, CAData: env.admin.CAData}}
+	cfg := &rest.Config{Host: in.admin.Host, BearerToken: tr.Status.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: in.admin.CAFile, CAData: in.admin.CAData}}
 	// Nothing beyond what the agent uses: not the bidder's market objects,
 	// not its ConfigMaps.
 	agent, err := framework.ClientFor(cfg, root.Join(ws))

@@ -177,8 +177,7 @@ func run(m *testing.M) (code int) {
 	}
 	s.appType = s.providerWS.Join("socialweb-application")
 	start = time.Now()
-	args := append([]string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s", "--allow-private-networks", framework.AllowedNetworks,
-		"--firehose-metric-sources", strings.TrimPrefix(s.pds.URL, "http://")}, vaultArgs...)
+	args := append(s.providerArgs(), vaultArgs...)
 	args = append(args, mountArgs...)
 	if s.provider, err = framework.StartProvider(ctx, s.group, bin, dir, s.kcp.Kubeconfig, s.providerWS.String(), args...); err != nil {
 		return fail(err)
@@ -199,6 +198,95 @@ func run(m *testing.M) (code int) {
 		fmt.Printf("e2e: knotless-mountproxy ready in %s at %s\n", time.Since(start).Round(time.Millisecond), shimAddr)
 	}
 	return m.Run()
+}
+
+// providerArgs are the provider's flags every installation of the suite
+// shares (the ATProto network, the address policy, short resyncs).
+func (s *suite) providerArgs() []string {
+	return []string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s", "--allow-private-networks", framework.AllowedNetworks,
+		"--firehose-metric-sources", strings.TrimPrefix(s.pds.URL, "http://")}
+}
+
+// installation is one kcp with knotless on it, as its users reach it:
+// the suite's own (home), or another operator's (startInstallation).
+type installation struct {
+	kcp        *framework.KCP
+	admin      *rest.Config
+	frontProxy *framework.FrontProxy
+	providerWS logicalcluster.Path
+}
+
+// home is the suite's installation.
+func (s *suite) home() *installation {
+	return &installation{kcp: s.kcp, admin: s.admin, frontProxy: s.frontProxy, providerWS: s.providerWS}
+}
+
+// startInstallation starts another installation of knotless beside the
+// suite's, as a second operator would run it: its own kcp (name's
+// directory under the suite's, its own certificates and token users),
+// kcp-front-proxy, provider and mount proxy. It shares only the ATProto
+// network (the PLC and the PDS) with the suite's installation. Its
+// processes stop when the test ends, and their logs' tails are printed
+// when it failed. It skips unless the suite started kcp itself.
+func startInstallation(ctx context.Context, t *testing.T, name string) *installation {
+	t.Helper()
+	if env.kcp.Process == nil || env.frontProxy == nil {
+		t.Skip("a second installation needs the kcp and the mount topology the suite starts itself")
+	}
+	dir := filepath.Join(env.dir, name)
+	g := &framework.Group{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(g.Tails(60))
+		}
+		g.StopAll()
+	})
+	fail := func(err error) *installation {
+		t.Fatalf("installation %s: %v", name, err)
+		return nil
+	}
+	certs, err := framework.NewMountCerts(filepath.Join(dir, "certs"))
+	if err != nil {
+		return fail(err)
+	}
+	in := &installation{providerWS: logicalcluster.NewPath("root:" + name + "-org:knotless")}
+	if in.kcp, err = framework.StartKCP(ctx, g, env.kcpBin, dir, certs.ShardArgs()...); err != nil {
+		return fail(err)
+	}
+	shimPort, err := framework.FreePort()
+	if err != nil {
+		return fail(err)
+	}
+	shimAddr := fmt.Sprintf("127.0.0.1:%d", shimPort)
+	if in.frontProxy, err = framework.StartFrontProxy(ctx, g, filepath.Join(filepath.Dir(env.kcpBin), "kcp-front-proxy"), dir, in.kcp, certs, shimAddr); err != nil {
+		return fail(err)
+	}
+	if in.admin, err = in.kcp.Config(); err != nil {
+		return fail(err)
+	}
+	if err := grantWorkspaceCreators(ctx, in.admin); err != nil {
+		return fail(err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return fail(err)
+	}
+	bin, err := framework.Build(ctx, root, env.dir, "knotless-provider")
+	if err != nil {
+		return fail(err)
+	}
+	args := append(env.providerArgs(), certs.MountProxyArgs(shimAddr, in.frontProxy.URL)...)
+	if _, err := framework.StartProvider(ctx, g, bin, dir, in.kcp.Kubeconfig, in.providerWS.String(), append(args, "--tenant-probe-interval", "2s")...); err != nil {
+		return fail(err)
+	}
+	shimBin, err := framework.Build(ctx, root, env.dir, "knotless-mountproxy")
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := framework.StartMountProxy(ctx, g, shimBin, dir, in.kcp.Kubeconfig, in.providerWS.String(), shimAddr, in.frontProxy.URL, certs); err != nil {
+		return fail(err)
+	}
+	return in
 }
 
 // setupVault gives the provider an AppRole whose policy may read the KV v2

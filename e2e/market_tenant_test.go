@@ -328,7 +328,13 @@ func TestMarketTenantMounted(t *testing.T) {
 // contract in ws, through kcp-front-proxy.
 func mountClient(t *testing.T, user, ws, contract string) kubernetes.Interface {
 	t.Helper()
-	cfg, err := env.frontProxy.UserConfig(user, root.Join(ws).Join(contract).String())
+	return mountClientOn(t, env.home(), user, ws, contract)
+}
+
+// mountClientOn is mountClient on the installation in.
+func mountClientOn(t *testing.T, in *installation, user, ws, contract string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := in.frontProxy.UserConfig(user, root.Join(ws).Join(contract).String())
 	if err != nil {
 		t.Fatal(err)
 	}

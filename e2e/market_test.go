@@ -52,19 +52,25 @@ func userWorkspace(ctx context.Context, t *testing.T, name, wsType string) clien
 // userWorkspaceAs is userWorkspace as another token user of the suite.
 func userWorkspaceAs(ctx context.Context, t *testing.T, name, wsType, user string) client.Client {
 	t.Helper()
-	cfg, err := env.kcp.UserConfig(user)
+	return userWorkspaceOn(ctx, t, env.home(), name, wsType, user)
+}
+
+// userWorkspaceOn is userWorkspaceAs on the installation in.
+func userWorkspaceOn(ctx context.Context, t *testing.T, in *installation, name, wsType, user string) client.Client {
+	t.Helper()
+	cfg, err := in.kcp.UserConfig(user)
 	if err != nil {
 		t.Logf("no unprivileged user on an existing kcp (%v); using kcp-admin", err)
-		cfg = env.admin
+		cfg = in.admin
 	}
 	kubeconfig := writeKubeconfig(t, cfg, root)
-	typ := env.providerWS.Join(wsType).String()
+	typ := in.providerWS.Join(wsType).String()
 	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(env.kcpBin), "kubectl-ws"), "create", name, "--type", typ)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kubectl ws create %s --type %s: %v\n%s", name, typ, err, out)
 	}
-	if err := framework.WaitWorkspaceReady(ctx, env.admin, root, name, 2*time.Minute); err != nil {
+	if err := framework.WaitWorkspaceReady(ctx, in.admin, root, name, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	c, err := framework.ClientFor(cfg, root.Join(name))

@@ -183,14 +183,21 @@ func knotlessPlugin(ctx context.Context, t *testing.T, acct *framework.Account) 
 // bidder's PDS; the token from acct's PDS).
 func didClient(ctx context.Context, t *testing.T, acct *framework.Account, ws, contract string) kubernetes.Interface {
 	t.Helper()
+	return didClientOn(ctx, t, env.home(), env.pds, acct, ws, contract)
+}
+
+// didClientOn is didClient for alice's workspace ws on the installation
+// in, and acct's account on pds.
+func didClientOn(ctx context.Context, t *testing.T, in *installation, pds *framework.PDS, acct *framework.Account, ws, contract string) kubernetes.Interface {
+	t.Helper()
 	plugin, pw := knotlessPlugin(ctx, t, acct)
-	aliceCfg, err := env.kcp.UserConfig("alice")
+	aliceCfg, err := in.kcp.UserConfig("alice")
 	if err != nil {
-		aliceCfg = env.admin
+		aliceCfg = in.admin
 	}
 	out := filepath.Join(t.TempDir(), "tenant.kubeconfig")
 	cmd := exec.CommandContext(ctx, plugin, "kubeconfig", contract, "--kubeconfig", writeKubeconfig(t, aliceCfg, root.Join(ws)),
-		"--plc-url", env.plc.URL, "--pds", env.pds.URL, "--identifier", acct.Handle, "--password-file", pw, "-o", out)
+		"--plc-url", env.plc.URL, "--pds", pds.URL, "--identifier", acct.Handle, "--password-file", pw, "-o", out)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kubectl knotless kubeconfig %s: %v\n%s", contract, err, b)
 	}
