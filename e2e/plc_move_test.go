@@ -32,6 +32,22 @@ import (
 func movePDSEndpoint(ctx context.Context, t *testing.T, did, endpoint string) {
 	t.Helper()
 	t.Cleanup(func() { deleteAccount(t, did) })
+	updatePLC(ctx, t, did, func(op map[string]any) {
+		services, _ := op["services"].(map[string]any)
+		pdsService, _ := services["atproto_pds"].(map[string]any)
+		if pdsService == nil {
+			t.Fatalf("the document of %s names no PDS: %v", did, op)
+		}
+		pdsService["endpoint"] = endpoint
+	})
+}
+
+// updatePLC changes the DID document of did, an account of the suite's
+// PDS: its last PLC operation, changed by change, is sent to the suite's
+// PLC as the next one, signed with the PDS's PLC rotation key (which
+// every account it creates lists).
+func updatePLC(ctx context.Context, t *testing.T, did string, change func(op map[string]any)) {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(env.pds.DataDir, "secrets.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,12 +77,7 @@ func movePDSEndpoint(ctx context.Context, t *testing.T, did, endpoint string) {
 	}
 	last := audit[len(audit)-1]
 	op := last.Operation
-	services, _ := op["services"].(map[string]any)
-	pdsService, _ := services["atproto_pds"].(map[string]any)
-	if pdsService == nil {
-		t.Fatalf("the document of %s names no PDS: %v", did, op)
-	}
-	pdsService["endpoint"] = endpoint
+	change(op)
 	delete(op, "sig")
 	op["prev"] = last.CID
 	signPLC(t, key, op)

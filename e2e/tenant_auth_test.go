@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
+	"github.com/bluesky-social/indigo/atproto/auth"
+	"github.com/bluesky-social/indigo/atproto/syntax"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -55,8 +58,12 @@ func serviceToken(ctx context.Context, t *testing.T, acct *framework.Account, au
 // is not authenticated (401: an authenticated kcp user could list the
 // root's workspaces and make a home workspace); a token for another
 // audience, for another method, expired, valid too long, or with a
-// forged signature is 401. Cost: one tenant kcp process (~25 s) and a 12 s wait for a token
-// to expire (serviceauth.Leeway and 3 s).
+// forged signature is 401. A DID that rotates its signing key (a PLC
+// operation) is let in with a token signed by its new key, and from then
+// on refused with one signed by the old key (a rotated-out key is refused
+// at the latest serviceauth.DocumentTTL after the rotation). Cost: one
+// tenant kcp process (~25 s) and a 12 s wait for a token to expire
+// (serviceauth.Leeway and 3 s).
 func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 	defer failWithLogs(t)
 	ctx := t.Context()
@@ -72,11 +79,16 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rotating, err := env.pds.CreateAccount(ctx, env.prefix+"sarotating.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteAccount(t, rotating.DID) })
 	bidder := "did:plc:" + strings.Repeat("b", 24)
 
 	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Name: "vm-auth", Namespace: "default"},
 		Spec: computev1alpha1.ComputeVMSpec{ContractName: "manual", Driver: "process", CPUMillis: 1000, MemoryMiB: 1024,
-			AdminDIDs: []string{requester.DID}, ServiceDID: bidder}}
+			AdminDIDs: []string{requester.DID, rotating.DID}, ServiceDID: bidder}}
 	create(ctx, t, c, vm)
 	vm = waitVM(ctx, t, c, vm.Name, "ComputeVM Running with a service identity", 3*time.Minute, func(vm *computev1alpha1.ComputeVM) bool {
 		return vm.Status.Phase == computev1alpha1.VMRunning && vm.Status.ServiceID != ""
@@ -151,6 +163,37 @@ func TestTenantAuthenticatesATProtoIdentities(t *testing.T) {
 			t.Errorf("%s: %d, want 401", what, code)
 		}
 	}
+
+	// A DID rotates its signing key (a PLC operation): a token signed with
+	// the new key is taken (the agent resolves the document again), and
+	// from then on one signed with the old key, as its PDS still signs, is
+	// refused.
+	if code := get(serviceToken(ctx, t, rotating, aud, serviceauth.Method, soon)); code != http.StatusOK {
+		t.Fatalf("a token of the DID before it rotates its key: %d, want 200", code)
+	}
+	newKey, err := atcrypto.GeneratePrivateKeyK256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := newKey.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	updatePLC(ctx, t, rotating.DID, func(op map[string]any) {
+		op["verificationMethods"] = map[string]any{"atproto": pub.DIDKey()}
+	})
+	method := syntax.NSID(serviceauth.Method)
+	signed, err := auth.SignServiceAuth(syntax.DID(rotating.DID), aud, time.Minute, &method, newKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := get(signed); code != http.StatusOK {
+		t.Errorf("a token signed with the rotated-in key: %d, want 200", code)
+	}
+	if code := get(serviceToken(ctx, t, rotating, aud, serviceauth.Method, soon)); code != http.StatusUnauthorized {
+		t.Errorf("a token signed with the rotated-out key: %d, want 401", code)
+	}
+
 	time.Sleep(time.Until(expiry.Add(serviceauth.Leeway + 2*time.Second)))
 	if code := get(expiring); code != http.StatusUnauthorized {
 		t.Errorf("an expired token: %d, want 401", code)

@@ -181,7 +181,7 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	}
 	allowed, _ := netpolicy.ParsePrefixes(o.AllowPrivateNetworks) // Validate checked it
 	hook := &serviceauth.Webhook{
-		Validator: serviceauth.NewValidator(pds.NewDirectory(o.PLCURL, netpolicy.New(allowed, nil), 10*time.Second)),
+		Validator: serviceauth.NewValidator(pds.NewDirectory(o.PLCURL, netpolicy.New(allowed, nil), 10*time.Second, serviceauth.DocumentTTL)),
 		Log:       ctrl.Log.WithName("webhook"),
 		Tenant: func(ctx context.Context, id string) (string, []string, error) {
 			var vms computev1alpha1.ComputeVMList

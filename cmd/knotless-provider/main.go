@@ -219,7 +219,7 @@ func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Opt
 	}
 	// One DID directory for repos (R20) and firehose verification, through
 	// the dial policy, bounded (pds.MaxDIDDocument) and cached.
-	dir := pds.NewDirectory(o.PLCURL, policy, 10*time.Second)
+	dir := pds.NewDirectory(o.PLCURL, policy, 10*time.Second, time.Hour)
 	writeLatency := pds.NewWriteLatency()
 	if err := metrics.Registry.Register(writeLatency); err != nil {
 		return fmt.Errorf("registering the PDS write metrics: %w", err)

@@ -27,8 +27,8 @@ const MaxDIDDocument = 64 << 10
 // dials through policy (R18), follows no redirect, takes at most timeout
 // and reads at most MaxDIDDocument bytes. Handles are not resolved back to
 // their DID (callers compare a document's declared handle themselves).
-// Found identities are cached an hour, failures a minute.
-func NewDirectory(plcURL string, policy *netpolicy.Policy, timeout time.Duration) *identity.CacheDirectory {
+// Found identities are cached for ttl, failures a minute.
+func NewDirectory(plcURL string, policy *netpolicy.Policy, timeout, ttl time.Duration) *identity.CacheDirectory {
 	hc := NewHTTPClient(policy, nil, timeout)
 	hc.Transport = bodylimit.Transport(hc.Transport, MaxDIDDocument)
 	base := &identity.BaseDirectory{
@@ -37,7 +37,7 @@ func NewDirectory(plcURL string, policy *netpolicy.Policy, timeout time.Duration
 		HTTPClient:             *hc,
 		UserAgent:              "knotless-provider",
 	}
-	return identity.NewCacheDirectory(base, 100_000, time.Hour, time.Minute, time.Minute)
+	return identity.NewCacheDirectory(base, 100_000, ttl, time.Minute, time.Minute)
 }
 
 // checkIdentity requires the account's DID document to name this PDS as

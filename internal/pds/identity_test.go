@@ -69,7 +69,7 @@ func (p *fakePLC) set(pdsURL, handle string) {
 
 func (p *fakePLC) connect(ctx context.Context, f *pdstest.PDS, store pds.SessionStore) (*pds.Client, error) {
 	return pds.Connect(ctx, f.URL(), pdstest.Handle, pdstest.Password, pds.Options{
-		Policy: local, Store: store, Directory: pds.NewDirectory(p.srv.URL, local, 5*time.Second),
+		Policy: local, Store: store, Directory: pds.NewDirectory(p.srv.URL, local, 5*time.Second, time.Hour),
 	})
 }
 
@@ -151,7 +151,7 @@ func TestConnectRereadsAMismatchedCachedDocument(t *testing.T) {
 	f := pdstest.New(t)
 	p := newFakePLC(t)
 	p.set("https://pds.elsewhere.example", pdstest.Handle)
-	dir := pds.NewDirectory(p.srv.URL, local, 5*time.Second)
+	dir := pds.NewDirectory(p.srv.URL, local, 5*time.Second, time.Hour)
 	opts := pds.Options{Policy: local, Store: &pds.MemoryStore{}, Directory: dir}
 	if _, err := pds.Connect(ctx, f.URL(), pdstest.Handle, pdstest.Password, opts); !errors.Is(err, pds.ErrDIDMismatch) {
 		t.Fatalf("Connect: %v, want ErrDIDMismatch", err)

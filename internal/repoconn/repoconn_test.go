@@ -321,7 +321,7 @@ func TestConnectChecksTheAccountsDIDDocument(t *testing.T) {
 		{document(pdstest.Localhost(f.URL())), ""},
 	} {
 		doc.Store(tc.doc)
-		p := &Pool{Policy: local, Directory: pds.NewDirectory(plc.URL, local, 5*time.Second)}
+		p := &Pool{Policy: local, Directory: pds.NewDirectory(plc.URL, local, 5*time.Second, time.Hour)}
 		repo := newRepo(f.URL())
 		repo.Spec.Credential.SecretKeyRef.Name = "cred"
 		_, err := p.Connect(context.Background(), c, cluster, repo)

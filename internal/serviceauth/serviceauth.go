@@ -47,6 +47,11 @@ const (
 	// may have rotated its key): forged tokens cannot make the agent
 	// resolve a DID more than once per interval.
 	PurgeInterval = time.Minute
+	// DocumentTTL is how long a tenant's validator keeps an issuer's DID
+	// document: a key the issuer rotated out is refused at most this long
+	// after the PLC says so (at once when a token signed with the new key
+	// came first, which purges the old document).
+	DocumentTTL = 2 * time.Minute
 )
 
 // audiencePrefix starts the fragment of a tenant's service identity.
