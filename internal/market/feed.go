@@ -117,6 +117,12 @@ type Feeds struct {
 	// interest is what the feeds keep, rebuilt (under mu) when followers
 	// change and read without a lock by the subscriptions' Keep.
 	interest atomic.Pointer[interest]
+	// vouchers are the association records of every feed, by the DID
+	// they name: an operator's repo and the repos it vouches for may be
+	// on different PDSes, carried by different sources. Rebuilt (under
+	// mu) when a feed's associations change or a feed goes; read without
+	// a lock by Keep.
+	vouchers atomic.Pointer[map[string][]*Rec]
 }
 
 // interest says whose records the feeds keep: of the participants the
@@ -165,6 +171,7 @@ func NewFeeds(hub *firehose.Hub, opts FeedsOptions) (*Feeds, error) {
 		},
 	}
 	f.interest.Store(newInterest())
+	f.vouchers.Store(&map[string][]*Rec{})
 	if opts.Registry != nil {
 		for _, c := range []prometheus.Collector{f.invalid, f.refused} {
 			if err := opts.Registry.Register(c); err != nil {
@@ -402,8 +409,9 @@ func (f *Feeds) rebuildInterest() {
 	}
 	f.interest.Store(next)
 	left, ops := forsaken(prev, next)
+	dids := slices.Concat(fresh, left, f.vouchedBy(ops))
 	for _, fd := range f.feeds {
-		for _, did := range slices.Concat(fresh, left, fd.vouchedBy(ops)) {
+		for _, did := range dids {
 			fd.sub.Refresh(did)
 		}
 	}
@@ -436,14 +444,14 @@ func forsaken(prev, next *interest) (dids, operators []string) {
 	return slices.Concat(dids, operators), operators
 }
 
-// vouchedBy returns the DIDs the associations of operators in the feed
+// vouchedBy returns the DIDs the associations of operators in any feed
 // name (O(associations), only when an operator is gone).
-func (fd *feed) vouchedBy(operators []string) []string {
+func (f *Feeds) vouchedBy(operators []string) []string {
 	if len(operators) == 0 {
 		return nil
 	}
 	var out []string
-	for subject, recs := range fd.idx.Load().vouchers {
+	for subject, recs := range *f.vouchers.Load() {
 		if slices.ContainsFunc(recs, func(r *Rec) bool { return slices.Contains(operators, r.DID) }) {
 			out = append(out, subject)
 		}
@@ -451,18 +459,31 @@ func (fd *feed) vouchedBy(operators []string) []string {
 	return out
 }
 
+// rebuildVouchers gathers the association records of every feed
+// (Feeds.vouchers); f.mu is held.
+func (f *Feeds) rebuildVouchers() {
+	all := map[string][]*Rec{}
+	for _, fd := range f.feeds {
+		for subject, recs := range fd.idx.Load().vouchers {
+			all[subject] = append(all[subject], recs...)
+		}
+	}
+	f.vouchers.Store(&all)
+}
+
 // sponsors are who vouch for did in role, whose quota its records are
 // charged to (none: did is a stranger): did itself if it trades here as
 // a follower, the followers whose identity approves it, and the
 // operators of followed networks that vouch for it (an association
-// record the feed holds), each for its own followers only. O(sponsors).
-func (f *Feeds) sponsors(fd *feed, in *interest, did string, role Role) []string {
+// record any feed holds: the operator's repo may be on another source),
+// each for its own followers only. O(sponsors).
+func (f *Feeds) sponsors(in *interest, did string, role Role) []string {
 	var out []string
 	if in.participants[did] {
 		out = append(out, did)
 	}
 	out = append(out, in.approved[role][did]...)
-	for _, r := range fd.idx.Load().vouchers[did] {
+	for _, r := range (*f.vouchers.Load())[did] {
 		if in.operators[r.DID] && slices.Contains(r.Association.Roles, string(role)) {
 			out = append(out, r.DID)
 		}
@@ -497,13 +518,13 @@ func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) 
 	case lexicon.Association:
 		return []string{did}, in.operators[did]
 	case lexicon.Request, lexicon.Accept, lexicon.Release:
-		sponsors = f.sponsors(fd, in, did, RoleRequester)
+		sponsors = f.sponsors(in, did, RoleRequester)
 		return sponsors, len(sponsors) > 0
 	case lexicon.Lease, lexicon.Reclaim:
-		sponsors = f.sponsors(fd, in, did, RoleBidder)
+		sponsors = f.sponsors(in, did, RoleBidder)
 		return sponsors, len(sponsors) > 0
 	case lexicon.Bid:
-		if sponsors = f.sponsors(fd, in, did, RoleBidder); len(sponsors) > 0 {
+		if sponsors = f.sponsors(in, did, RoleBidder); len(sponsors) > 0 {
 			return sponsors, true
 		}
 		var b struct {
@@ -552,6 +573,7 @@ func (f *Feeds) release(req mcreconcile.Request, sources, keep []string) {
 			if fd.stop != nil {
 				fd.stop()
 			}
+			f.rebuildVouchers()
 		}
 	}
 }
@@ -650,9 +672,9 @@ type feed struct {
 
 	mu        sync.Mutex
 	refreshed map[string]time.Time
-	// vouched are the DIDs an operator's association named since the feed
-	// started (their repos were listed again then: their records may not
-	// have been kept before).
+	// vouched are the DIDs an operator's association (in any feed) named
+	// since the feed started: their repos were listed again then (their
+	// records may not have been kept before). Guarded by Feeds.mu.
 	vouched map[string]bool
 }
 
@@ -689,7 +711,7 @@ func (fd *feed) run(ctx context.Context, f *Feeds) {
 			next, changed := build(prev, state, version, health, f.opts.Now(), f.opts.Log)
 			fd.idx.Store(next)
 			if len(changed) > 0 {
-				fd.listVouched(changed)
+				f.listVouched(changed)
 				f.route(fd.source, changed, next)
 			}
 		case <-tick.C:
@@ -719,16 +741,27 @@ func (fd *feed) settle(state firehose.State, mark uint64) {
 	}
 }
 
-// listVouched lists again the repos that association records (kept only
-// from operators) newly name: a participant's records are kept only once
-// it is vouched for.
-func (fd *feed) listVouched(changed []*Rec) {
+// listVouched gathers the feeds' associations again when changed holds
+// one, and has every feed list again the repos they newly name: a
+// participant's records are kept only once it is vouched for, and they
+// may come from another source than the association.
+func (f *Feeds) listVouched(changed []*Rec) {
+	if !slices.ContainsFunc(changed, func(r *Rec) bool { return r.Collection == lexicon.Association }) {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rebuildVouchers()
 	for _, r := range changed {
-		if r.Association == nil || fd.vouched[r.Association.Subject] {
+		if r.Association == nil {
 			continue
 		}
-		fd.vouched[r.Association.Subject] = true
-		fd.sub.Refresh(r.Association.Subject)
+		for _, fd := range f.feeds {
+			if !fd.vouched[r.Association.Subject] {
+				fd.vouched[r.Association.Subject] = true
+				fd.sub.Refresh(r.Association.Subject)
+			}
+		}
 	}
 }
 

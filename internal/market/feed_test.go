@@ -140,6 +140,8 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}, vouchers: map[string][]*Rec{"did:plc:vouched": {assoc}}})
+	f.feeds[fd.source] = fd
+	f.rebuildVouchers()
 	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
 	bidOn := func(requester, rkey string) []byte {
 		return []byte(`{"request":{"uri":"` + URI(requester, lexicon.Request, rkey) + `","cid":"c"}}`)
@@ -165,6 +167,44 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 		if got := f.keep(fd, URI(c.did, c.col, c.rkey), c.did, c.col, c.value); got != c.want {
 			t.Errorf("%d: keep(%s, %s) = %v, want %v", i, c.did, c.col, got, c.want)
 		}
+	}
+}
+
+// TestVouchedAcrossSources (found by e2e TestMarketAcrossInstallations):
+// an operator's association that one source's feed holds (the
+// operator's PDS) vouches for a requester whose records come from
+// another source (its own PDS): its requests are kept from there too.
+// Before, a feed looked for associations among its own records only, so
+// a bidder never saw the requests of a requester vouched for on another
+// PDS unless its own workspace approved it.
+func TestVouchedAcrossSources(t *testing.T) {
+	f, err := NewFeeds(nil, FeedsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, acme, shop := "did:plc:op", "did:plc:acme", "did:plc:shop"
+	fl := Follower{Role: RoleBidder, DID: acme, Operator: op, Request: mcreconcile.Request{Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: acme}}}}
+	f.followers[fl.Request] = &following{Follower: fl}
+	f.rebuildInterest()
+	opFeed, shopFeed := f.newFeed("https://pds1.example"), f.newFeed("https://pds2.example")
+	assoc, err := NewRec(URI(op, lexicon.Association, shop), "c", "", []byte(`{"subject":"`+shop+`","roles":["requester"]}`), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opFeed.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}, vouchers: map[string][]*Rec{shop: {assoc}}})
+	f.feeds[opFeed.source], f.feeds[shopFeed.source] = opFeed, shopFeed
+	f.rebuildVouchers()
+	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
+	if !f.keep(shopFeed, URI(shop, lexicon.Request, "r"), shop, lexicon.Request, req) {
+		t.Error("a request from the requester's own PDS, vouched for by an association on the operator's, was not kept")
+	}
+	if f.keep(shopFeed, URI(shop, lexicon.Lease, "l"), shop, lexicon.Lease, []byte(`{}`)) {
+		t.Error("a lease of a DID vouched for as a requester only was kept")
+	}
+	// The operator's feed goes: its associations vouch no more.
+	f.release(fl.Request, []string{opFeed.source}, nil)
+	if f.keep(shopFeed, URI(shop, lexicon.Request, "r2"), shop, lexicon.Request, req) {
+		t.Error("a request kept after the feed that held its association went")
 	}
 }
 

@@ -85,6 +85,8 @@ func TestOperatorsSybilsStayInTheirOperatorsPool(t *testing.T) {
 	f.rebuildInterest()
 	fd := f.newFeed("wss://relay.example")
 	fd.idx.Store(&index{recs: map[string]*Rec{}, vouchers: vouchers})
+	f.feeds[fd.source] = fd
+	f.rebuildVouchers()
 	for _, s := range sybils {
 		f.keep(fd, URI(evilOp, lexicon.Association, s), evilOp, lexicon.Association, []byte(`{}`))
 		for j := range 10 {
@@ -118,13 +120,16 @@ func TestSponsorsThatLeaveFreeTheirPool(t *testing.T) {
 	if want := []string{"did:plc:bob", "did:plc:evilop", "did:plc:mallory"}; !slices.Equal(dids, want) || !slices.Equal(ops, []string{"did:plc:evilop"}) {
 		t.Errorf("forsaken: %v and operators %v, want %v and did:plc:evilop", dids, ops, want)
 	}
-	fd := (&Feeds{}).newFeed("wss://relay.example")
+	f := &Feeds{feeds: map[string]*feed{}}
+	fd := f.newFeed("wss://relay.example")
 	assoc, err := NewRec(URI("did:plc:evilop", lexicon.Association, "did:plc:sybil"), "c", "", []byte(`{"subject":"did:plc:sybil","roles":["bidder"]}`), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	fd.idx.Store(&index{vouchers: map[string][]*Rec{"did:plc:sybil": {assoc}}})
-	if got := fd.vouchedBy(ops); !slices.Equal(got, []string{"did:plc:sybil"}) {
+	f.feeds[fd.source] = fd
+	f.rebuildVouchers()
+	if got := f.vouchedBy(ops); !slices.Equal(got, []string{"did:plc:sybil"}) {
 		t.Errorf("the gone operator's subjects: %v", got)
 	}
 	l := newLedger(quotas{Records: 1, PerAuthor: 10, Strangers: 1, PerStranger: 1}, nil)
