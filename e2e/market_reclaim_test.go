@@ -26,14 +26,14 @@ import (
 	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 )
 
-// requesterWorkspace makes another requester's workspace of the deal on
-// the installation in: socialweb-application, made by user with kubectl
-// ws create, with the network and an identity name the deal's operator
-// vouches for with the requester role.
-func (d *deal) requesterWorkspace(ctx context.Context, t *testing.T, in *installation, tag, user, name string) (client.Client, string) {
+// requesterWorkspace makes another requester's workspace of the deal:
+// socialweb-application, made by user with kubectl ws create, with the
+// network and an identity name the deal's operator vouches for with the
+// requester role.
+func (d *deal) requesterWorkspace(ctx context.Context, t *testing.T, tag, user, name string) (client.Client, string) {
 	t.Helper()
 	ws := env.prefix + "-" + tag + "-" + name
-	c := userWorkspaceOn(ctx, t, in, ws, "socialweb-application", user)
+	c := userWorkspaceAs(ctx, t, ws, "socialweb-application", user)
 	create(ctx, t, c, network("net", []string{env.pds.URL}, d.op.DID))
 	d.accounts[name] = participant(ctx, t, c, env.pds, env.prefix+tag+name+".test", name, "net")
 	d.vouch(ctx, t, marketv1alpha1.Association{DID: d.accounts[name].DID, Roles: []marketv1alpha1.Role{marketv1alpha1.RoleRequester}})
@@ -62,7 +62,7 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	if _, err := env.kcp.UserConfig("carol"); err != nil {
 		t.Skip("no user carol on this kcp")
 	}
-	carolApp, carolWS := d.requesterWorkspace(ctx, t, env.home(), "rcl", "carol", "carol")
+	carolApp, carolWS := d.requesterWorkspace(ctx, t, "rcl", "carol", "carol")
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 20, 2))
 	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 2))
 
