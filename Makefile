@@ -120,9 +120,9 @@ bench-apps: tools stack-deps
 bench-watch: tools stack-deps
 	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_WATCH_BENCH=$${N:-2000},$${R:-20} go test -count=1 -timeout 60m -v -run TestWatchThroughput ./e2e/
 
-## bench-mountproxy: GET latency and requests/s straight to a tenant kcp vs through the shim (and kcp-front-proxy), N requests
+## bench-mountproxy: GET latency and requests/s straight to a tenant kcp vs through the shim (and kcp-front-proxy), N requests; also a market tenant reached with the DID token
 bench-mountproxy: tools stack-deps
-	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MOUNT_BENCH=$${N:-5000} go test -count=1 -timeout 40m -v -run TestMountProxyThroughput ./e2e/
+	KCP_BIN=$(BIN)/kcp KNOTLESS_E2E_SKIP_VAULT=1 KNOTLESS_E2E_MOUNT_BENCH=$${N:-5000} go test -count=1 -timeout 40m -v -run 'TestMountProxyThroughput|TestMarketMountThroughput' ./e2e/
 
 ## bench-mountproxy-unit: the same against a trivial Go TLS tenant (the shim's own cost)
 bench-mountproxy-unit:
