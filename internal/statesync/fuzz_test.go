@@ -41,7 +41,7 @@ func FuzzImport(f *testing.F) {
 		if !bytes.HasPrefix(raw, []byte{0x1f, 0x8b}) {
 			data = gz(t, raw)
 		}
-		cfg, applied := fakeTenant(t)
+		cfg, applied, _ := fakeTenant(t)
 		n, err := Import(context.Background(), cfg, data, allowed)
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) || len(*applied) != 0 || n != 0 {

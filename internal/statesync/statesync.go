@@ -68,10 +68,15 @@ type clients struct {
 	dyn    dynamic.Interface
 }
 
-// connect makes the clients of the tenant cfg names. They follow no
-// redirect: a tenant answers for itself, and a redirect would carry the
-// credential elsewhere.
-func connect(cfg *rest.Config) (*clients, error) {
+// connect makes the clients of the tenant cfg names, and learns the kinds
+// of groups (besides the core group) from the tenant: only those groups'
+// discovery documents are read (at most MaxGroups groups, MaxVersions
+// versions of each), each with ctx, so a tenant that serves many groups
+// costs nothing more (full discovery reads every group, on goroutines
+// that no context ends). The clients follow no redirect: a tenant
+// answers for itself, and a redirect would carry the credential
+// elsewhere.
+func connect(ctx context.Context, cfg *rest.Config, groups []string) (*clients, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
@@ -81,15 +86,84 @@ func connect(cfg *rest.Config) (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	groups, err := restmapper.GetAPIGroupResources(dc)
-	if err != nil {
-		return nil, fmt.Errorf("discovering the tenant's kinds: %w", err)
+	var found []*restmapper.APIGroupResources
+	seen := map[string]bool{}
+	for _, g := range append([]string{""}, groups...) {
+		if seen[g] {
+			continue
+		}
+		if seen[g] = true; len(seen) > MaxGroups+1 {
+			return nil, fmt.Errorf("%w: more than %d API groups", ErrInvalid, MaxGroups)
+		}
+		gr, err := groupResources(ctx, dc.RESTClient(), g)
+		if err != nil {
+			return nil, fmt.Errorf("discovering the tenant's kinds: %w", err)
+		}
+		if gr != nil {
+			found = append(found, gr)
+		}
 	}
 	dyn, err := dynamic.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, err
 	}
-	return &clients{mapper: restmapper.NewDiscoveryRESTMapper(groups), dyn: dyn}, nil
+	return &clients{mapper: restmapper.NewDiscoveryRESTMapper(found), dyn: dyn}, nil
+}
+
+// Bounds of what connect reads of a tenant's discovery.
+const (
+	MaxGroups   = 32
+	MaxVersions = 4
+)
+
+// groupResources reads the discovery of one API group ("": the core
+// group, v1) from the tenant: nil when the tenant does not serve it.
+func groupResources(ctx context.Context, rc rest.Interface, group string) (*restmapper.APIGroupResources, error) {
+	out := &restmapper.APIGroupResources{VersionedResources: map[string][]metav1.APIResource{}}
+	if group == "" {
+		out.Group = metav1.APIGroup{Versions: []metav1.GroupVersionForDiscovery{{GroupVersion: "v1", Version: "v1"}},
+			PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: "v1", Version: "v1"}}
+	} else {
+		err := rc.Get().AbsPath("/apis", group).Do(ctx).Into(&out.Group)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case err != nil:
+			return nil, err
+		case out.Group.Name != group:
+			return nil, fmt.Errorf("%w: the tenant answered for group %q with %q", ErrInvalid, group, out.Group.Name)
+		}
+		if len(out.Group.Versions) > MaxVersions {
+			out.Group.Versions = out.Group.Versions[:MaxVersions]
+		}
+	}
+	for _, v := range out.Group.Versions {
+		var list metav1.APIResourceList
+		path := []string{"/apis", group, v.Version}
+		if group == "" {
+			path = []string{"/api", v.Version}
+		}
+		err := rc.Get().AbsPath(path...).Do(ctx).Into(&list)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		out.VersionedResources[v.Version] = list.APIResources
+	}
+	return out, nil
+}
+
+// groupsOf are the API groups of resources.
+func groupsOf(resources []schema.GroupResource) []string {
+	var out []string
+	for _, gr := range resources {
+		if !slices.Contains(out, gr.Group) {
+			out = append(out, gr.Group)
+		}
+	}
+	return out
 }
 
 func system(ns string) bool { return strings.HasPrefix(ns, "kube-") }
@@ -142,7 +216,7 @@ func clean(o *unstructured.Unstructured) map[string]interface{} {
 // Export reads the tenant's namespaces and the objects of resources into
 // a snapshot, and returns it with the number of objects.
 func Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResource) ([]byte, int, error) {
-	cl, err := connect(cfg)
+	cl, err := connect(ctx, cfg, groupsOf(resources))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -159,7 +233,7 @@ func Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResou
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: the tenant serves no resource %q", ErrInvalid, gr.String())
 		}
-		opts := metav1.ListOptions{Limit: 500}
+		opts := metav1.ListOptions{Limit: 100}
 		for {
 			list, err := cl.dyn.Resource(gvr).List(ctx, opts)
 			if err != nil {
@@ -234,6 +308,14 @@ func decode(data []byte) (*snapshot, error) {
 // Applying again is harmless; an object the tenant refuses (4xx) is
 // ErrInvalid.
 func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema.GroupResource) (int, error) {
+	return ImportFrom(ctx, cfg, data, allowed, 0)
+}
+
+// ImportFrom is Import that applies the snapshot's objects from the
+// index from on (an import cut short goes on where it stopped; the whole
+// snapshot is checked again first). It returns the index of the first
+// object not applied (the number of objects when all are).
+func ImportFrom(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema.GroupResource, from int) (int, error) {
 	snap, err := decode(data)
 	if err != nil {
 		return 0, err
@@ -241,7 +323,7 @@ func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema
 	if err := checkNames(snap.Objects); err != nil {
 		return 0, err
 	}
-	cl, err := connect(cfg)
+	cl, err := connect(ctx, cfg, groupsOf(allowed))
 	if err != nil {
 		return 0, err
 	}
@@ -249,13 +331,14 @@ func Import(ctx context.Context, cfg *rest.Config, data []byte, allowed []schema
 	if err != nil {
 		return 0, err
 	}
-	for i, a := range applies {
+	from = min(max(from, 0), len(applies))
+	for i, a := range applies[from:] {
 		if _, err := a.ri.Apply(ctx, a.obj.GetName(), a.obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
 			var st apierrors.APIStatus
 			if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 && st.Status().Code != http.StatusTooManyRequests {
 				err = fmt.Errorf("%w: %w", ErrInvalid, err)
 			}
-			return i, fmt.Errorf("applying %s %s: %w", a.obj.GetKind(), name(a.obj), err)
+			return from + i, fmt.Errorf("applying %s %s: %w", a.obj.GetKind(), name(a.obj), err)
 		}
 	}
 	return len(applies), nil

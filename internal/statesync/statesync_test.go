@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,10 +96,11 @@ func TestChunks(t *testing.T) {
 }
 
 // fakeTenant serves discovery of namespaces, configmaps, secrets,
-// rolebindings and clusterrolebindings, and records every apply.
-func fakeTenant(t *testing.T) (*rest.Config, *[]string) {
+// rolebindings and clusterrolebindings, and records every apply and
+// every GET.
+func fakeTenant(t *testing.T) (*rest.Config, *[]string, *[]string) {
 	t.Helper()
-	var applied []string
+	var applied, gets []string
 	var mu sync.Mutex
 	res := func(name, kind string, namespaced bool) map[string]any {
 		return map[string]any{"name": name, "singularName": "", "kind": kind, "namespaced": namespaced, "verbs": []string{"get", "list", "patch", "create"}}
@@ -108,6 +110,7 @@ func fakeTenant(t *testing.T) (*rest.Config, *[]string) {
 		"/apis": map[string]any{"kind": "APIGroupList", "groups": []any{map[string]any{"name": "rbac.authorization.k8s.io", "versions": []any{map[string]any{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}, "preferredVersion": map[string]any{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}}},
 		"/api/v1": map[string]any{"kind": "APIResourceList", "groupVersion": "v1", "resources": []any{
 			res("namespaces", "Namespace", false), res("configmaps", "ConfigMap", true), res("secrets", "Secret", true)}},
+		"/apis/rbac.authorization.k8s.io": map[string]any{"kind": "APIGroup", "apiVersion": "v1", "name": "rbac.authorization.k8s.io", "versions": []any{map[string]any{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}, "preferredVersion": map[string]any{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}},
 		"/apis/rbac.authorization.k8s.io/v1": map[string]any{"kind": "APIResourceList", "groupVersion": "rbac.authorization.k8s.io/v1", "resources": []any{
 			res("rolebindings", "RoleBinding", true), res("clusterrolebindings", "ClusterRoleBinding", false)}},
 	}
@@ -121,6 +124,9 @@ func fakeTenant(t *testing.T) (*rest.Config, *[]string) {
 			_, _ = w.Write(body)
 			return
 		}
+		mu.Lock()
+		gets = append(gets, r.URL.Path)
+		mu.Unlock()
 		doc, ok := docs[r.URL.Path]
 		if !ok {
 			http.NotFound(w, r)
@@ -129,7 +135,7 @@ func fakeTenant(t *testing.T) (*rest.Config, *[]string) {
 		_ = json.NewEncoder(w).Encode(doc)
 	}))
 	t.Cleanup(srv.Close)
-	return &rest.Config{Host: srv.URL}, &applied
+	return &rest.Config{Host: srv.URL}, &applied, &gets
 }
 
 func snap(t *testing.T, objs ...string) []byte {
@@ -152,10 +158,13 @@ func TestImportAppliesOnlyWhatTheRequesterExports(t *testing.T) {
 	configmaps := []schema.GroupResource{{Resource: "configmaps"}}
 	crbs := append([]schema.GroupResource{{Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings"}}, configmaps...)
 
-	cfg, applied := fakeTenant(t)
+	cfg, applied, gets := fakeTenant(t)
 	n, err := Import(context.Background(), cfg, snap(t, ns, cm), configmaps)
 	if err != nil || n != 2 || len(*applied) != 2 {
 		t.Fatalf("namespace and ConfigMap: %d, %v, %v", n, err, *applied)
+	}
+	if !slices.Equal(*gets, []string{"/api/v1"}) {
+		t.Errorf("discovery read %v; want only the core group's (the groups of the kinds asked for)", *gets)
 	}
 	if a := (*applied)[1]; !strings.HasPrefix(a, "/api/v1/namespaces/shop/configmaps/settings ") || strings.Contains(a, "resourceVersion") || strings.Contains(a, `"uid"`) || strings.Contains(a, "status") {
 		t.Errorf("applied %s", a)
@@ -170,7 +179,7 @@ func TestImportAppliesOnlyWhatTheRequesterExports(t *testing.T) {
 		"an object in a kube- namespace":  {[]string{cm, inSystem}, configmaps},
 		"a namespaced object without one": {[]string{`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}`}, configmaps},
 	} {
-		cfg, applied := fakeTenant(t)
+		cfg, applied, _ := fakeTenant(t)
 		if _, err := Import(context.Background(), cfg, snap(t, c.objs...), c.allowed); !errors.Is(err, ErrInvalid) || len(*applied) != 0 {
 			t.Errorf("%s: %v, applied %v; want ErrInvalid and nothing applied", name, err, *applied)
 		}
