@@ -20,10 +20,12 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
+	kclock "github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/statesync"
@@ -52,15 +54,19 @@ func snapshotOwner(snapshot string) string { return snapshot + "-snapshot" }
 // into a new tenant before it first mounts it, through package statesync
 // against the tenant the bidder's lease names (deal.TenantOf), with a
 // service-auth token of its PDS. Nothing goes through the bidder's
-// workspace (R20). One export or import has snapshotDeadline and reads at
-// most maxSnapshotRead of the tenant's answers in all; a failure that may
-// pass is tried again after snapshotRetry, doubling; an export that has
-// not succeeded within market.ExportWait of its first try is given up
-// (the release goes out without a snapshot, with an Event).
+// workspace (R20). One export or import runs within the reconcile, for
+// snapshotDeadline (the reconcile has a minute), and reads at most
+// maxSnapshotAnswer of one answer of the tenant and maxSnapshotRead of
+// them all; a failure that may pass is tried again snapshotRetry after
+// the try ended, doubling (an import that got further goes on where it
+// stopped, snapshotRetry later); an export that has not succeeded within
+// market.ExportWait of its first try is given up (the release goes out
+// without a snapshot, with an Event).
 const (
-	snapshotDeadline = time.Minute
-	snapshotRetry    = 10 * time.Second
-	maxSnapshotRead  = 2 * statesync.MaxBytes
+	snapshotDeadline  = 40 * time.Second
+	snapshotRetry     = 10 * time.Second
+	maxSnapshotRead   = 2 * statesync.MaxBytes
+	maxSnapshotAnswer = 16 << 20
 	// maxSnapshotKept is the most a snapshot kept in chunks holds.
 	maxSnapshotKept = computev1alpha1.SnapshotChunkBytes * computev1alpha1.SnapshotMaxChunks
 )
@@ -69,7 +75,9 @@ const (
 // and statesync.Import by default).
 type TenantState interface {
 	Export(ctx context.Context, cfg *rest.Config, resources []schema.GroupResource) ([]byte, int, error)
-	Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource) (int, error)
+	// Import applies the snapshot's objects from the index from on
+	// (statesync.ImportFrom).
+	Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource, from int) (int, error)
 }
 
 type statesyncState struct{}
@@ -78,8 +86,8 @@ func (statesyncState) Export(ctx context.Context, cfg *rest.Config, resources []
 	return statesync.Export(ctx, cfg, resources)
 }
 
-func (statesyncState) Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource) (int, error) {
-	return statesync.Import(ctx, cfg, snapshot, allowed)
+func (statesyncState) Import(ctx context.Context, cfg *rest.Config, snapshot []byte, allowed []schema.GroupResource, from int) (int, error) {
+	return statesync.ImportFrom(ctx, cfg, snapshot, allowed, from)
 }
 
 func (r *Reconciler) tenantState() TenantState {
@@ -133,24 +141,39 @@ func (s *session) export(cc *marketv1alpha1.ComputeContract, lease *market.Rec) 
 	switch {
 	case errors.Is(err, statesync.ErrInvalid):
 		return failed(snapshotRefusal(err))
-	case err != nil && s.now.Sub(last.first) >= market.ExportWait:
-		return failed(refusal(err) + "; given up after " + market.ExportWait.String())
-	case err != nil:
-		wait := min(snapshotRetry<<min(last.fails, 5), market.ExportWait)
-		s.r.exports.Store(cc.UID, exportTry{first: last.first, next: s.now.Add(wait), fails: last.fails + 1})
-		s.due(s.now.Add(wait))
-		return false, nil
-	case len(data) > maxSnapshotKept:
+	case err == nil && len(data) > maxSnapshotKept:
 		return failed(fmt.Sprintf("the snapshot is more than %d bytes", maxSnapshotKept))
+	case err == nil:
+		if err = s.keepSnapshot(cc.Name, data, n); err != nil {
+			log.FromContext(s.ctx).Info("the snapshot was not kept", "contract", cc.Name, "error", err.Error())
+			err = errSnapshotNotKept
+		}
 	}
-	if err := s.keepSnapshot(cc.Name, data, n); err != nil {
-		return false, err
+	if err != nil {
+		// Counted from when the try ended, which may be most of the
+		// reconcile's minute after it began.
+		end := kclock.Now(s.r.Now)
+		if end.Sub(last.first) >= market.ExportWait {
+			why := refusal(err)
+			if errors.Is(err, errSnapshotNotKept) {
+				why = err.Error()
+			}
+			return failed(why + "; given up after " + market.ExportWait.String())
+		}
+		wait := min(snapshotRetry<<min(last.fails, 5), market.ExportWait)
+		s.r.exports.Store(cc.UID, exportTry{first: last.first, next: end.Add(wait), fails: last.fails + 1})
+		s.due(end.Add(wait))
+		return false, nil
 	}
 	s.r.exports.Delete(cc.UID)
 	s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Exported", "Release", "the tenant of %s was exported: %d objects, %d bytes, kept as snapshot %s (spec.restoreFrom: %s)",
 		cc.Name, n, len(data), cc.Name, cc.Name)
 	return true, nil
 }
+
+// errSnapshotNotKept: the export's snapshot could not be written to the
+// requester's workspace (the provider's log says why).
+var errSnapshotNotKept = errors.New("the snapshot could not be kept in the requester's workspace")
 
 // keepSnapshot keeps data, a snapshot of n objects, as snapshot name in
 // the requester's workspace: its chunks (statesync.Chunks), each a Secret
@@ -175,6 +198,19 @@ func (s *session) keepSnapshot(name string, data []byte, n int) error {
 			return fmt.Errorf("the snapshot's chunk %d: %w", i, err)
 		}
 	}
+	// Chunks past the new last one (of a longer snapshot written before)
+	// would keep it from being whole.
+	var secs corev1.SecretList
+	if err := s.c.List(s.ctx, &secs, client.InNamespace(s.mr.Namespace), client.MatchingLabels{LabelSnapshot: name}); err != nil {
+		return err
+	}
+	for i := range secs.Items {
+		if sec := &secs.Items[i]; atoi(sec.Data[keyIndex]) >= len(chunks) && metav1.IsControlledBy(sec, s.mr) {
+			if err := client.IgnoreNotFound(s.c.Delete(s.ctx, sec)); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -186,6 +222,8 @@ type restoreTry struct {
 	done             bool
 	next             time.Time
 	fails            int
+	// applied is how many of the snapshot's objects are applied.
+	applied int
 }
 
 // restoreFirst imports spec.restoreFrom into tn, the tenant of cc, before
@@ -215,9 +253,9 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 		s.due(last.next)
 		return false, last.why
 	}
-	var n int
+	n := last.applied
 	_, err := s.withToken(cc, tn, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
-		n, err = s.r.tenantState().Import(ctx, s.r.snapshotConfig(tn, token), bytes.Join(chunks, nil), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources))
+		n, err = s.r.tenantState().Import(ctx, s.r.snapshotConfig(tn, token), bytes.Join(chunks, nil), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources), last.applied)
 		return err
 	})
 	switch {
@@ -230,10 +268,16 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 		s.r.restores.Store(cc.UID, restoreTry{sum: sum, failed: why})
 		return false, why
 	}
-	wait := min(snapshotRetry<<min(last.fails, 5), mountTokenMaxWait)
-	why := fmt.Sprintf("restoring snapshot %s into the tenant: %s; tried again at %s", from, refusal(err), market.Time(s.now.Add(wait)))
-	s.r.restores.Store(cc.UID, restoreTry{sum: sum, why: why, next: s.now.Add(wait), fails: last.fails + 1})
-	s.due(s.now.Add(wait))
+	// Counted from when the try ended; a try that got further goes on
+	// soon, where it stopped.
+	end, fails := kclock.Now(s.r.Now), last.fails
+	if n > last.applied {
+		fails = 0
+	}
+	wait := min(snapshotRetry<<min(fails, 5), mountTokenMaxWait)
+	why := fmt.Sprintf("restoring snapshot %s into the tenant (%d objects applied): %s; tried again at %s", from, n, refusal(err), market.Time(end.Add(wait)))
+	s.r.restores.Store(cc.UID, restoreTry{sum: sum, why: why, next: end.Add(wait), fails: fails + 1, applied: max(n, last.applied)})
+	s.due(end.Add(wait))
 	return false, why
 }
 
@@ -249,12 +293,16 @@ func snapshotRefusal(err error) string {
 }
 
 // snapshotConfig is the configuration of tn for one export or import as
-// the bearer of token: tenantConfig's, with every answer of the job read
-// against one budget of maxSnapshotRead.
+// the bearer of token: tenantConfig's, with answers of at most
+// maxSnapshotAnswer, all of the job's read against one budget of
+// maxSnapshotRead, and a rate of 200 requests/s (an import applies
+// objects one by one).
 func (r *Reconciler) snapshotConfig(tn deal.Tenant, token string) *rest.Config {
 	cfg := tenantConfig(tn, token, r.Policy)
-	cfg.Timeout = snapshotDeadline
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Budget(rt, maxSnapshotRead) }
+	cfg.Timeout, cfg.QPS, cfg.Burst = snapshotDeadline, 200, 400
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return bodylimit.Budget(bodylimit.Transport(rt, maxSnapshotAnswer), maxSnapshotRead)
+	}
 	return cfg
 }
 

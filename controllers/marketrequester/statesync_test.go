@@ -77,9 +77,11 @@ func (m *marketFixture) tenantReady() {
 // exports data (objects objects), and fails every call with err while it
 // is set.
 type fakeState struct {
-	data             []byte
-	objects          int
-	err              error
+	data    []byte
+	objects int
+	err     error
+	// progress is how many objects an import that fails applies first.
+	progress         int
 	exports, imports []stateCall
 }
 
@@ -88,6 +90,7 @@ type stateCall struct {
 	kinds       []schema.GroupResource
 	data        []byte
 	bounded     bool
+	from        int
 }
 
 func call(cfg *rest.Config, kinds []schema.GroupResource, data []byte) stateCall {
@@ -102,10 +105,12 @@ func (f *fakeState) Export(_ context.Context, cfg *rest.Config, kinds []schema.G
 	return f.data, f.objects, nil
 }
 
-func (f *fakeState) Import(_ context.Context, cfg *rest.Config, data []byte, kinds []schema.GroupResource) (int, error) {
-	f.imports = append(f.imports, call(cfg, kinds, data))
+func (f *fakeState) Import(_ context.Context, cfg *rest.Config, data []byte, kinds []schema.GroupResource, from int) (int, error) {
+	c := call(cfg, kinds, data)
+	c.from = from
+	f.imports = append(f.imports, c)
 	if f.err != nil {
-		return 0, f.err
+		return from + f.progress, f.err
 	}
 	return f.objects, nil
 }
@@ -367,5 +372,85 @@ func TestRestoreRefused(t *testing.T) {
 	var tcs computev1alpha1.TenantClusterList
 	if _ = m.shop.Client.List(ctx, &tcs); len(tcs.Items) != 1 || len(st.imports) != 1 {
 		t.Fatalf("TenantClusters %d (want 1), imports %d (want 1) once restoreFrom is removed", len(tcs.Items), len(st.imports))
+	}
+}
+
+// TestRestoreGoesOnWhereItStopped: an import cut short (the reconcile's
+// deadline, a tenant that stops answering) goes on from the first object
+// it did not apply, soon, rather than from the start after a longer
+// wait each time: a snapshot larger than one try can apply is restored.
+func TestRestoreGoesOnWhereItStopped(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{data: []byte("gzip"), objects: 12}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	ca := drivertest.TestCA(t)
+	cc, _ := m.activeContract(ca)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m.round()
+	}
+	st.err, st.progress = errors.New("context deadline exceeded"), 5
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	m.runVM(m.bidders["fit"], ca)
+	m.round()
+	m.clock.advance(snapshotRetry)
+	m.round()
+	st.err = nil
+	m.clock.advance(snapshotRetry)
+	m.round()
+	m.tenantReady()
+	m.round()
+	var from []int
+	for _, c := range st.imports {
+		from = append(from, c.from)
+	}
+	if !slices.Equal(from, []int{0, 5, 10}) {
+		t.Fatalf("imports from %v, want [0 5 10]", from)
+	}
+	var tcs computev1alpha1.TenantClusterList
+	if _ = m.shop.Client.List(context.Background(), &tcs); len(tcs.Items) != 1 {
+		t.Fatalf("%d TenantClusters after the restore, want 1", len(tcs.Items))
+	}
+}
+
+// TestExportNotKeptIsGivenUp (from the review): a snapshot that cannot
+// be written to the requester's workspace (a member made a Secret of the
+// chunk's name that something else controls) is tried again after a
+// backoff, not at every pass, and given up after market.ExportWait: the
+// release goes out, with an Event.
+func TestExportNotKeptIsGivenUp(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{data: []byte("gzip"), objects: 1}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	cc, vm := m.activeContract(drivertest.TestCA(t))
+	squatter := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: computev1alpha1.SnapshotChunkName(snapshotOwner(cc.Name), 0),
+		OwnerReferences: []metav1.OwnerReference{ownerRef(vm, "ComputeVM")}}}
+	if err := m.shop.Client.Create(context.Background(), squatter); err != nil {
+		t.Fatal(err)
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	m.reconcileRequester()
+	m.reconcileRequester()
+	if len(st.exports) != 1 || m.records("did:plc:shop", lexicon.Release) != 0 {
+		t.Fatalf("%d exports (want 1), %d releases (want 0)", len(st.exports), m.records("did:plc:shop", lexicon.Release))
+	}
+	for i := 0; m.records("did:plc:shop", lexicon.Release) == 0; i++ {
+		if i > 20 {
+			t.Fatal("the release never went out")
+		}
+		m.clock.advance(20 * time.Second)
+		m.reconcileRequester()
+	}
+	if n := len(st.exports); n < 3 || n > 8 {
+		t.Errorf("%d exports over %s, want a few", n, market.ExportWait)
+	}
+	if failed := eventsOf(m, "ExportFailed"); len(failed) != 1 || !strings.Contains(failed[0].Note, "could not be kept") {
+		t.Fatalf("ExportFailed events %+v", failed)
 	}
 }
