@@ -408,6 +408,15 @@ func (f *Feeds) rebuildInterest() {
 		}
 	}
 	f.interest.Store(next)
+	for _, fd := range f.feeds {
+		ops := map[string]bool{}
+		for req := range fd.users {
+			if fl := f.followers[req]; fl != nil && fl.Operator != "" {
+				ops[fl.Operator] = true
+			}
+		}
+		fd.operators.Store(&ops)
+	}
 	left, ops := forsaken(prev, next)
 	dids := slices.Concat(fresh, left, f.vouchedBy(ops))
 	for _, fd := range f.feeds {
@@ -474,17 +483,19 @@ func (f *Feeds) rebuildVouchers() {
 // sponsors are who vouch for did in role, whose quota its records are
 // charged to (none: did is a stranger): did itself if it trades here as
 // a follower, the followers whose identity approves it, and the
-// operators of followed networks that vouch for it (an association
-// record any feed holds: the operator's repo may be on another source),
-// each for its own followers only. O(sponsors).
-func (f *Feeds) sponsors(in *interest, did string, role Role) []string {
+// operators of the networks that follow this feed that vouch for it (an
+// association record any feed holds: the operator's repo may be on
+// another source of the network), each for its own followers only.
+// O(sponsors).
+func (f *Feeds) sponsors(fd *feed, in *interest, did string, role Role) []string {
 	var out []string
 	if in.participants[did] {
 		out = append(out, did)
 	}
 	out = append(out, in.approved[role][did]...)
+	ops := fd.operators.Load()
 	for _, r := range (*f.vouchers.Load())[did] {
-		if in.operators[r.DID] && slices.Contains(r.Association.Roles, string(role)) {
+		if ops != nil && (*ops)[r.DID] && slices.Contains(r.Association.Roles, string(role)) {
 			out = append(out, r.DID)
 		}
 	}
@@ -518,13 +529,13 @@ func (f *Feeds) wanted(fd *feed, did, collection string, value json.RawMessage) 
 	case lexicon.Association:
 		return []string{did}, in.operators[did]
 	case lexicon.Request, lexicon.Accept, lexicon.Release:
-		sponsors = f.sponsors(in, did, RoleRequester)
+		sponsors = f.sponsors(fd, in, did, RoleRequester)
 		return sponsors, len(sponsors) > 0
 	case lexicon.Lease, lexicon.Reclaim:
-		sponsors = f.sponsors(in, did, RoleBidder)
+		sponsors = f.sponsors(fd, in, did, RoleBidder)
 		return sponsors, len(sponsors) > 0
 	case lexicon.Bid:
-		if sponsors = f.sponsors(in, did, RoleBidder); len(sponsors) > 0 {
+		if sponsors = f.sponsors(fd, in, did, RoleBidder); len(sponsors) > 0 {
 			return sponsors, true
 		}
 		var b struct {
@@ -667,6 +678,10 @@ type feed struct {
 	users map[mcreconcile.Request]bool
 
 	idx atomic.Pointer[index]
+	// operators are the operators of the networks of the feed's users:
+	// only their associations vouch for records on this feed. Rebuilt
+	// under Feeds.mu with the interest.
+	operators atomic.Pointer[map[string]bool]
 	// ledger accounts for the records the subscription keeps, by author.
 	ledger *ledger
 
@@ -742,9 +757,10 @@ func (fd *feed) settle(state firehose.State, mark uint64) {
 }
 
 // listVouched gathers the feeds' associations again when changed holds
-// one, and has every feed list again the repos they newly name: a
-// participant's records are kept only once it is vouched for, and they
-// may come from another source than the association.
+// one, and has every feed a network of the association's operator
+// follows list again the repos they newly name: a participant's records
+// are kept only once it is vouched for, and they may come from another
+// source of the network than the association.
 func (f *Feeds) listVouched(changed []*Rec) {
 	if !slices.ContainsFunc(changed, func(r *Rec) bool { return r.Collection == lexicon.Association }) {
 		return
@@ -757,7 +773,7 @@ func (f *Feeds) listVouched(changed []*Rec) {
 			continue
 		}
 		for _, fd := range f.feeds {
-			if !fd.vouched[r.Association.Subject] {
+			if ops := fd.operators.Load(); ops != nil && (*ops)[r.DID] && !fd.vouched[r.Association.Subject] {
 				fd.vouched[r.Association.Subject] = true
 				fd.sub.Refresh(r.Association.Subject)
 			}

@@ -141,6 +141,10 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 	}
 	fd.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}, vouchers: map[string][]*Rec{"did:plc:vouched": {assoc}}})
 	f.feeds[fd.source] = fd
+	for req := range f.followers {
+		fd.users[req] = true
+	}
+	f.rebuildInterest()
 	f.rebuildVouchers()
 	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
 	bidOn := func(requester, rkey string) []byte {
@@ -173,7 +177,9 @@ func TestKeepOnlyWhatFollowersDealWith(t *testing.T) {
 // TestVouchedAcrossSources (found by e2e TestMarketAcrossInstallations):
 // an operator's association that one source's feed holds (the
 // operator's PDS) vouches for a requester whose records come from
-// another source (its own PDS): its requests are kept from there too.
+// another source of the network (its own PDS): its requests are kept
+// from there too, but not from a source only another operator's network
+// follows (from the review).
 // Before, a feed looked for associations among its own records only, so
 // a bidder never saw the requests of a requester vouched for on another
 // PDS unless its own workspace approved it.
@@ -185,6 +191,9 @@ func TestVouchedAcrossSources(t *testing.T) {
 	op, acme, shop := "did:plc:op", "did:plc:acme", "did:plc:shop"
 	fl := Follower{Role: RoleBidder, DID: acme, Operator: op, Request: mcreconcile.Request{Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: acme}}}}
 	f.followers[fl.Request] = &following{Follower: fl}
+	// Another network (its own operator) follows a third source.
+	other := Follower{Role: RoleBidder, DID: "did:plc:beta", Operator: "did:plc:otherop", Request: mcreconcile.Request{Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: "beta"}}}}
+	f.followers[other.Request] = &following{Follower: other}
 	f.rebuildInterest()
 	opFeed, shopFeed := f.newFeed("https://pds1.example"), f.newFeed("https://pds2.example")
 	assoc, err := NewRec(URI(op, lexicon.Association, shop), "c", "", []byte(`{"subject":"`+shop+`","roles":["requester"]}`), time.Now())
@@ -192,11 +201,17 @@ func TestVouchedAcrossSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	opFeed.idx.Store(&index{recs: map[string]*Rec{assoc.URI: assoc}, vouchers: map[string][]*Rec{shop: {assoc}}})
-	f.feeds[opFeed.source], f.feeds[shopFeed.source] = opFeed, shopFeed
+	otherFeed := f.newFeed("https://pds3.example")
+	f.feeds[opFeed.source], f.feeds[shopFeed.source], f.feeds[otherFeed.source] = opFeed, shopFeed, otherFeed
+	opFeed.users[fl.Request], shopFeed.users[fl.Request], otherFeed.users[other.Request] = true, true, true
+	f.rebuildInterest()
 	f.rebuildVouchers()
 	req := []byte(`{"shape":{"cpuMillis":1,"memoryMiB":1}}`)
 	if !f.keep(shopFeed, URI(shop, lexicon.Request, "r"), shop, lexicon.Request, req) {
 		t.Error("a request from the requester's own PDS, vouched for by an association on the operator's, was not kept")
+	}
+	if f.keep(otherFeed, URI(shop, lexicon.Request, "r"), shop, lexicon.Request, req) {
+		t.Error("the association vouched on a source that only another operator's network follows")
 	}
 	if f.keep(shopFeed, URI(shop, lexicon.Lease, "l"), shop, lexicon.Lease, []byte(`{}`)) {
 		t.Error("a lease of a DID vouched for as a requester only was kept")

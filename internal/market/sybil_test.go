@@ -86,6 +86,8 @@ func TestOperatorsSybilsStayInTheirOperatorsPool(t *testing.T) {
 	fd := f.newFeed("wss://relay.example")
 	fd.idx.Store(&index{recs: map[string]*Rec{}, vouchers: vouchers})
 	f.feeds[fd.source] = fd
+	fd.users[req("mallory")], fd.users[req("alice")] = true, true
+	f.rebuildInterest()
 	f.rebuildVouchers()
 	for _, s := range sybils {
 		f.keep(fd, URI(evilOp, lexicon.Association, s), evilOp, lexicon.Association, []byte(`{}`))
