@@ -160,7 +160,7 @@ func (s *session) export(cc *marketv1alpha1.ComputeContract, lease *market.Rec) 
 			}
 			return failed(why + "; given up after " + market.ExportWait.String())
 		}
-		wait := min(snapshotRetry<<min(last.fails, 5), market.ExportWait)
+		wait := backoff(snapshotRetry, last.fails, market.ExportWait)
 		s.r.exports.Store(cc.UID, exportTry{first: last.first, next: end.Add(wait), fails: last.fails + 1})
 		s.due(end.Add(wait))
 		return false, nil
@@ -214,14 +214,16 @@ func (s *session) keepSnapshot(name string, data []byte, n int) error {
 	return nil
 }
 
-// restoreTry is how the import of a snapshot (its SHA-256) into a new
-// contract's tenant went (Reconciler.restores): done, failed for good
-// (why), or when it is tried next after failures that may pass.
+// restoreTry is how the import of a snapshot into a new contract's
+// tenant went (Reconciler.restores): done, failed for good (why), or
+// when it is tried next after failures that may pass.
 type restoreTry struct {
-	sum, failed, why string
-	done             bool
-	next             time.Time
-	fails            int
+	// sum is the snapshot's SHA-256, tenant the tenant's service identity
+	// and endpoint: another snapshot or another tenant starts afresh.
+	sum, tenant, failed, why string
+	done                     bool
+	next                     time.Time
+	fails                    int
 	// applied is how many of the snapshot's objects are applied.
 	applied int
 }
@@ -240,8 +242,9 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 		s.due(s.now.Add(snapshotRetry))
 		return false, fmt.Sprintf("snapshot %s (spec.restoreFrom) is not whole in this workspace: not mounted", from)
 	}
+	tenant := tn.ServiceID + " " + tn.Endpoint
 	var last restoreTry
-	if v, ok := s.r.restores.Load(cc.UID); ok && v.(restoreTry).sum == sum {
+	if v, ok := s.r.restores.Load(cc.UID); ok && v.(restoreTry).sum == sum && v.(restoreTry).tenant == tenant {
 		last = v.(restoreTry)
 	}
 	switch {
@@ -260,12 +263,12 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 	})
 	switch {
 	case err == nil:
-		s.r.restores.Store(cc.UID, restoreTry{sum: sum, done: true})
+		s.r.restores.Store(cc.UID, restoreTry{sum: sum, tenant: tenant, done: true})
 		s.events.Eventf(s.mr, nil, corev1.EventTypeNormal, "Restored", "Provision", "snapshot %s was restored into the tenant of %s: %d objects", from, cc.Name, n)
 		return true, ""
 	case errors.Is(err, statesync.ErrInvalid):
 		why := fmt.Sprintf("restoring snapshot %s failed (%s): not mounted; remove spec.restoreFrom to mount the tenant without it", from, snapshotRefusal(err))
-		s.r.restores.Store(cc.UID, restoreTry{sum: sum, failed: why})
+		s.r.restores.Store(cc.UID, restoreTry{sum: sum, tenant: tenant, failed: why})
 		return false, why
 	}
 	// Counted from when the try ended; a try that got further goes on
@@ -274,9 +277,9 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 	if n > last.applied {
 		fails = 0
 	}
-	wait := min(snapshotRetry<<min(fails, 5), mountTokenMaxWait)
+	wait := backoff(snapshotRetry, fails, mountTokenMaxWait)
 	why := fmt.Sprintf("restoring snapshot %s into the tenant (%d objects applied): %s; tried again at %s", from, n, refusal(err), market.Time(end.Add(wait)))
-	s.r.restores.Store(cc.UID, restoreTry{sum: sum, why: why, next: end.Add(wait), fails: fails + 1, applied: max(n, last.applied)})
+	s.r.restores.Store(cc.UID, restoreTry{sum: sum, tenant: tenant, why: why, next: end.Add(wait), fails: fails + 1, applied: max(n, last.applied)})
 	s.due(end.Add(wait))
 	return false, why
 }

@@ -454,3 +454,44 @@ func TestExportNotKeptIsGivenUp(t *testing.T) {
 		t.Fatalf("ExportFailed events %+v", failed)
 	}
 }
+
+// TestRestoreFollowsTheTenant (from the review): a snapshot imported into
+// the tenant a lease named, which was not mounted yet (the tenant refused
+// the mount's admins), is imported again when the bidder's lease names
+// another tenant before the first mount: that one is not mounted without
+// it.
+func TestRestoreFollowsTheTenant(t *testing.T) {
+	ctx := context.Background()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{data: []byte("gzip"), objects: 1}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	ca := drivertest.TestCA(t)
+	cc, _ := m.activeContract(ca)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m.round()
+	}
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	vm := m.runVM(m.bidders["fit"], ca)
+	m.refusing[vm.Status.Endpoint] = true
+	m.round()
+	if len(st.imports) != 1 {
+		t.Fatalf("%d imports, want 1", len(st.imports))
+	}
+	// The VM comes back at another endpoint; the lease says so.
+	vm.Status.Endpoint = "https://127.0.0.1:7444/clusters/root"
+	if err := m.bidders["fit"].Client.Status().Update(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	m.clock.advance(mountTokenMaxWait)
+	m.round()
+	m.round()
+	if len(st.imports) != 2 || st.imports[1].host != vm.Status.Endpoint {
+		t.Fatalf("imports %+v; want a second one, into the tenant the lease names now", st.imports)
+	}
+}
