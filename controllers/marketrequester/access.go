@@ -99,6 +99,12 @@ const (
 	accessDeadline = 20 * time.Second
 )
 
+// backoff is how long to wait after fails failures in a row (before
+// this one): base, doubling up to 32 times base, at most limit.
+func backoff(base time.Duration, fails int, limit time.Duration) time.Duration {
+	return min(base<<min(max(fails, 0), 5), limit)
+}
+
 // accessTry is when a contract's tenant access is applied next, and how
 // many tries in a row failed (Reconciler.access, by contract UID).
 type accessTry struct {
@@ -142,7 +148,7 @@ func (s *session) grantAccess(cc *marketv1alpha1.ComputeContract, st *marketv1al
 	if last.key == want {
 		fails = last.fails + 1
 	}
-	wait := min(accessRetry<<min(fails-1, 5), accessRefresh)
+	wait := backoff(accessRetry, fails-1, accessRefresh)
 	s.r.access.Store(cc.UID, accessTry{key: want, next: s.now.Add(wait), fails: fails})
 	s.due(s.now.Add(wait))
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionTenantAccess, Status: metav1.ConditionFalse,

@@ -176,7 +176,7 @@ func (s *session) mintMount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, 
 	exp := s.now.Add(mountTokenLife)
 	token, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
 	if why != "" {
-		wait := min(mountTokenRetry<<min(last.fails, 5), mountTokenMaxWait)
+		wait := backoff(mountTokenRetry, last.fails, mountTokenMaxWait)
 		msg := "the tenant is not reached with the requester's identity: " + why
 		if current && s.now.Before(mt.expires) {
 			msg += "; the mount keeps its token until " + market.Time(mt.expires)
