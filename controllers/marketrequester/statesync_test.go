@@ -161,6 +161,35 @@ func eventsOf(m *marketFixture, reason string) []clustertest.Event {
 	return out
 }
 
+// exported runs the market until the shop's one contract is Active, with
+// stateSync Export and st as the tenant's state, then releases it (the
+// export kept as snapshot cc): the contract and the tenant's CA.
+func exported(t *testing.T, st *fakeState) (*marketFixture, *marketv1alpha1.ComputeContract, []byte) {
+	t.Helper()
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	ca := drivertest.TestCA(t)
+	cc, _ := m.activeContract(ca)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
+	for range 3 {
+		m.round()
+	}
+	return m, cc, ca
+}
+
+// restoreOnNewVM wants the shop's replica again from snapshot cc, runs
+// the market until the fit's new VM runs, and returns the VM.
+func (m *marketFixture) restoreOnNewVM(cc *marketv1alpha1.ComputeContract, ca []byte) *computev1alpha1.ComputeVM {
+	m.t.Helper()
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	return m.runVM(m.bidders["fit"], ca)
+}
+
 // TestExportAndRestore (R20): the requester's side exports the tenant of
 // a contract it releases itself, as its own DID at the endpoint the
 // bidder's lease names, before it publishes the release, and keeps the
@@ -331,24 +360,11 @@ func TestExportFailures(t *testing.T) {
 // removing spec.restoreFrom mounts the tenant.
 func TestRestoreRefused(t *testing.T) {
 	ctx := context.Background()
-	m := newMarket(t, bidderObj("fit", 30, 2))
 	st := &fakeState{data: []byte("gzip"), objects: 1}
-	m.req.TenantState = st
-	m.updateRequester(withExport)
-	ca := drivertest.TestCA(t)
-	cc, _ := m.activeContract(ca)
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
-	for range 3 {
-		m.round()
-	}
+	m, cc, ca := exported(t, st)
 	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "x", errors.New("tenant-secret-text"))
 	st.err = fmt.Errorf("applying ConfigMap a/x: %w: %w", statesync.ErrInvalid, refused)
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
-	m.round()
-	m.clock.advance(11 * time.Second)
-	m.round()
-	m.round()
-	m.runVM(m.bidders["fit"], ca)
+	m.restoreOnNewVM(cc, ca)
 	for range 3 {
 		m.round()
 		m.clock.advance(time.Minute)
@@ -380,23 +396,10 @@ func TestRestoreRefused(t *testing.T) {
 // it did not apply, soon, rather than from the start after a longer
 // wait each time: a snapshot larger than one try can apply is restored.
 func TestRestoreGoesOnWhereItStopped(t *testing.T) {
-	m := newMarket(t, bidderObj("fit", 30, 2))
 	st := &fakeState{data: []byte("gzip"), objects: 12}
-	m.req.TenantState = st
-	m.updateRequester(withExport)
-	ca := drivertest.TestCA(t)
-	cc, _ := m.activeContract(ca)
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
-	for range 3 {
-		m.round()
-	}
+	m, cc, ca := exported(t, st)
 	st.err, st.progress = errors.New("context deadline exceeded"), 5
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
-	m.round()
-	m.clock.advance(11 * time.Second)
-	m.round()
-	m.round()
-	m.runVM(m.bidders["fit"], ca)
+	m.restoreOnNewVM(cc, ca)
 	m.round()
 	m.clock.advance(snapshotRetry)
 	m.round()
@@ -462,22 +465,9 @@ func TestExportNotKeptIsGivenUp(t *testing.T) {
 // it.
 func TestRestoreFollowsTheTenant(t *testing.T) {
 	ctx := context.Background()
-	m := newMarket(t, bidderObj("fit", 30, 2))
 	st := &fakeState{data: []byte("gzip"), objects: 1}
-	m.req.TenantState = st
-	m.updateRequester(withExport)
-	ca := drivertest.TestCA(t)
-	cc, _ := m.activeContract(ca)
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
-	for range 3 {
-		m.round()
-	}
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
-	m.round()
-	m.clock.advance(11 * time.Second)
-	m.round()
-	m.round()
-	vm := m.runVM(m.bidders["fit"], ca)
+	m, cc, ca := exported(t, st)
+	vm := m.restoreOnNewVM(cc, ca)
 	m.refusing[vm.Status.Endpoint] = true
 	m.round()
 	if len(st.imports) != 1 {
