@@ -302,17 +302,13 @@ func TestExportAndRestore(t *testing.T) {
 	}
 }
 
-// TestExportFailures: an export that keeps failing holds the release
-// back for market.ExportWait at most, tried again after a backoff (not at
-// every pass); then the release goes out without a snapshot, with an
-// Event that does not repeat the tenant's answer. An export that fails
-// for good (statesync.ErrInvalid) releases at once.
-func TestExportFailures(t *testing.T) {
-	m := newMarket(t, bidderObj("fit", 30, 2))
-	st := &fakeState{err: errors.New("tenant-internal-detail")}
-	m.req.TenantState = st
-	m.updateRequester(withExport)
-	m.activeContract(drivertest.TestCA(t))
+// releaseWhileExportFails releases the shop's contract while every
+// export fails with a failure that may pass: one export, no release and
+// no export again at once; then, 20 s at a time, a few exports until the
+// release goes out (market.ExportWait).
+func (m *marketFixture) releaseWhileExportFails(st *fakeState) {
+	t := m.t
+	t.Helper()
 	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
 	m.reconcileRequester()
 	m.reconcileRequester()
@@ -329,6 +325,20 @@ func TestExportFailures(t *testing.T) {
 	if n := len(st.exports); n < 3 || n > 8 {
 		t.Errorf("%d exports over %s, want a few", n, market.ExportWait)
 	}
+}
+
+// TestExportFailures: an export that keeps failing holds the release
+// back for market.ExportWait at most, tried again after a backoff (not at
+// every pass); then the release goes out without a snapshot, with an
+// Event that does not repeat the tenant's answer. An export that fails
+// for good (statesync.ErrInvalid) releases at once.
+func TestExportFailures(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	st := &fakeState{err: errors.New("tenant-internal-detail")}
+	m.req.TenantState = st
+	m.updateRequester(withExport)
+	m.activeContract(drivertest.TestCA(t))
+	m.releaseWhileExportFails(st)
 	failed := eventsOf(m, "ExportFailed")
 	if len(failed) != 1 || failed[0].Type != corev1.EventTypeWarning || strings.Contains(failed[0].Note, "tenant-internal-detail") {
 		t.Fatalf("ExportFailed events %+v; want one Warning, without the tenant's answer", failed)
@@ -437,22 +447,7 @@ func TestExportNotKeptIsGivenUp(t *testing.T) {
 	if err := m.shop.Client.Create(context.Background(), squatter); err != nil {
 		t.Fatal(err)
 	}
-	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas = 0 })
-	m.reconcileRequester()
-	m.reconcileRequester()
-	if len(st.exports) != 1 || m.records("did:plc:shop", lexicon.Release) != 0 {
-		t.Fatalf("%d exports (want 1), %d releases (want 0)", len(st.exports), m.records("did:plc:shop", lexicon.Release))
-	}
-	for i := 0; m.records("did:plc:shop", lexicon.Release) == 0; i++ {
-		if i > 20 {
-			t.Fatal("the release never went out")
-		}
-		m.clock.advance(20 * time.Second)
-		m.reconcileRequester()
-	}
-	if n := len(st.exports); n < 3 || n > 8 {
-		t.Errorf("%d exports over %s, want a few", n, market.ExportWait)
-	}
+	m.releaseWhileExportFails(st)
 	if failed := eventsOf(m, "ExportFailed"); len(failed) != 1 || !strings.Contains(failed[0].Note, "could not be kept") {
 		t.Fatalf("ExportFailed events %+v", failed)
 	}
