@@ -134,9 +134,10 @@ func TestMarketTenantMounted(t *testing.T) {
 	ownedBy(t, copied, "ComputeContract", rc.UID)
 	mountToken := string(copied.Data["token"])
 	if claims := jwtClaims(t, mountToken); mountToken == token || claims["iss"] != d.accounts["buyer"].DID || claims["aud"] != vm.Status.ServiceID ||
-		claims["lxm"] != serviceauth.Method {
-		t.Errorf("the mount's token has claims %v, want the buyer's DID's for %s", claims, vm.Status.ServiceID)
+		claims["lxm"] != serviceauth.MountMethod {
+		t.Errorf("the mount's token has claims %v, want the buyer's DID's for %s and the mount", claims, vm.Status.ServiceID)
 	}
+	mountTokenImpersonatesTenantAdminsOnly(ctx, t, vm, mountToken, d.accounts["buyer"].DID)
 	secrets := []string{token, mountToken}
 	leases := listCollection(ctx, t, env.pds, d.accounts["acme"].DID, lexicon.Lease)
 	for _, l := range leases {
@@ -369,4 +370,33 @@ func membersCannotForge(ctx context.Context, t *testing.T, d *deal, vm *computev
 		t.Errorf("an AtprotoRecord releasing the live lease: %v, want Invalid naming MarketRequester", err)
 	}
 	cannotMakeStateSync(ctx, t, d.bid, vm, "the bidder workspace's owner")
+}
+
+// mountTokenImpersonatesTenantAdminsOnly: the mount's token, taken to
+// the tenant directly, is the mount's own user there (not the
+// requester's DID): it may do nothing itself and may impersonate
+// spec.tenantAdmins (alice) alone, never system:masters, another user
+// or a kcp extra.
+func mountTokenImpersonatesTenantAdminsOnly(ctx context.Context, t *testing.T, vm *computev1alpha1.ComputeVM, token, requester string) {
+	t.Helper()
+	as := func(imp rest.ImpersonationConfig) error {
+		cfg := &rest.Config{Host: vm.Status.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: []byte(vm.Status.CABundle)}, Impersonate: imp}
+		_, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Namespaces().List(ctx, metav1.ListOptions{Limit: 1})
+		return err
+	}
+	if err := as(rest.ImpersonationConfig{UserName: "alice"}); err != nil {
+		t.Errorf("the mount's token impersonating alice (a tenant admin): %v", err)
+	}
+	for name, imp := range map[string]rest.ImpersonationConfig{
+		"itself":                     {},
+		"another user":               {UserName: "mallory"},
+		"alice in system:masters":    {UserName: "alice", Groups: []string{"system:masters"}},
+		"alice with kubeadm's group": {UserName: "alice", Groups: []string{"kubeadm:cluster-admins"}},
+		"alice with a kcp extra":     {UserName: "alice", Extra: map[string][]string{"authorization.kcp.io/warrant": {"{}"}}},
+		"the requester's DID":        {UserName: requester},
+	} {
+		if err := as(imp); !apierrors.IsForbidden(err) {
+			t.Errorf("the mount's token as %s: %v, want 403", name, err)
+		}
+	}
 }

@@ -39,11 +39,12 @@ type key struct{ lc, name string }
 // an unknown tenant), so that revocations do not pile up.
 const revokedFor = time.Hour
 
-// sameTarget reports whether two tenants have the same URL and
-// credential: a registration that changes only the CA (a rotation) keeps
-// in-flight requests running; a new URL or credential ends them.
+// sameTarget reports whether two tenants have the same URL, credential
+// and principals to impersonate: a registration that changes only the
+// CA (a rotation) keeps in-flight requests running; a new URL, credential
+// or principals end them (a user no longer named loses their watches).
 func sameTarget(t, o mount.Tenant) bool {
-	if t.URL.String() != o.URL.String() || t.Credential.Token != o.Credential.Token {
+	if t.URL.String() != o.URL.String() || t.Credential.Token != o.Credential.Token || !reflect.DeepEqual(t.Impersonate, o.Impersonate) {
 		return false
 	}
 	a, b := t.Credential.ClientCert, o.Credential.ClientCert

@@ -224,6 +224,10 @@ const (
 	ReasonDIDUser = "DIDUserNotAllowed"
 	// ReasonPrivilegedGroup: system:masters is never asserted to a tenant.
 	ReasonPrivilegedGroup = "PrivilegedGroupNotAllowed"
+	// ReasonNotTenantAdmin: the mounted workspace forwards only some kcp
+	// users and groups (a market contract's: spec.tenantAdmins), and the
+	// caller is none of them.
+	ReasonNotTenantAdmin = "NotTenantAdmin"
 	// ReasonProbeNotAllowed: a probe certificate asked for more than a
 	// probe.
 	ReasonProbeNotAllowed = "ProbeNotAllowed"
@@ -443,6 +447,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, start, http.StatusNotFound, ReasonUnknownTenant, "the mounted workspace has no tenant (not registered, deleted or revoked)")
 		return
 	}
+	if allow := e.tenant.Impersonate; allow != nil {
+		if c = restrict(c, allow, probe); c == nil {
+			s.refuse(w, start, http.StatusForbidden, ReasonNotTenantAdmin, "the caller is none of the users and groups this mounted workspace forwards to its tenant")
+			return
+		}
+	}
 	// The tenant's removal or replacement ends this request at once.
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -450,6 +460,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	ctx = context.WithValue(ctx, forwardKey{}, &forward{entry: e, caller: c, rest: rest, probe: probe, start: start})
 	s.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// restrict returns the caller as a tenant that lets its mount assert
+// only the principals allow sees them: a named user, or a member of a
+// named group, with only the named groups and no extra; the probe as its
+// own user only. It returns nil for anyone else.
+func restrict(c *Caller, allow *mount.Principals, probe bool) *Caller {
+	if probe {
+		return &Caller{User: c.User}
+	}
+	groups := slices.DeleteFunc(slices.Clone(c.Groups), func(g string) bool { return !slices.Contains(allow.Groups, g) })
+	if len(groups) == 0 && !slices.Contains(allow.Users, c.User) {
+		return nil
+	}
+	return &Caller{User: c.User, Groups: groups}
 }
 
 // forward is what the shared reverse proxy needs to know about one

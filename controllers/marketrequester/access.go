@@ -184,7 +184,7 @@ func (s *session) applyAccess(cc *marketv1alpha1.ComputeContract, lease *market.
 // exp (withToken), it calls apply with a client of the tenant bearing it.
 // It returns the token, or why it could not (refusal).
 func (s *session) identityOnTenant(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, exp time.Time, apply func(context.Context, kubernetes.Interface) error) (string, string) {
-	token, err := s.withToken(cc, tn, exp, accessDeadline, func(ctx context.Context, token string) error {
+	token, err := s.withToken(cc, tn, serviceauth.Method, exp, accessDeadline, func(ctx context.Context, token string) error {
 		cs, err := s.r.tenantClient(tn, token)
 		if err != nil {
 			return err
@@ -202,17 +202,20 @@ func (s *session) identityOnTenant(cc *marketv1alpha1.ComputeContract, tn deal.T
 var errNoToken = errors.New("the requester's PDS issued no service-auth token for the tenant")
 
 // withToken asks the requester's PDS for a service-auth token for the
-// tenant tn's service identity, expiring at exp, and calls apply with it,
-// all within deadline. It returns the token, or errNoToken or apply's
-// error, which go to the provider's log.
-func (s *session) withToken(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, exp time.Time, deadline time.Duration, apply func(context.Context, string) error) (string, error) {
+// tenant tn's service identity and the method lxm, expiring at exp, and
+// calls apply with it (when not nil), all within deadline. It returns the
+// token, or errNoToken or apply's error, which go to the provider's log.
+func (s *session) withToken(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, lxm string, exp time.Time, deadline time.Duration, apply func(context.Context, string) error) (string, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
 	logger := log.FromContext(ctx).WithValues("contract", cc.Name)
-	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
+	token, err := s.pub.ServiceAuth(ctx, tn.ServiceID, lxm, exp)
 	if err != nil {
-		logger.Info("no service-auth token for the tenant", "error", err.Error())
+		logger.Info("no service-auth token for the tenant", "method", lxm, "error", err.Error())
 		return "", errNoToken
+	}
+	if apply == nil {
+		return token, nil
 	}
 	if err := apply(ctx, token); err != nil {
 		logger.Info("the tenant refused the requester's side", "error", err.Error())

@@ -25,6 +25,8 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/mount"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 // The objects a contract's tenant is mounted with, in the requester's
@@ -84,18 +86,24 @@ const ReasonTenantNotPublished = "TenantNotPublished"
 const ReasonTenantRefused = "TenantRefused"
 
 // mountAdminRole is the ClusterRole (and its binding) on a tenant of the
-// kcp users and groups spec.tenantAdmins names: the mount reaches the
-// tenant as the requester's DID and impersonates the kcp user who made
-// the request, who has rights there only through this binding.
-const mountAdminRole = "knotless:mount-admin"
+// kcp users and groups spec.tenantAdmins names, who have rights there
+// only through this binding. mountRole is the mount's: it binds the
+// mount's own user on the tenant (serviceauth.MountUser of the
+// requester's DID, whose tokens the mount presents) to impersonating
+// those users and groups, the provider's probe user, and no one else.
+const (
+	mountAdminRole = "knotless:mount-admin"
+	mountRole      = "knotless:mount"
+)
 
 // deliver mounts the tenant of a contract whose lease says the VM runs,
 // with what the bidder's signed lease record says (endpoint, the CA
 // bundle it pins, the tenant's service identity: deal.TenantOf) and the
 // requester's own identity: a service-auth token its PDS issues for the
-// tenant, which the mount presents while impersonating the kcp user. It
-// first binds spec.tenantAdmins as the tenant's admins, through the same
-// identity. A snapshot to restore
+// tenant and serviceauth.MountMethod, which the mount presents while
+// impersonating the kcp user. It first binds spec.tenantAdmins as the
+// tenant's admins, and the mount's user to impersonating them alone,
+// with the requester's DID (applyMountAdmins). A snapshot to restore
 // (spec.restoreFrom) is imported first, the same way (restoreFirst).
 // Nothing is read from the bidder's workspace. It
 // reports whether the mount is Ready and what it waits for (a reason for
@@ -174,7 +182,14 @@ func (s *session) mintMount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, 
 		return "", time.Time{}, last.why
 	}
 	exp := s.now.Add(mountTokenLife)
-	token, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
+	_, why := s.identityOnTenant(cc, tn, exp, s.applyMountAdmins)
+	var token string
+	if why == "" {
+		var err error
+		if token, err = s.withToken(cc, tn, serviceauth.MountMethod, exp, accessDeadline, nil); err != nil {
+			why = refusal(err)
+		}
+	}
 	if why != "" {
 		wait := backoff(mountTokenRetry, last.fails, mountTokenMaxWait)
 		msg := "the tenant is not reached with the requester's identity: " + why
@@ -252,18 +267,46 @@ func (s *session) adminsKey() string {
 
 // applyMountAdmins binds spec.tenantAdmins (kcp users and groups; no
 // system: name, which means something of its own on a tenant) to
-// mountAdminRole on the tenant of cs.
+// mountAdminRole on the tenant of cs, and the mount's user to
+// impersonating them (mountRole).
 func (s *session) applyMountAdmins(ctx context.Context, cs kubernetes.Interface) error {
+	users, groups := s.mountAdmins()
 	var subjects []rbacv1.Subject
-	for kind, names := range map[string][]string{rbacv1.UserKind: s.mr.Spec.TenantAdmins.Users, rbacv1.GroupKind: s.mr.Spec.TenantAdmins.Groups} {
-		for _, n := range names {
-			if !strings.HasPrefix(n, "system:") {
-				subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: kind, Name: n})
-			}
-		}
+	for _, n := range groups {
+		subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: n})
 	}
-	slices.SortFunc(subjects, func(a, b rbacv1.Subject) int { return strings.Compare(a.Kind+"/"+a.Name, b.Kind+"/"+b.Name) })
-	return driver.ApplyRole(ctx, cs, FieldManager, mountAdminRole, accessRules(marketv1alpha1.AccessAdmin), subjects)
+	for _, n := range users {
+		subjects = append(subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: n})
+	}
+	if err := driver.ApplyRole(ctx, cs, FieldManager, mountAdminRole, accessRules(marketv1alpha1.AccessAdmin), subjects); err != nil {
+		return err
+	}
+	return driver.ApplyRole(ctx, cs, FieldManager, mountRole, mountRules(users, groups),
+		[]rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: serviceauth.MountUser(s.st.DID)}})
+}
+
+// mountAdmins are the users and groups of spec.tenantAdmins the mount
+// asserts on the tenant, sorted: no system: name.
+func (s *session) mountAdmins() (users, groups []string) {
+	keep := func(names []string) []string {
+		out := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return strings.HasPrefix(n, "system:") })
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return keep(s.mr.Spec.TenantAdmins.Users), keep(s.mr.Spec.TenantAdmins.Groups)
+}
+
+// mountRules let the mount's user impersonate the users and groups
+// named, and the provider's probe user (mount.ProbeUser, which reads
+// /version to see that the tenant answers); nothing else, not even
+// system:authenticated (a user impersonated without groups has it), nor
+// any extra or UID.
+func mountRules(users, groups []string) []rbacv1.PolicyRule {
+	rules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: append([]string{mount.ProbeUser}, users...)}}
+	if len(groups) > 0 {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"groups"}, Verbs: []string{"impersonate"}, ResourceNames: groups})
+	}
+	return rules
 }
 
 // mount writes the contract's TenantCluster (first, so that the
@@ -296,7 +339,9 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
-		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint)}
+		users, groups := s.mountAdmins()
+		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint),
+			computev1alpha1.MountCredentialUsersKey: []byte(strings.Join(users, "\n")), computev1alpha1.MountCredentialGroupsKey: []byte(strings.Join(groups, "\n"))}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", "", fmt.Errorf("the tenant's Secret: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -25,6 +26,8 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/mount"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 // TestPreCreatedTenantClusterDoesNotTakeTheMount (item 10 of issue 27): a
@@ -375,8 +378,25 @@ func TestMountReadsNoBidderWorkspace(t *testing.T) {
 	m.reconcileRequester()
 	sec := &corev1.Secret{}
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data["token"]) == before ||
-		string(sec.Data["token"]) != m.tenants[lease.Endpoint].token {
-		t.Fatalf("the mount's token was not renewed: %v", err)
+		string(sec.Data["token"]) != strings.Replace(m.tenants[lease.Endpoint].token, ":"+serviceauth.Method+":", ":"+serviceauth.MountMethod+":", 1) {
+		t.Fatalf("the mount's token was not renewed, or not for the mount's method: %v %q", err, sec.Data["token"])
+	}
+	// The mount's token is its own user's, which may impersonate the
+	// admins and the probe alone; the mount proxy is told whom to forward.
+	crb, err := m.tenants[lease.Endpoint].RbacV1().ClusterRoleBindings().Get(ctx, mountRole, metav1.GetOptions{})
+	if err != nil || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "did:plc:shop#mount" || crb.Subjects[0].Kind != rbacv1.UserKind {
+		t.Fatalf("the mount's binding: %+v %v", crb, err)
+	}
+	role, err := m.tenants[lease.Endpoint].RbacV1().ClusterRoles().Get(ctx, mountRole, metav1.GetOptions{})
+	wantRules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{mount.ProbeUser, "bob"}},
+		{APIGroups: []string{""}, Resources: []string{"groups"}, Verbs: []string{"impersonate"}, ResourceNames: []string{"ops"}},
+	}
+	if err != nil || !reflect.DeepEqual(role.Rules, wantRules) {
+		t.Fatalf("the mount's role: %+v %v; want %+v", role.Rules, err, wantRules)
+	}
+	if string(sec.Data[computev1alpha1.MountCredentialUsersKey]) != "bob" || string(sec.Data[computev1alpha1.MountCredentialGroupsKey]) != "ops" {
+		t.Fatalf("the mount's principals: %q %q", sec.Data[computev1alpha1.MountCredentialUsersKey], sec.Data[computev1alpha1.MountCredentialGroupsKey])
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	kclock "github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
+	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/statesync"
 )
 
@@ -134,7 +135,7 @@ func (s *session) export(cc *marketv1alpha1.ComputeContract, lease *market.Rec) 
 	}
 	var data []byte
 	var n int
-	_, err = s.withToken(cc, tn, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
+	_, err = s.withToken(cc, tn, serviceauth.Method, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
 		data, n, err = s.r.tenantState().Export(ctx, s.r.snapshotConfig(tn, token), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources))
 		return err
 	})
@@ -257,7 +258,7 @@ func (s *session) restoreFirst(cc *marketv1alpha1.ComputeContract, tn deal.Tenan
 		return false, last.why
 	}
 	n := last.applied
-	_, err := s.withToken(cc, tn, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
+	_, err := s.withToken(cc, tn, serviceauth.Method, s.now.Add(snapshotDeadline+time.Minute), snapshotDeadline, func(ctx context.Context, token string) (err error) {
 		n, err = s.r.tenantState().Import(ctx, s.r.snapshotConfig(tn, token), bytes.Join(chunks, nil), computev1alpha1.SchemaGroupResources(s.mr.Spec.StateSync.Resources), last.applied)
 		return err
 	})

@@ -36,6 +36,17 @@ type Tenant struct {
 	// CA verifies the tenant's serving certificate; nothing else does.
 	CA         *x509.CertPool
 	Credential Credential
+	// Impersonate, when not nil, is all the shim may assert on the
+	// tenant (a market contract's mount, whose credential may
+	// impersonate these alone): a caller who is none of its users and in
+	// none of its groups is refused; of a caller's groups only its own
+	// are asserted, and no extra.
+	Impersonate *Principals
+}
+
+// Principals are kcp users and groups.
+type Principals struct {
+	Users, Groups []string
 }
 
 // ProbeUser is the only identity a probe certificate may assert, and so

@@ -29,8 +29,33 @@ import (
 
 // Method is the lxm a token for a tenant must name: a token its holder
 // asked for another method (a PDS's, an AppView's) is not one for a
-// tenant, even when its audience matches.
+// tenant, even when its audience matches. Its bearer is the issuer's
+// DID on the tenant.
 const Method = "dev.knotless.tenant.access"
+
+// MountMethod is the lxm of the token a requester's mount presents: its
+// bearer is not the issuer's DID but MountUser(did), which has only what
+// the tenant's RBAC gives that name (the requester's side lets it
+// impersonate the kcp users and groups of spec.tenantAdmins, and nothing
+// else). A token kept for a mount is so worth less than the DID's own.
+const MountMethod = "dev.knotless.tenant.mount"
+
+// mountSuffix makes the mount's user name of a DID (MountUser). A DID
+// has no '#' (syntax.ParseDID refuses it), so no DID is a mount's user.
+const mountSuffix = "#mount"
+
+// MountUser is the user on a tenant of a token of the DID did for
+// MountMethod.
+func MountUser(did string) string { return did + mountSuffix }
+
+// User is the user on a tenant of a token of the DID did for the method
+// lxm (Method or MountMethod).
+func User(did, lxm string) string {
+	if lxm == MountMethod {
+		return MountUser(did)
+	}
+	return did
+}
 
 // Bounds of a token a tenant accepts.
 const (
@@ -98,31 +123,33 @@ func NewValidator(dir identity.Directory) *Validator {
 	return &Validator{dir: &purgeLimited{Directory: dir, last: map[syntax.AtIdentifier]time.Time{}, now: time.Now}, now: time.Now}
 }
 
-// Validate returns the DID a token was issued by, when it is a valid
-// service-auth token for audience and Method, issued by one of the DIDs
+// Validate returns the DID a token was issued by and its method, when it
+// is a valid service-auth token for audience and Method or MountMethod,
+// issued by one of the DIDs
 // allowed, signed by the key of the issuer's DID document, issued at
 // most MaxLifetime before it expires and not expired. Everything but the
 // signature is checked before the issuer's DID is resolved, so a token
 // from anyone but an allowed DID costs no resolution. The error wraps
 // ErrInvalid and says why, for the agent's log only: a caller is told
 // nothing more than 401.
-func (v *Validator) Validate(ctx context.Context, token, audience string, allowed []string) (syntax.DID, error) {
+func (v *Validator) Validate(ctx context.Context, token, audience string, allowed []string) (syntax.DID, string, error) {
 	if audience == "" {
-		return "", fmt.Errorf("%w: the tenant has no service identity", ErrInvalid)
+		return "", "", fmt.Errorf("%w: the tenant has no service identity", ErrInvalid)
 	}
 	if len(token) > MaxToken {
-		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalid, MaxToken)
+		return "", "", fmt.Errorf("%w: longer than %d bytes", ErrInvalid, MaxToken)
 	}
-	if err := precheck(token, audience, allowed, v.now()); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	lxm, err := precheck(token, audience, allowed, v.now())
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	method := syntax.NSID(Method)
+	method := syntax.NSID(lxm)
 	sv := auth.ServiceAuthValidator{Audience: audience, Dir: v.dir, TimestampLeeway: Leeway}
 	did, err := sv.Validate(ctx, token, &method)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+		return "", "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return did, nil
+	return did, lxm, nil
 }
 
 // claims are a service-auth token's claims, as read before its
@@ -134,46 +161,46 @@ type claims struct {
 
 // precheck checks, without the signature, what a token says: an ES256 or
 // ES256K signature (the only ones a DID key makes), one of the allowed
-// issuers, the audience, the method, and a lifetime of at most
-// MaxLifetime that has not ended.
-func precheck(token, audience string, allowed []string, now time.Time) error {
+// issuers, the audience, the method (Method or MountMethod, which it
+// returns), and a lifetime of at most MaxLifetime that has not ended.
+func precheck(token, audience string, allowed []string, now time.Time) (string, error) {
 	var c claims
 	t, _, err := jwt.NewParser().ParseUnverified(token, &c)
 	if err != nil {
-		return err
+		return "", err
 	}
 	// The claims as a map, as indigo reads the issuer it purges: JSON
 	// keys match a struct field whatever their case, so a token could
 	// carry an allowed "ISS" beside another "iss".
 	var m jwt.MapClaims
 	if _, _, err := jwt.NewParser().ParseUnverified(token, &m); err != nil {
-		return err
+		return "", err
 	}
 	if iss, _ := m["iss"].(string); iss != c.Issuer {
-		return errors.New("the issuer is named twice")
+		return "", errors.New("the issuer is named twice")
 	}
 	if alg := t.Method.Alg(); alg != "ES256" && alg != "ES256K" {
-		return fmt.Errorf("signature algorithm %q", alg)
+		return "", fmt.Errorf("signature algorithm %q", alg)
 	}
 	if !slices.Contains(allowed, c.Issuer) {
-		return errors.New("the issuer is not one the tenant lets in")
+		return "", errors.New("the issuer is not one the tenant lets in")
 	}
 	if len(c.Audience) != 1 || c.Audience[0] != audience {
-		return errors.New("another audience")
+		return "", errors.New("another audience")
 	}
-	if c.LexMethod != Method {
-		return errors.New("another method")
+	if c.LexMethod != Method && c.LexMethod != MountMethod {
+		return "", errors.New("another method")
 	}
 	if c.ExpiresAt == nil || c.IssuedAt == nil {
-		return errors.New("no exp or iat")
+		return "", errors.New("no exp or iat")
 	}
 	if life := c.ExpiresAt.Sub(c.IssuedAt.Time); life > MaxLifetime || life <= 0 {
-		return fmt.Errorf("valid for %s (at most %s)", life, MaxLifetime)
+		return "", fmt.Errorf("valid for %s (at most %s)", life, MaxLifetime)
 	}
 	if c.ExpiresAt.Add(Leeway).Before(now) {
-		return errors.New("expired")
+		return "", errors.New("expired")
 	}
-	return nil
+	return c.LexMethod, nil
 }
 
 // purgeLimited lets Purge through at most once per PurgeInterval for each

@@ -83,9 +83,11 @@ func sign(t *testing.T, key atcrypto.PrivateKey, iss syntax.DID, aud string, ttl
 func TestValidateAcceptsATokenForTheTenant(t *testing.T) {
 	dir, key := newDir(t, alice)
 	aud := Audience(bidder, "vm-1")
-	did, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Minute, Method), aud, allowed)
-	if err != nil || did != alice {
-		t.Fatalf("Validate = %q, %v; want %s", did, err, alice)
+	for _, m := range []string{Method, MountMethod} {
+		did, lxm, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Minute, m), aud, allowed)
+		if err != nil || did != alice || lxm != m {
+			t.Fatalf("Validate = %q, %q, %v; want %s, %s", did, lxm, err, alice, m)
+		}
 	}
 }
 
@@ -128,13 +130,13 @@ func TestAttackTokensAreRefused(t *testing.T) {
 		{"alg none", signClaims(t, nil, jwt.MapClaims{"iss": string(alice), "aud": aud, "lxm": Method, "iat": time.Now().Unix(), "exp": time.Now().Add(time.Minute).Unix()})},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			did, err := NewValidator(dir).Validate(t.Context(), c.token, aud, allowed)
+			did, _, err := NewValidator(dir).Validate(t.Context(), c.token, aud, allowed)
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("Validate = %q, %v; want ErrInvalid", did, err)
 			}
 		})
 	}
-	if _, err := NewValidator(dir).Validate(t.Context(), good, "", allowed); !errors.Is(err, ErrInvalid) {
+	if _, _, err := NewValidator(dir).Validate(t.Context(), good, "", allowed); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a tenant with no audience accepted a token: %v", err)
 	}
 }
@@ -181,7 +183,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 	v.dir.(*purgeLimited).now = func() time.Time { return now }
 	aud := Audience(bidder, "vm-1")
 	for range 100 {
-		if _, err := v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
+		if _, _, err := v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
 			t.Fatal(err)
 		}
 	}
@@ -189,7 +191,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 		t.Fatalf("100 forged tokens purged %d times, want 1", got)
 	}
 	now = now.Add(PurgeInterval)
-	_, _ = v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed)
+	_, _, _ = v.Validate(t.Context(), sign(t, other, alice, aud, time.Minute, Method), aud, allowed)
 	if got := dir.purges.Load(); got != 2 {
 		t.Fatalf("after the interval: %d purges, want 2", got)
 	}
@@ -200,7 +202,7 @@ func TestAttackForgedTokensPurgeAtMostOncePerInterval(t *testing.T) {
 func TestLongLivedTokenIsRefusedWithoutResolving(t *testing.T) {
 	dir, key := newDir(t, alice)
 	aud := Audience(bidder, "vm-1")
-	if _, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Hour, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
+	if _, _, err := NewValidator(dir).Validate(t.Context(), sign(t, key, alice, aud, time.Hour, Method), aud, allowed); !errors.Is(err, ErrInvalid) {
 		t.Fatal(err)
 	}
 	if n := dir.lookups.Load(); n != 0 {
@@ -229,6 +231,14 @@ func TestWebhookAuthenticatesTheDIDForTheVMItNames(t *testing.T) {
 	code, out := review(t, h, WebhookPath+"vm-1", tok)
 	if code != http.StatusOK || !out.Status.Authenticated || out.Status.User.Username != string(alice) || len(out.Status.User.Groups) != 0 {
 		t.Fatalf("%d %+v", code, out.Status)
+	}
+	// A token for the mount is the DID's mount user, not the DID.
+	code, out = review(t, h, WebhookPath+"vm-1", sign(t, key, alice, auds["vm-1"], time.Minute, MountMethod))
+	if !out.Status.Authenticated || out.Status.User.Username != string(alice)+"#mount" || out.Status.User.UID != string(alice)+"#mount" {
+		t.Fatalf("mount token: %d %+v", code, out.Status)
+	}
+	if _, err := syntax.ParseDID(MountUser(string(alice))); err == nil {
+		t.Fatal("a mount's user parses as a DID: the agent would take it for a DID the tenant lets in")
 	}
 	// The same token posted for another VM, or one the agent does not
 	// know, is refused, and the refusal says nothing of why.
@@ -336,7 +346,7 @@ func TestAttackRefusedBeforeResolving(t *testing.T) {
 			sign(t, key, alice, aud, time.Minute, "com.atproto.repo.listRecords"),
 			none,
 		} {
-			if _, err := v.Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
+			if _, _, err := v.Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
 				t.Fatal(err)
 			}
 		}
@@ -357,7 +367,7 @@ func TestAttackIssuerNamedTwice(t *testing.T) {
 	// the exact key.
 	payload := fmt.Sprintf(`{"iss":"did:web:victim.example","aud":%q,"lxm":%q,"iat":%d,"exp":%d,"ISS":%q}`, aud, Method, now.Unix(), now.Add(time.Minute).Unix(), alice)
 	tok := signRaw(t, key, []byte(payload))
-	if _, err := NewValidator(dir).Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
+	if _, _, err := NewValidator(dir).Validate(t.Context(), tok, aud, allowed); !errors.Is(err, ErrInvalid) {
 		t.Fatal(err)
 	}
 	if l, p := dir.lookups.Load(), dir.purges.Load(); l != 0 || p != 0 {

@@ -27,7 +27,8 @@ const maxReview = 16 << 10
 // it for the audience of the VM the path names and one of the DIDs that
 // VM lets in (Tenant returns no audience for a VM the agent does not
 // know, and every token is refused). The user is the issuer's DID (name
-// and UID), with no group and no extra. A DID the VM does not name is
+// and UID), or MountUser of it for a MountMethod token, with no group
+// and no extra. A DID the VM does not name is
 // not authenticated at all: a tenant apiserver gives every authenticated
 // user something (kcp: system:authenticated may list workspaces and make
 // a home workspace). A refusal says only "invalid token": why is logged.
@@ -56,13 +57,13 @@ func (h *Webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if out.APIVersion == "" {
 		out.APIVersion, out.Kind = authenticationv1.SchemeGroupVersion.String(), "TokenReview"
 	}
-	did, err := h.review(r.Context(), vmID, review.Spec.Token)
+	user, err := h.review(r.Context(), vmID, review.Spec.Token)
 	if err != nil {
 		h.Log.V(1).Info("token refused", "vm", vmID, "reason", err.Error())
 		out.Status.Error = "invalid token"
 	} else {
 		out.Status.Authenticated = true
-		out.Status.User = authenticationv1.UserInfo{Username: string(did), UID: string(did)}
+		out.Status.User = authenticationv1.UserInfo{Username: user, UID: user}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
@@ -76,8 +77,11 @@ func (h *Webhook) review(ctx context.Context, vmID, token string) (string, error
 	if aud == "" {
 		return "", errors.New("no tenant with a service identity has this ID")
 	}
-	did, err := h.Validator.Validate(ctx, token, aud, dids)
-	return string(did), err
+	did, lxm, err := h.Validator.Validate(ctx, token, aud, dids)
+	if err != nil {
+		return "", err
+	}
+	return User(string(did), lxm), nil
 }
 
 // Grants are the DIDs each tenant's RBAC names, by VM ID (the agent

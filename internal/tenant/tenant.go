@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"net/url"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -110,7 +111,23 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 	default:
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
 	}
+	users, hasUsers := data[computev1alpha1.MountCredentialUsersKey]
+	groups, hasGroups := data[computev1alpha1.MountCredentialGroupsKey]
+	if hasUsers || hasGroups {
+		t.Impersonate = &mount.Principals{Users: lines(users), Groups: lines(groups)}
+	}
 	return t, nil
+}
+
+// lines are the non-empty lines of b.
+func lines(b []byte) []string {
+	var out []string
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // boundCA says whether the CA bundle pemCA that spec.caBundle names may

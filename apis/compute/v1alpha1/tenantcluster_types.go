@@ -81,6 +81,18 @@ const MountCredentialURLKey = "url"
 // spec.caBundle read from a Secret that is itself bound to spec.url.
 const MountCredentialCAKey = "ca.crt"
 
+// MountCredentialUsersKey and MountCredentialGroupsKey are the data keys
+// of a mount credential Secret that, when either is there, name (a line
+// each) the only kcp users and groups the mount proxy asserts on the
+// tenant: a caller who is none of those users and in none of those
+// groups is refused, only the caller's groups named there are asserted,
+// and no extra is. A market contract's mount has them: its credential
+// may impersonate spec.tenantAdmins of the MarketRequester alone.
+const (
+	MountCredentialUsersKey  = "impersonate-users"
+	MountCredentialGroupsKey = "impersonate-groups"
+)
+
 // KeyRef names one key of a ConfigMap or Secret in a namespace of the
 // TenantCluster's own workspace (a workspace can only use its own objects).
 // The CA bundle and the credential must be in the same namespace; a Secret
