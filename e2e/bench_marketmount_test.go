@@ -60,8 +60,8 @@ func TestMarketMountThroughput(t *testing.T) {
 	}
 	const object = "/api/v1/namespaces/default"
 	targets := []framework.Target{
-		{Name: "direct (DID token)", Client: direct, URL: string(sec.Data[computev1alpha1.MountCredentialURLKey]) + object, Header: http.Header{
-			"Authorization": {"Bearer " + string(sec.Data["token"])}, "Impersonate-User": {"alice"},
+		{Name: "direct (the mount's DID token)", Client: direct, URL: string(sec.Data[computev1alpha1.MountCredentialURLKey]) + object, Header: http.Header{
+			"Authorization": {"Bearer " + mountTokenOf(ctx, t, env.home(), d.app, rc.Name)}, "Impersonate-User": {"alice"},
 		}},
 		{Name: "through kcp-front-proxy and the shim (DID token)", Client: &http.Client{Timeout: 30 * time.Second, Transport: rt}, URL: cfg.Host + object},
 	}

@@ -189,11 +189,7 @@ func TestKindTenant(t *testing.T) {
 	})
 	// The mount reaches the kind tenant as the buyer's DID: its API server
 	// asks the agent's webhook (on the VM network's gateway).
-	mountSecret := &corev1.Secret{}
-	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, mountSecret); err != nil {
-		t.Fatal(err)
-	}
-	if claims := jwtClaims(t, string(mountSecret.Data["token"])); vm.Status.ServiceID == "" || claims["aud"] != vm.Status.ServiceID || claims["iss"] != d.accounts["buyer"].DID {
+	if claims := jwtClaims(t, mountTokenOf(ctx, t, env.home(), d.app, rc.Name)); vm.Status.ServiceID == "" || claims["aud"] != vm.Status.ServiceID || claims["iss"] != d.accounts["buyer"].DID {
 		t.Errorf("the kind tenant's mount token has claims %v, want the buyer's for the VM's service identity %q", claims, vm.Status.ServiceID)
 	}
 	if nodes, err := docker(ctx, "ps", "-a", "-q", "--filter", "label=io.x-k8s.kind.cluster="+kind.ClusterName(string(vm.UID))); err != nil || len(strings.Fields(nodes)) != 1 {

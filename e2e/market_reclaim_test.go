@@ -117,15 +117,11 @@ func TestMarketTenantReclaimed(t *testing.T) {
 	if _, err := mountClient(t, "alice", carolWS, rc.Name).CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("alice entering carol's mounted workspace: %v, want Forbidden", err)
 	}
-	aliceCopy := &corev1.Secret{}
-	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: ra.Name + "-tenant"}, aliceCopy); err != nil {
-		t.Fatal(err)
-	}
 	bcC := contractOf(ctx, t, d.bid, "acme", "carol's contract at acme", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Spec.Accept == rc.Spec.Accept })
 	bcA := contractOf(ctx, t, d.bid, "acme", "alice's contract at acme", func(cc *marketv1alpha1.ComputeContract) bool { return cc.Spec.Accept == ra.Spec.Accept })
 	vmC := waitVM(ctx, t, d.bid, bcC.Name, "carol's VM", time.Minute, func(vm *computev1alpha1.ComputeVM) bool { return vm.Status.Phase == computev1alpha1.VMRunning })
 	vmA := waitVM(ctx, t, d.bid, bcA.Name, "alice's VM", time.Minute, func(vm *computev1alpha1.ComputeVM) bool { return vm.Status.Phase == computev1alpha1.VMRunning })
-	if code := tenantGet(ctx, t, vmC, string(aliceCopy.Data["token"]), "/api", "alice", ""); code != http.StatusUnauthorized {
+	if code := tenantGet(ctx, t, vmC, mountTokenOf(ctx, t, env.home(), d.app, ra.Name), "/api", "alice", ""); code != http.StatusUnauthorized {
 		t.Errorf("carol's tenant answered alice's mount credential with %d, want 401", code)
 	}
 	pidA, pidC := process.PIDOf(a.root, string(vmA.UID)), process.PIDOf(a.root, string(vmC.UID))

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/market"
 	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
+	"github.com/knotless-dev/knotless/internal/tenant"
 )
 
 // tenantDeal is a deal (requester buyer, the given bidders) whose
@@ -126,13 +128,32 @@ func TestMarketTenantMounted(t *testing.T) {
 	ownedBy(t, vm, "ComputeContract", bc.UID)
 	token := vmToken(ctx, t, d.bid, vm)
 	// The mount's credential is the buyer's own service-auth token for
-	// the tenant alone (its PDS issued it; no credential of bob's).
+	// the tenant's mount alone (its PDS issued it; no credential of
+	// bob's), kept in the provider's workspace. alice's workspace holds
+	// the tenant's URL and CA only, and no Secret of alice's or bob's
+	// workspace holds the token.
 	copied := &corev1.Secret{}
 	if err := d.app.Get(ctx, client.ObjectKey{Namespace: "default", Name: rc.Name + "-tenant"}, copied); err != nil {
 		t.Fatal(err)
 	}
 	ownedBy(t, copied, "ComputeContract", rc.UID)
-	mountToken := string(copied.Data["token"])
+	if _, ok := copied.Data["token"]; ok || len(copied.Data) != 2 {
+		t.Errorf("the mount's Secret in alice's workspace holds %v, want url and ca.crt only", slices.Collect(maps.Keys(copied.Data)))
+	}
+	mountToken := mountTokenOf(ctx, t, env.home(), d.app, rc.Name)
+	for name, c := range map[string]client.Client{"alice's": d.app, "bob's": d.bid} {
+		var secs corev1.SecretList
+		if err := c.List(ctx, &secs); err != nil {
+			t.Fatal(err)
+		}
+		for _, sec := range secs.Items {
+			for k, v := range sec.Data {
+				if strings.Contains(string(v), mountToken) {
+					t.Errorf("Secret %s/%s (key %s) of %s workspace holds the mount's token", sec.Namespace, sec.Name, k, name)
+				}
+			}
+		}
+	}
 	if claims := jwtClaims(t, mountToken); mountToken == token || claims["iss"] != d.accounts["buyer"].DID || claims["aud"] != vm.Status.ServiceID ||
 		claims["lxm"] != serviceauth.MountMethod {
 		t.Errorf("the mount's token has claims %v, want the buyer's DID's for %s and the mount", claims, vm.Status.ServiceID)
@@ -285,7 +306,9 @@ func TestMarketTenantMounted(t *testing.T) {
 	})
 	rc = rc2
 
-	// Deleting the MarketRequester leaves nothing behind.
+	// Deleting the MarketRequester leaves nothing behind, in the
+	// provider's workspace neither.
+	aliceLC := mountCluster(ctx, t, d.app, rc.Name)
 	pids = process.PIDs(a.root)
 	if err := d.app.Delete(ctx, getMR(ctx, t, d.app, "vms")); err != nil {
 		t.Fatal(err)
@@ -303,6 +326,12 @@ func TestMarketTenantMounted(t *testing.T) {
 		}
 		if n := len(process.PIDs(a.root)); n > 0 {
 			left = append(left, fmt.Sprintf("%d VM directories", n))
+		}
+		var creds corev1.SecretList
+		if err := providerClient(t, env.home()).List(ctx, &creds, client.InNamespace(tenant.MarketNamespace), client.MatchingLabels{tenant.LabelMarketCluster: aliceLC}); err != nil {
+			return false, "", err
+		} else if n := len(creds.Items); n > 0 {
+			left = append(left, fmt.Sprintf("%d mount credentials in the provider's workspace", n))
 		}
 		for _, did := range []string{d.accounts["acme"].DID, d.accounts["buyer"].DID} {
 			for _, col := range []string{lexicon.Request, lexicon.Bid, lexicon.Accept, lexicon.Lease, lexicon.Release} {
@@ -399,4 +428,44 @@ func mountTokenImpersonatesTenantAdminsOnly(ctx context.Context, t *testing.T, v
 			t.Errorf("the mount's token as %s: %v, want 403", name, err)
 		}
 	}
+}
+
+// mountTokenOf is the token of the mount of the contract contract of the
+// requester workspace ws (the TenantCluster of its name), as the provider
+// of the installation in keeps it in its own workspace
+// (tenant.MarketNamespace).
+func mountTokenOf(ctx context.Context, t *testing.T, in *installation, ws client.Client, contract string) string {
+	t.Helper()
+	sec := &corev1.Secret{}
+	if err := providerClient(t, in).Get(ctx, client.ObjectKey{Namespace: tenant.MarketNamespace, Name: tenant.MarketSecretName(mountCluster(ctx, t, ws, contract), contract)}, sec); err != nil {
+		t.Fatalf("the mount's credential in the provider's workspace: %v", err)
+	}
+	return string(sec.Data["token"])
+}
+
+// mountCluster is the logical cluster of the market mount contract of
+// the workspace ws, as its TenantCluster's status.url names it.
+func mountCluster(ctx context.Context, t *testing.T, ws client.Client, contract string) string {
+	t.Helper()
+	tc := &computev1alpha1.TenantCluster{}
+	if err := ws.Get(ctx, client.ObjectKey{Name: contract}, tc); err != nil {
+		t.Fatal(err)
+	}
+	// status.url is <mount proxy>/tenants/<logical cluster>/<name>.
+	parts := strings.Split(strings.TrimSuffix(tc.Status.URL, "/"), "/")
+	if len(parts) < 3 || parts[len(parts)-3] != "tenants" || !tc.Spec.Credential.Market {
+		t.Fatalf("TenantCluster %s: status.url %q, credential %+v; want a market mount", contract, tc.Status.URL, tc.Spec.Credential)
+	}
+	return parts[len(parts)-2]
+}
+
+// providerClient is a client of the provider workspace of in, as kcp's
+// admin.
+func providerClient(t *testing.T, in *installation) client.Client {
+	t.Helper()
+	pc, err := framework.ClientFor(in.admin, in.providerWS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pc
 }

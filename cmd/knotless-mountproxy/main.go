@@ -22,6 +22,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -36,6 +37,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/mountproxy"
 )
 
@@ -116,7 +118,16 @@ func run(ctx context.Context, o *options.Options) error {
 	// Ready only once the registry has read every TenantCluster, so a
 	// replica never refuses tenants it has not read yet.
 	readiness := mountregistry.NewReadiness()
-	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry, Readiness: readiness}).SetupWithManager(ctx, mgr); err != nil {
+	// The market contracts' mount credentials, which the provider keeps in
+	// its own workspace: one namespace's Secrets, read and watched.
+	market, err := cache.New(wsCfg, cache.Options{Scheme: scheme, DefaultNamespaces: map[string]cache.Config{tenant.MarketNamespace: {}}})
+	if err != nil {
+		return fmt.Errorf("the market credentials' cache: %w", err)
+	}
+	if err := mgr.GetLocalManager().Add(market); err != nil {
+		return err
+	}
+	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry, Readiness: readiness, Market: market, MarketSource: mountregistry.MarketSource(market)}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the registry controller: %w", err)
 	}
 	if err := mgr.GetLocalManager().Add(&mountregistry.InitialList{

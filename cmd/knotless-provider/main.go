@@ -29,6 +29,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -59,6 +60,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
+	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/internal/vault"
 	"github.com/knotless-dev/knotless/mountproxy"
 	"github.com/knotless-dev/knotless/workspacetypes"
@@ -134,10 +136,14 @@ func run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupControllers(ctx, mgr, o, scheme, policy, logger); err != nil {
+	mounts, err := marketMounts(ctx, mgr, scheme)
+	if err != nil {
 		return err
 	}
-	if err := setupTenantCluster(ctx, mgr, o, cfg, prober); err != nil {
+	if err := setupControllers(ctx, mgr, o, scheme, policy, mounts, logger); err != nil {
+		return err
+	}
+	if err := setupTenantCluster(ctx, mgr, o, cfg, prober, mounts); err != nil {
 		return err
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
@@ -204,10 +210,22 @@ func newManager(ctx context.Context, o *options.Options, cfg *rest.Config, ws lo
 	return mgr, provider, nil
 }
 
+// marketMounts is the client of the provider workspace's
+// tenant.MarketNamespace (made here when missing), where the market
+// keeps its mounts' credentials: uncached, it reads only what it is
+// asked for.
+func marketMounts(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme) (client.Client, error) {
+	cfg := mgr.GetLocalManager().GetConfig()
+	if err := bootstrap.EnsureNamespace(ctx, cfg, tenant.MarketNamespace); err != nil {
+		return nil, fmt.Errorf("the namespace %s of the market's mount credentials: %w", tenant.MarketNamespace, err)
+	}
+	return client.New(cfg, client.Options{Scheme: scheme})
+}
+
 // setupControllers registers the provider's controllers but tenantcluster
 // (docs/controllers.md), with what they share: the Vault client, the DID
 // directory, the pool of repo clients and the firehose hub.
-func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Options, scheme *k8sruntime.Scheme, policy *netpolicy.Policy, logger logr.Logger) error {
+func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Options, scheme *k8sruntime.Scheme, policy *netpolicy.Policy, mounts client.Client, logger logr.Logger) error {
 	vc, err := newVault(o.Vault, logger)
 	if err != nil {
 		return err
@@ -247,13 +265,13 @@ func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Opt
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
-	return setupMarket(ctx, mgr, scheme, pool, hub, policy, o.AtprotoResync)
+	return setupMarket(ctx, mgr, scheme, pool, hub, policy, mounts, o.AtprotoResync)
 }
 
 // setupTenantCluster registers the tenantcluster controller: its kcp
 // client creates the mounted workspaces, its prober asks the mount proxy
 // about each tenant.
-func setupTenantCluster(ctx context.Context, mgr mcmanager.Manager, o *options.Options, cfg *rest.Config, prober *tenantcluster.Prober) error {
+func setupTenantCluster(ctx context.Context, mgr mcmanager.Manager, o *options.Options, cfg *rest.Config, prober *tenantcluster.Prober, mounts client.Reader) error {
 	// The cluster-aware client adds /clusters/<workspace> to the server's
 	// base URL.
 	base, err := bootstrap.BaseURL(cfg.Host)
@@ -275,7 +293,7 @@ func setupTenantCluster(ctx context.Context, mgr mcmanager.Manager, o *options.O
 		return err
 	}
 	if err := (&tenantcluster.Reconciler{
-		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.Mount.ProbeInterval, Owner: owner,
+		GetCluster: mgr.GetCluster, KCP: kcp, Prober: prober, MountURL: strings.TrimSuffix(mountURL, "/"), ProbeInterval: o.Mount.ProbeInterval, Owner: owner, Market: mounts,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the tenantcluster controller: %w", err)
 	}
@@ -352,7 +370,7 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 }
 
 // setupMarket registers the market controllers and their metric.
-func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, policy *netpolicy.Policy, resync time.Duration) error {
+func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, policy *netpolicy.Policy, mounts client.Client, resync time.Duration) error {
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "knotless_market_invalid_records_total",
 		Help:        "Market records read from firehoses that did not match their lexicon and were ignored.",
@@ -386,7 +404,7 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	}
 	if err := (&marketrequester.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
-		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy, Mounts: mounts,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}

@@ -120,6 +120,10 @@ type Reconciler struct {
 	// through Policy, no proxy, no redirect, bounded answers); tests
 	// replace it.
 	TenantClient func(tn deal.Tenant, token string) (kubernetes.Interface, error)
+	// Mounts is the client of the provider's own workspace, where the
+	// mounts' credentials are kept (tenant.MarketNamespace), out of every
+	// workspace the provider serves; without it no tenant is mounted.
+	Mounts client.Client
 	// TenantState exports and imports a tenant's objects (default:
 	// package statesync's); tests replace it.
 	TenantState TenantState

@@ -14,6 +14,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -27,6 +28,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/market/markettest"
+	"github.com/knotless-dev/knotless/internal/tenant"
 )
 
 const (
@@ -96,6 +98,9 @@ type marketFixture struct {
 	// every request with an error.
 	tenants  map[string]*fakeTenant
 	refusing map[string]bool
+	// mounts is the provider's own workspace, where the mounts'
+	// credentials are kept (Reconciler.Mounts).
+	mounts client.Client
 }
 
 // fakeTenant is a tenant apiserver as the requester's side reaches it.
@@ -147,11 +152,23 @@ func newMarket(t *testing.T, bidders ...*marketv1alpha1.MarketBidder) *marketFix
 	connect := func(_ context.Context, _ client.Client, _ string, repo *atprotov1alpha1.AtprotoRepo) (market.Publisher, error) {
 		return m.repos[repo.Status.DID], nil
 	}
+	m.mounts = fake.NewClientBuilder().WithScheme(apis.NewScheme()).Build()
 	m.req = &Reconciler{GetCluster: clustertest.Getter(clusters), Market: m.net, Scheme: apis.NewScheme(),
-		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now, TenantClient: m.tenantClient}
+		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now, TenantClient: m.tenantClient, Mounts: m.mounts}
 	m.bid = &marketbidder.Reconciler{GetCluster: clustertest.Getter(clusters), Market: m.net,
 		Inventories: &market.Inventories{Now: m.clock.now}, Connect: connect, Now: m.clock.now}
 	return m
+}
+
+// mountCredential is the credential the provider keeps for the mount of
+// the contract cc of the requester's workspace (shop), or the zero one.
+func (m *marketFixture) mountCredential(cc string) tenant.MarketCredential {
+	m.t.Helper()
+	mc, _, err := tenant.ReadMarket(context.Background(), m.mounts, "shop", cc)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return mc
 }
 
 func (m *marketFixture) repo(did string) *markettest.Repo {

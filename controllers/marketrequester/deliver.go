@@ -27,13 +27,17 @@ import (
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
+	"github.com/knotless-dev/knotless/internal/tenant"
 )
 
 // The objects a contract's tenant is mounted with, in the requester's
-// workspace: a Secret with the tenant's CA and the mount's credential
-// (owned by the requester's contract), and the TenantCluster
+// workspace: a Secret with the tenant's URL and CA bundle (owned by the
+// requester's contract; no credential), and the TenantCluster
 // (cluster-scoped, named like the contract; a cluster-scoped object
-// cannot be owned by a namespaced one, so the contract's end deletes it).
+// cannot be owned by a namespaced one, so the contract's end deletes it)
+// whose credential is the market's. The mount's token is kept in the
+// provider's own workspace (tenant.MarketCredential), which no user of
+// the requester's workspace can read.
 func tenantCredential(cc string) string { return cc + "-tenant" }
 
 // LabelContract is the label of the TenantCluster a contract mounts its
@@ -216,7 +220,8 @@ type mintTry struct {
 // mountedToken is a token this process minted for a contract's mount
 // (Reconciler.minted): when it expires, the audience it is for, the
 // spec.tenantAdmins the tenant was given with it (adminsKey), and the
-// SHA-256 of the token, by which it is recognised in the Secret.
+// SHA-256 of the token, by which it is recognised in the market
+// credential.
 type mountedToken struct {
 	expires               time.Time
 	audience, admins, sum string
@@ -237,17 +242,21 @@ func tokenSum(token []byte) string {
 // mountToken returns the token this process minted for cc's mount, and
 // whether the mount is current: its TenantCluster (tc, nil when there is
 // none) and Secret are the contract's, for the tenant tn (endpoint and
-// CA), and the Secret holds that token.
+// CA), and the market credential holds that token for them.
 func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (mountedToken, bool) {
 	v, ok := s.r.minted.Load(cc.UID)
-	if !ok || tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) {
+	if !ok || tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) || !tc.Spec.Credential.Market || s.r.Mounts == nil {
 		return mountedToken{}, false
 	}
 	mt := v.(mountedToken)
 	sec := &corev1.Secret{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}, sec); err != nil ||
 		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) ||
-		tokenSum(sec.Data["token"]) != mt.sum {
+		len(sec.Data["token"]) != 0 {
+		return mountedToken{}, false
+	}
+	mc, ok, err := tenant.ReadMarket(s.ctx, s.r.Mounts, s.lc, tc.Name)
+	if err != nil || !ok || mc.URL != tn.Endpoint || !bytes.Equal(mc.CA, tn.CA) || tokenSum([]byte(mc.Token)) != mt.sum {
 		return mountedToken{}, false
 	}
 	return mt, true
@@ -309,15 +318,19 @@ func mountRules(users, groups []string) []rbacv1.PolicyRule {
 	return rules
 }
 
-// mount writes the contract's TenantCluster (first, so that the
-// credential never exists beside a TenantCluster of another URL) and the
-// Secret it reads, labelled for it alone and bound to the tenant's
-// endpoint (computev1alpha1.MountCredentialURLKey) and CA
-// (computev1alpha1.MountCredentialCAKey): whoever changes the
-// TenantCluster's URL or CA afterwards does not get the token sent there.
-// The token is the requester's service-auth token for the tenant alone,
+// mount writes the contract's TenantCluster, the Secret with the
+// tenant's URL and CA bundle it reads (labelled for it alone), and the
+// market credential in the provider's workspace: the token, bound to the
+// TenantCluster, the tenant's endpoint and CA, with the users and groups
+// the mount may assert (tenant.MarketCredential). Whoever changes the
+// TenantCluster's URL or CA afterwards does not get the token sent
+// there, and no user of the requester's workspace can read it. The token
+// is the requester's service-auth token for the tenant's mount alone,
 // expiring at exp.
 func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, token string, exp time.Time) (bool, string, string, error) {
+	if s.r.Mounts == nil {
+		return false, "", "", errors.New("the provider has no store for the mounts' credentials")
+	}
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
 	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
@@ -328,20 +341,29 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 		metav1.SetMetaDataLabel(&tc.ObjectMeta, LabelContract, string(cc.UID))
 		tc.Spec.URL = tn.Endpoint
 		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: computev1alpha1.MountCredentialCAKey}
-		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}}
+		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}, Market: true}
 		return nil
 	}); errors.Is(err, errMountNameTaken) {
 		return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil
 	} else if err != nil {
 		return false, "", "", fmt.Errorf("the TenantCluster: %w", err)
 	}
+	users, groups := s.mountAdmins()
+	want := tenant.MarketCredential{LogicalCluster: s.lc, Name: tc.Name, URL: tn.Endpoint, CA: tn.CA, Token: token, Users: users, Groups: groups}.Secret()
+	cred := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: want.Namespace, Name: want.Name}}
+	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.r.Mounts, cred, func() error {
+		cred.Labels, cred.Type, cred.Data = want.Labels, want.Type, want.Data
+		return nil
+	}); err != nil {
+		return false, "", "", fmt.Errorf("the mount's credential: %w", err)
+	}
+	// The Secret last: its change makes the TenantCluster be looked at
+	// again, by then with its credential.
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.c, sec, func() error {
 		metav1.SetMetaDataLabel(&sec.ObjectMeta, computev1alpha1.LabelMountCredential, tc.Name)
 		sec.Type = corev1.SecretTypeOpaque
-		users, groups := s.mountAdmins()
-		sec.Data = map[string][]byte{"token": []byte(token), computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint),
-			computev1alpha1.MountCredentialUsersKey: []byte(strings.Join(users, "\n")), computev1alpha1.MountCredentialGroupsKey: []byte(strings.Join(groups, "\n"))}
+		sec.Data = map[string][]byte{computev1alpha1.MountCredentialCAKey: tn.CA, computev1alpha1.MountCredentialURLKey: []byte(tn.Endpoint)}
 		return controllerutil.SetControllerReference(cc, sec, s.c.Scheme())
 	}); err != nil {
 		return false, "", "", fmt.Errorf("the tenant's Secret: %w", err)
@@ -381,7 +403,8 @@ func (s *session) refuse(cc *marketv1alpha1.ComputeContract, reason, msg string)
 }
 
 // undeliver removes the mount of a contract: the TenantCluster (when it is
-// the one deliver made: labelled with the contract's UID) and the copied CA and credential.
+// the one deliver made: labelled with the contract's UID), the Secret
+// with its URL and CA, and its credential in the provider's workspace.
 func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 	tc := &computev1alpha1.TenantCluster{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
@@ -397,5 +420,12 @@ func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 	if err := s.c.Delete(s.ctx, sec); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
+	if s.r.Mounts != nil {
+		cred := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenant.MarketNamespace, Name: tenant.MarketSecretName(s.lc, cc.Name)}}
+		if err := s.r.Mounts.Delete(s.ctx, cred); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	s.r.minted.Delete(cc.UID)
 	return nil
 }

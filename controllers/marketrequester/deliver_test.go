@@ -76,6 +76,9 @@ func TestPreCreatedTenantClusterDoesNotTakeTheMount(t *testing.T) {
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(got.Name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the contract's credential Secret was written beside the member's TenantCluster (%v)", err)
 	}
+	if mc := m.mountCredential(got.Name); mc.Token != "" {
+		t.Fatal("the mount's credential was kept for the member's TenantCluster")
+	}
 	var taken []clustertest.Event
 	for _, e := range m.shop.Events.Events() {
 		if e.Reason == ReasonMountNameTaken {
@@ -145,6 +148,9 @@ func (m *marketFixture) mountedNothing(name, reason string, forbidden ...string)
 	}
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(name)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 		m.t.Fatalf("the credential Secret was made (%v)", err)
+	}
+	if mc := m.mountCredential(name); mc.Token != "" {
+		m.t.Fatalf("the mount's credential was kept for %s", mc.URL)
 	}
 	var warned []clustertest.Event
 	for _, e := range m.shop.Events.Events() {
@@ -297,10 +303,8 @@ func TestImpostorBidderWorkspaceGetsNothing(t *testing.T) {
 		if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || tc.Spec.URL != lease.Endpoint || lease.Endpoint == endpoint {
 			t.Fatalf("%s: the TenantCluster %+v, %v: want the lease's endpoint %s", uid, tc.Spec, err, lease.Endpoint)
 		}
-		sec := &corev1.Secret{}
-		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil ||
-			!strings.HasPrefix(string(sec.Data["token"]), "markettest:did:plc:shop:"+lease.ServiceID+":") {
-			t.Fatalf("%s: the credential Secret: %v, token %q; want the requester's for %s", uid, err, sec.Data["token"], lease.ServiceID)
+		if mc := m.mountCredential(cc.Name); !strings.HasPrefix(mc.Token, "markettest:did:plc:shop:"+lease.ServiceID+":") || mc.URL != lease.Endpoint {
+			t.Fatalf("%s: the mount's credential %+v; want the requester's for %s", uid, mc, lease.ServiceID)
 		}
 		if len(m.tenants) != 1 || m.tenants[lease.Endpoint] == nil {
 			t.Fatalf("%s: the requester reached %v, want only %s", uid, slices.Collect(maps.Keys(m.tenants)), lease.Endpoint)
@@ -376,10 +380,9 @@ func TestMountReadsNoBidderWorkspace(t *testing.T) {
 	before := m.tenants[lease.Endpoint].token
 	m.clock.advance(31 * time.Second)
 	m.reconcileRequester()
-	sec := &corev1.Secret{}
-	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || string(sec.Data["token"]) == before ||
-		string(sec.Data["token"]) != strings.Replace(m.tenants[lease.Endpoint].token, ":"+serviceauth.Method+":", ":"+serviceauth.MountMethod+":", 1) {
-		t.Fatalf("the mount's token was not renewed, or not for the mount's method: %v %q", err, sec.Data["token"])
+	mc := m.mountCredential(cc.Name)
+	if mc.Token == before || mc.Token != strings.Replace(m.tenants[lease.Endpoint].token, ":"+serviceauth.Method+":", ":"+serviceauth.MountMethod+":", 1) {
+		t.Fatalf("the mount's token was not renewed, or not for the mount's method: %q", mc.Token)
 	}
 	// The mount's token is its own user's, which may impersonate the
 	// admins and the probe alone; the mount proxy is told whom to forward.
@@ -395,8 +398,20 @@ func TestMountReadsNoBidderWorkspace(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(role.Rules, wantRules) {
 		t.Fatalf("the mount's role: %+v %v; want %+v", role.Rules, err, wantRules)
 	}
-	if string(sec.Data[computev1alpha1.MountCredentialUsersKey]) != "bob" || string(sec.Data[computev1alpha1.MountCredentialGroupsKey]) != "ops" {
-		t.Fatalf("the mount's principals: %q %q", sec.Data[computev1alpha1.MountCredentialUsersKey], sec.Data[computev1alpha1.MountCredentialGroupsKey])
+	if !slices.Equal(mc.Users, []string{"bob"}) || !slices.Equal(mc.Groups, []string{"ops"}) {
+		t.Fatalf("the mount's principals: %q %q", mc.Users, mc.Groups)
+	}
+	// Nothing of it is in the requester's workspace: the TenantCluster
+	// says the credential is the market's, and its Secret holds the URL
+	// and CA alone.
+	tc := &computev1alpha1.TenantCluster{}
+	sec := &corev1.Secret{}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Name: cc.Name}, tc); err != nil || !tc.Spec.Credential.Market {
+		t.Fatalf("the TenantCluster's credential: %+v %v", tc.Spec.Credential, err)
+	}
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || len(sec.Data) != 2 ||
+		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != lease.Endpoint || len(sec.Data[computev1alpha1.MountCredentialCAKey]) == 0 {
+		t.Fatalf("the requester's workspace's Secret: keys %v, %v", slices.Collect(maps.Keys(sec.Data)), err)
 	}
 }
 
@@ -417,11 +432,7 @@ func TestMountTokenThroughFailures(t *testing.T) {
 	m.reconcileRequester()
 	token := func() string {
 		t.Helper()
-		sec := &corev1.Secret{}
-		if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil {
-			t.Fatal(err)
-		}
-		return string(sec.Data["token"])
+		return m.mountCredential(cc.Name).Token
 	}
 	setPhase := func(phase string) {
 		t.Helper()
@@ -502,8 +513,8 @@ func TestMountTokenThroughFailures(t *testing.T) {
 	}
 	m.clock.advance(time.Second) // a fake token names its expiry
 	m.reconcileRequester()
-	if token() == "a member's token" {
-		t.Fatal("a token a member wrote into the mount's Secret was kept")
+	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || token() == "a member's token" || sec.Data["token"] != nil {
+		t.Fatalf("a token a member wrote into the mount's Secret was kept (%v)", err)
 	}
 
 	// The bidder's lease stops naming a service identity of its own: the

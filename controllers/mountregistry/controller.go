@@ -14,11 +14,16 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
@@ -42,6 +47,20 @@ type Reconciler struct {
 	// Readiness, when set, learns of every TenantCluster the registry
 	// handled (the shim's /readyz).
 	Readiness *Readiness
+	// Market, when set, reads the market credentials in the provider's
+	// workspace (tenant.MarketNamespace): a market contract's mount is
+	// reached with its credential there. Without it, such mounts are
+	// refused.
+	Market client.Reader
+	// MarketSource, when set, tells of a change of a market credential
+	// as one of its TenantCluster (MarketSource).
+	MarketSource source.TypedSource[mcreconcile.Request]
+}
+
+// MarketSource is the source of changes of the market credentials the
+// cache c holds: each is a change of the TenantCluster its labels name.
+func MarketSource(c cache.Cache) source.TypedSource[mcreconcile.Request] {
+	return source.TypedKind(c, &corev1.Secret{}, handler.TypedEnqueueRequestsFromMapFunc(marketToTenant))
 }
 
 // SetupWithManager registers the controller and its reference index.
@@ -49,7 +68,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 	if err := tenant.AddIndex(ctx, mgr); err != nil {
 		return err
 	}
-	return engage.ControllerManagedBy(mgr).
+	b := engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&computev1alpha1.TenantCluster{}).
 		Watches(&corev1.Secret{}, tenant.EnqueueReferrers("Secret")).
@@ -57,8 +76,21 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			RateLimiter:           workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, time.Minute),
 			ReconciliationTimeout: time.Minute,
-		}).
-		Complete(r)
+		})
+	if r.MarketSource != nil {
+		b = b.WatchesRawSource(r.MarketSource)
+	}
+	return b.Complete(r)
+}
+
+// marketToTenant maps a market credential to the TenantCluster its labels
+// name.
+func marketToTenant(_ context.Context, s *corev1.Secret) []mcreconcile.Request {
+	lc, name := s.Labels[tenant.LabelMarketCluster], s.Labels[computev1alpha1.LabelMountCredential]
+	if lc == "" || name == "" {
+		return nil
+	}
+	return []mcreconcile.Request{{ClusterName: multicluster.ClusterName(lc), Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}}}
 }
 
 // Reconcile implements mcreconcile.Reconciler.
@@ -90,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (_ 
 			r.Readiness.Observed(lc, tc.Namespace, tc.Name, tc.ResourceVersion, false)
 		}
 	}()
-	t, resolveErr := tenant.Resolve(ctx, cl.GetClient(), lc, tc)
+	t, resolveErr := tenant.Resolve(ctx, cl.GetClient(), r.Market, lc, tc)
 	var ce *conditions.Error
 	switch {
 	case errors.As(resolveErr, &ce):

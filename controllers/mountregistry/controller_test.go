@@ -18,9 +18,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
+	"github.com/knotless-dev/knotless/apis"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/clustertest"
@@ -344,7 +346,7 @@ func TestCAIsBoundToTheCredential(t *testing.T) {
 	}
 	f.revoked(t)
 
-	_, err := tenant.Resolve(ctx, f.ws.Client, lc, tc)
+	_, err := tenant.Resolve(ctx, f.ws.Client, nil, lc, tc)
 	var ce *conditions.Error
 	if !errors.As(err, &ce) || ce.Reason != computev1alpha1.ReasonCABundleNotBound {
 		t.Fatalf("Resolve: %v, want reason %s", err, computev1alpha1.ReasonCABundleNotBound)
@@ -352,4 +354,54 @@ func TestCAIsBoundToTheCredential(t *testing.T) {
 	if strings.Contains(ce.Message, "default/cred") || strings.Contains(ce.Message, computev1alpha1.MountCredentialCAKey) {
 		t.Errorf("the condition names the credential Secret: %s", ce.Message)
 	}
+}
+
+// A market contract's mount is registered with the credential the
+// provider keeps for it, follows its renewal, and is revoked when it goes;
+// a change of it is a change of its TenantCluster.
+func TestMarketMountUsesTheProvidersCredential(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	tc := &computev1alpha1.TenantCluster{}
+	if err := f.ws.Client.Get(ctx, types.NamespacedName{Name: "tenant"}, tc); err != nil {
+		t.Fatal(err)
+	}
+	tc.Spec.Credential.Market = true
+	if err := f.ws.Client.Update(ctx, tc); err != nil {
+		t.Fatal(err)
+	}
+	// The workspace's Secret holds the URL and CA alone.
+	ws := &corev1.Secret{}
+	if err := f.ws.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "cred"}, ws); err != nil {
+		t.Fatal(err)
+	}
+	delete(ws.Data, "token")
+	if err := f.ws.Client.Update(ctx, ws); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	f.revoked(t) // no credential kept for it yet
+	cred := tenant.MarketCredential{LogicalCluster: lc, Name: "tenant", URL: f.tenant.URL, CA: f.tenant.ca.PEM, Token: "tenant-token", Users: []string{"alice"}}
+	market := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(cred.Secret()).Build()
+	f.r.Market = market
+	f.reconcile(t)
+	f.registered(t)
+
+	sec := cred.Secret()
+	if got := marketToTenant(ctx, sec); len(got) != 1 || got[0].ClusterName != lc || got[0].Name != "tenant" {
+		t.Fatalf("a change of the credential maps to %+v", got)
+	}
+	cred.Token = "renewed"
+	if err := market.Update(ctx, cred.Secret()); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	if code, _ := f.shim.get("/api"); code != http.StatusOK || f.tenant.authorizations()[len(f.tenant.authorizations())-1] != "Bearer renewed" {
+		t.Fatalf("after the renewal: %d %v", code, f.tenant.authorizations())
+	}
+	if err := market.Delete(ctx, cred.Secret()); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	f.revoked(t)
 }

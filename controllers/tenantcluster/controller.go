@@ -70,6 +70,10 @@ type Reconciler struct {
 	// Owner is the owner annotation of the mount workspaces (R15): the
 	// provider's identity, as bootstrap.OwnerAnnotation reports it.
 	Owner string
+	// Market reads the market credentials of the provider's workspace
+	// (tenant.MarketNamespace); nil: market contracts' mounts are not
+	// usable.
+	Market client.Reader
 }
 
 // SetupWithManager registers the controller and its reference index.
@@ -121,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	meta.SetStatusCondition(&st.Conditions, withGen(mounted, tc.Generation))
 
 	var res Result
-	_, err = tenant.Resolve(ctx, c, lc, tc)
+	_, err = tenant.Resolve(ctx, c, r.Market, lc, tc)
 	var ce *conditions.Error
 	switch {
 	case errors.As(err, &ce):

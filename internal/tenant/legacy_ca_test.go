@@ -35,7 +35,7 @@ func TestLegacyCredentialTakesOnlyItsOwnCA(t *testing.T) {
 		Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "default", Name: "cred"}},
 	}}
 	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(cred, evil).Build()
-	tn, err := Resolve(context.Background(), c, "lc", tc)
+	tn, err := Resolve(context.Background(), c, nil, "lc", tc)
 	if err == nil {
 		t.Fatalf("resolved with mallory's CA from another Secret (token %q): the legacy credential is not bound to its own Secret's CA", tn.Credential.Token)
 	}

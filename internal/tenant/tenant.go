@@ -5,13 +5,11 @@
 package tenant
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"net/url"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -70,7 +68,11 @@ func refs(o client.Object) []string {
 // Secret is labelled for (R22). A Secret that exists without the label or
 // for another URL is reported exactly like a missing one, so a
 // TenantCluster cannot probe for Secret names or URLs either.
-func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mount.Tenant, error) {
+//
+// A market contract's mount (spec.credential.market) is reached with the
+// credential the provider keeps for it in its own workspace, read
+// through market (nil: there is none): resolveMarket.
+func Resolve(ctx context.Context, c, market client.Reader, lc string, tc *computev1alpha1.TenantCluster) (mount.Tenant, error) {
 	t := mount.Tenant{LogicalCluster: lc, Name: tc.Name}
 	u, err := url.Parse(tc.Spec.URL)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
@@ -91,6 +93,9 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "%s %s/%s key %q holds no PEM certificate", ref.Kind, ref.Namespace, ref.Name, ref.Key)
 	}
 
+	if tc.Spec.Credential.Market {
+		return resolveMarket(ctx, market, t, tc, pemCA)
+	}
 	data, err := mountSecret(ctx, c, tc, cref.Namespace, cref.Name, computev1alpha1.ReasonCredentialNotFound)
 	if err != nil {
 		return t, err
@@ -98,18 +103,8 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 	if !boundCA(tc, pemCA, data[computev1alpha1.MountCredentialCAKey]) {
 		return t, conditions.Errorf(computev1alpha1.ReasonCABundleNotBound, nil, "spec.caBundle does not hold the CA bundle the credential is bound to: the tenant is not used")
 	}
-	crt, key, token := data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey], data["token"]
-	switch {
-	case len(token) > 0 && len(crt) == 0 && len(key) == 0:
-		t.Credential.Token = string(token)
-	case len(token) == 0 && len(crt) > 0 && len(key) > 0:
-		pair, err := tls.X509KeyPair(crt, key)
-		if err != nil {
-			return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s: tls.crt/tls.key: %v", cref.Namespace, cref.Name, err)
-		}
-		t.Credential.ClientCert = &pair
-	default:
-		return t, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
+	if t.Credential, err = credential(data, cref); err != nil {
+		return t, err
 	}
 	users, hasUsers := data[computev1alpha1.MountCredentialUsersKey]
 	groups, hasGroups := data[computev1alpha1.MountCredentialGroupsKey]
@@ -117,6 +112,23 @@ func Resolve(ctx context.Context, c client.Reader, lc string, tc *computev1alpha
 		t.Impersonate = &mount.Principals{Users: lines(users), Groups: lines(groups)}
 	}
 	return t, nil
+}
+
+// credential is the credential the data of the Secret cref holds: a
+// client certificate (tls.crt and tls.key) or a token, not both.
+func credential(data map[string][]byte, cref computev1alpha1.SecretRef) (mount.Credential, error) {
+	crt, key, token := data[corev1.TLSCertKey], data[corev1.TLSPrivateKeyKey], data["token"]
+	switch {
+	case len(token) > 0 && len(crt) == 0 && len(key) == 0:
+		return mount.Credential{Token: string(token)}, nil
+	case len(token) == 0 && len(crt) > 0 && len(key) > 0:
+		pair, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			return mount.Credential{}, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s: tls.crt/tls.key: %v", cref.Namespace, cref.Name, err)
+		}
+		return mount.Credential{ClientCert: &pair}, nil
+	}
+	return mount.Credential{}, conditions.Errorf(computev1alpha1.ReasonInvalidSpec, nil, "Secret %s/%s must hold either tls.crt and tls.key or token", cref.Namespace, cref.Name)
 }
 
 // lines are the non-empty lines of b.
@@ -146,18 +158,7 @@ func boundCA(tc *computev1alpha1.TenantCluster, pemCA, bound []byte) bool {
 		ref, cref := tc.Spec.CABundle, tc.Spec.Credential.SecretRef
 		return ref.Kind == "Secret" && ref.Namespace == cref.Namespace && ref.Name == cref.Name
 	}
-	a, b := certificates(pemCA), certificates(bound)
-	if len(a) == 0 || len(a) != len(b) {
-		return false
-	}
-	slices.SortFunc(a, bytes.Compare)
-	slices.SortFunc(b, bytes.Compare)
-	for i := range a {
-		if !bytes.Equal(a[i], b[i]) {
-			return false
-		}
-	}
-	return true
+	return sameCertificates(pemCA, bound)
 }
 
 // certificates returns the DER of every CERTIFICATE block of a PEM

@@ -101,7 +101,7 @@ func TestResolve(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(tt.objs...).Build()
-			got, err := Resolve(context.Background(), c, "lc", tt.tc)
+			got, err := Resolve(context.Background(), c, nil, "lc", tt.tc)
 			var te *conditions.Error
 			switch {
 			case tt.reason == "" && err != nil:
@@ -165,7 +165,7 @@ func TestResolveOnlyLabelledSecretsOfOneNamespace(t *testing.T) {
 		}
 	}
 	missing := func(ns, name string) string {
-		_, err := Resolve(context.Background(), c, "lc", tc(ns, ns, name))
+		_, err := Resolve(context.Background(), c, nil, "lc", tc(ns, ns, name))
 		return err.Error()
 	}
 	for _, tt := range []struct {
@@ -178,7 +178,7 @@ func TestResolveOnlyLabelledSecretsOfOneNamespace(t *testing.T) {
 		{"not labelled", tc("market", "market", "unlabelled"), computev1alpha1.ReasonCredentialNotFound},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := Resolve(context.Background(), c, "lc", tt.tc)
+			got, err := Resolve(context.Background(), c, nil, "lc", tt.tc)
 			var te *conditions.Error
 			if !errors.As(err, &te) || te.Reason != tt.reason {
 				t.Fatalf("error %v, want reason %s", err, tt.reason)
@@ -226,7 +226,7 @@ func TestLabelledCredentialDoesNotFollowTheURL(t *testing.T) {
 			Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: "market", Name: "cc-tenant"}},
 		},
 	}
-	got, err := Resolve(context.Background(), c, "lc", tc)
+	got, err := Resolve(context.Background(), c, nil, "lc", tc)
 	if err == nil || got.Credential.Token != "" {
 		t.Fatalf("resolved token %q for %s (err %v): the contract's credential follows a URL its writer never chose", got.Credential.Token, tc.Spec.URL, err)
 	}
@@ -236,7 +236,7 @@ func TestLabelledCredentialDoesNotFollowTheURL(t *testing.T) {
 	}
 	missing := tc.DeepCopy()
 	missing.Spec.Credential.SecretRef.Name = "no-such-secret"
-	_, want := Resolve(context.Background(), c, "lc", missing)
+	_, want := Resolve(context.Background(), c, nil, "lc", missing)
 	if strings.Replace(err.Error(), "cc-tenant", "no-such-secret", 1) != want.Error() || strings.Contains(err.Error(), "10.0.0.7") {
 		t.Errorf("refusal %q differs from a missing Secret's %q", err, want)
 	}

@@ -133,6 +133,17 @@ type SecretRef struct {
 // forwards every request as the kcp user who made it.
 type TenantCredential struct {
 	SecretRef SecretRef `json:"secretRef"`
+	// Market says the credential is not in this workspace: it is the one
+	// the provider keeps in its own workspace for this TenantCluster, the
+	// mount of a market contract (the requester's identity on the
+	// tenant, which no user of this workspace can read). The Secret
+	// secretRef names then holds no credential, only the tenant's URL
+	// and CA bundle, and both must be the ones the provider's credential
+	// is bound to. Only a market contract's mount has such a credential:
+	// a TenantCluster a user makes with it is refused
+	// (CredentialNotFound).
+	// +optional
+	Market bool `json:"market,omitempty"`
 }
 
 // TenantClusterSpec is written only by the user (or the market
