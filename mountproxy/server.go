@@ -225,7 +225,7 @@ const (
 	// ReasonPrivilegedGroup: system:masters is never asserted to a tenant.
 	ReasonPrivilegedGroup = "PrivilegedGroupNotAllowed"
 	// ReasonNotTenantAdmin: the mounted workspace forwards only some kcp
-	// users and groups (a market contract's: spec.tenantAdmins), and the
+	// users (a market contract's: spec.tenantAdmins.users), and the
 	// caller is none of them.
 	ReasonNotTenantAdmin = "NotTenantAdmin"
 	// ReasonProbeNotAllowed: a probe certificate asked for more than a
@@ -449,7 +449,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow := e.tenant.Impersonate; allow != nil {
 		if c = restrict(c, allow, probe); c == nil {
-			s.refuse(w, start, http.StatusForbidden, ReasonNotTenantAdmin, "the caller is none of the users and groups this mounted workspace forwards to its tenant")
+			s.refuse(w, start, http.StatusForbidden, ReasonNotTenantAdmin, "the caller is not one of the users this mounted workspace forwards to its tenant")
 			return
 		}
 	}
@@ -463,18 +463,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // restrict returns the caller as a tenant that lets its mount assert
-// only the principals allow sees them: a named user, or a member of a
-// named group, with only the named groups and no extra; the probe as its
-// own user only. It returns nil for anyone else.
+// only the principals allow sees them: a named user, with only the named
+// groups of theirs and no extra; the probe as its own user only. It
+// returns nil for anyone else: a tenant lets an impersonator assert a
+// user only by name, so a member of a named group who is not a named
+// user could not be asserted there either.
 func restrict(c *Caller, allow *mount.Principals, probe bool) *Caller {
 	if probe {
 		return &Caller{User: c.User}
 	}
-	groups := slices.DeleteFunc(slices.Clone(c.Groups), func(g string) bool { return !slices.Contains(allow.Groups, g) })
-	if len(groups) == 0 && !slices.Contains(allow.Users, c.User) {
+	if !slices.Contains(allow.Users, c.User) {
 		return nil
 	}
-	return &Caller{User: c.User, Groups: groups}
+	return &Caller{User: c.User, Groups: slices.DeleteFunc(slices.Clone(c.Groups), func(g string) bool { return !slices.Contains(allow.Groups, g) })}
 }
 
 // forward is what the shared reverse proxy needs to know about one

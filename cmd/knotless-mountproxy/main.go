@@ -19,10 +19,13 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -118,13 +121,8 @@ func run(ctx context.Context, o *options.Options) error {
 	// Ready only once the registry has read every TenantCluster, so a
 	// replica never refuses tenants it has not read yet.
 	readiness := mountregistry.NewReadiness()
-	// The market contracts' mount credentials, which the provider keeps in
-	// its own workspace: one namespace's Secrets, read and watched.
-	market, err := cache.New(wsCfg, cache.Options{Scheme: scheme, DefaultNamespaces: map[string]cache.Config{tenant.MarketNamespace: {}}})
+	market, err := marketCache(ctx, mgr, wsCfg, scheme)
 	if err != nil {
-		return fmt.Errorf("the market credentials' cache: %w", err)
-	}
-	if err := mgr.GetLocalManager().Add(market); err != nil {
 		return err
 	}
 	if err := (&mountregistry.Reconciler{GetCluster: mgr.GetCluster, Registry: registry, Readiness: readiness, Market: market, MarketSource: mountregistry.MarketSource(market)}).SetupWithManager(ctx, mgr); err != nil {
@@ -194,4 +192,24 @@ func newShim(o *options.Options, cfg *rest.Config, registry *mountproxy.Registry
 		PathPrefix: o.PathPrefix, Registry: registry, Authorizer: authz,
 		Headers: o.Headers, Registerer: metrics.Registry, Log: logger.WithName("shim"),
 	})
+}
+
+// marketCache is the cache of the market contracts' mount credentials,
+// which the provider keeps in its own workspace (cfg): the Secrets of
+// tenant.MarketNamespace, read and watched, started with mgr. An identity
+// that may not read them is told so at once, not after the cache's sync
+// times out.
+func marketCache(ctx context.Context, mgr mcmanager.Manager, cfg *rest.Config, scheme *k8sruntime.Scheme) (cache.Cache, error) {
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.List(ctx, &corev1.SecretList{}, client.InNamespace(tenant.MarketNamespace), client.Limit(1)); err != nil {
+		return nil, fmt.Errorf("listing the Secrets of namespace %s of the provider workspace, where the market mounts' credentials are kept (docs/install.md, identities and permissions): %w", tenant.MarketNamespace, err)
+	}
+	market, err := cache.New(cfg, cache.Options{Scheme: scheme, DefaultNamespaces: map[string]cache.Config{tenant.MarketNamespace: {}}})
+	if err != nil {
+		return nil, fmt.Errorf("the market credentials' cache: %w", err)
+	}
+	return market, mgr.GetLocalManager().Add(market)
 }

@@ -219,8 +219,37 @@ func marketMounts(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime
 	if err := bootstrap.EnsureNamespace(ctx, cfg, tenant.MarketNamespace); err != nil {
 		return nil, fmt.Errorf("the namespace %s of the market's mount credentials: %w", tenant.MarketNamespace, err)
 	}
-	return client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	// Credentials a contract or workspace left behind, going without the
+	// market ending its mount, are deleted once their token has expired
+	// (by the leader: a runnable of the manager).
+	logger := mgr.GetLogger().WithName("mount-credentials")
+	return c, mgr.GetLocalManager().Add(manager.RunnableFunc(func(ctx context.Context) error {
+		for {
+			if n, err := tenant.SweepMarket(ctx, c, time.Now(), mountSweepGrace); err != nil {
+				logger.Error(err, "sweeping expired mount credentials")
+			} else if n > 0 {
+				logger.Info("expired mount credentials deleted", "count", n)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(mountSweepEvery):
+			}
+		}
+	}))
 }
+
+// A mount's credential whose token expired mountSweepGrace ago is
+// deleted, looked for every mountSweepEvery: a live contract's is
+// renewed 4 minutes before its token ends (and minted anew if it goes).
+const (
+	mountSweepEvery = 10 * time.Minute
+	mountSweepGrace = 10 * time.Minute
+)
 
 // setupControllers registers the provider's controllers but tenantcluster
 // (docs/controllers.md), with what they share: the Vault client, the DID

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
@@ -145,11 +147,15 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 		s.due(s.now.Add(mountTokenRetry))
 		return held(ReasonTenantNotPublished, "the bidder's lease does not say how to reach the tenant ("+err.Error()+"): the tenant is not mounted anew")
 	}
-	mt, current := s.mountToken(cc, tc, tn)
+	if s.r.Mounts == nil {
+		return false, "", "", errNoMountStore
+	}
+	mt, current := s.mountToken(cc, tn)
 	if current && mt.fresh(s.now, tn.ServiceID, s.adminsKey()) {
+		// What a member changed of the mount in the workspace is put back;
+		// nothing is minted for it.
 		s.due(mt.expires.Add(-mountTokenRenew))
-		ready, why := mountState(tc)
-		return ready, "", why, nil
+		return s.mount(cc, tn, "", time.Time{})
 	}
 	// A snapshot to restore goes into the tenant before it is mounted.
 	if tc == nil {
@@ -240,27 +246,35 @@ func tokenSum(token []byte) string {
 }
 
 // mountToken returns the token this process minted for cc's mount, and
-// whether the mount is current: its TenantCluster (tc, nil when there is
-// none) and Secret are the contract's, for the tenant tn (endpoint and
-// CA), and the market credential holds that token for them.
-func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tc *computev1alpha1.TenantCluster, tn deal.Tenant) (mountedToken, bool) {
+// whether the mount's credential in the provider's workspace holds it,
+// for the tenant tn (endpoint and CA). What the requester's workspace
+// holds of the mount is not looked at: it is written again at every pass
+// (mount), and nothing its members write there makes a token be minted.
+func (s *session) mountToken(cc *marketv1alpha1.ComputeContract, tn deal.Tenant) (mountedToken, bool) {
 	v, ok := s.r.minted.Load(cc.UID)
-	if !ok || tc == nil || tc.Spec.URL != tn.Endpoint || tc.Spec.Credential.SecretRef.Name != tenantCredential(cc.Name) || !tc.Spec.Credential.Market || s.r.Mounts == nil {
+	if !ok {
 		return mountedToken{}, false
 	}
 	mt := v.(mountedToken)
-	sec := &corev1.Secret{}
-	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: cc.Namespace, Name: tenantCredential(cc.Name)}, sec); err != nil ||
-		string(sec.Data[computev1alpha1.MountCredentialURLKey]) != tn.Endpoint || !bytes.Equal(sec.Data[computev1alpha1.MountCredentialCAKey], tn.CA) ||
-		len(sec.Data["token"]) != 0 {
-		return mountedToken{}, false
+	mc, ok, err := tenant.ReadMarket(s.ctx, s.r.Mounts, s.lc, cc.Name)
+	if err != nil {
+		log.FromContext(s.ctx).Info("the mount's credential could not be read", "contract", cc.Name, "error", err.Error())
 	}
-	mc, ok, err := tenant.ReadMarket(s.ctx, s.r.Mounts, s.lc, tc.Name)
-	if err != nil || !ok || mc.URL != tn.Endpoint || !bytes.Equal(mc.CA, tn.CA) || tokenSum([]byte(mc.Token)) != mt.sum {
+	if err != nil || !ok || mc.Contract != string(cc.UID) || mc.URL != tn.Endpoint || !bytes.Equal(mc.CA, tn.CA) || tokenSum([]byte(mc.Token)) != mt.sum {
 		return mountedToken{}, false
 	}
 	return mt, true
 }
+
+// errNoMountStore: the provider runs without a client of its own
+// workspace (Reconciler.Mounts), where mounts' credentials are kept.
+var errNoMountStore = errors.New("the provider has no store for the mounts' credentials")
+
+// errCredentialNotKept is the error of a mount whose credential the
+// provider's workspace did not take; why is in the provider's log only,
+// since the contract's status shows it to the requester's workspace and
+// must not tell of the provider's (R17).
+var errCredentialNotKept = errors.New("the provider could not keep the mount's credential (the provider's log says why)")
 
 // adminsKey names spec.tenantAdmins (mountedToken.admins).
 func (s *session) adminsKey() string {
@@ -274,8 +288,8 @@ func (s *session) adminsKey() string {
 	return linesKey(lines)
 }
 
-// applyMountAdmins binds spec.tenantAdmins (kcp users and groups; no
-// system: name, which means something of its own on a tenant) to
+// applyMountAdmins binds spec.tenantAdmins (kcp users and groups, as
+// mountAdmins keeps them) to
 // mountAdminRole on the tenant of cs, and the mount's user to
 // impersonating them (mountRole).
 func (s *session) applyMountAdmins(ctx context.Context, cs kubernetes.Interface) error {
@@ -295,10 +309,16 @@ func (s *session) applyMountAdmins(ctx context.Context, cs kubernetes.Interface)
 }
 
 // mountAdmins are the users and groups of spec.tenantAdmins the mount
-// asserts on the tenant, sorted: no system: name.
+// asserts on the tenant, sorted: no system: name (which means something
+// of its own on a tenant), no did: name (a DID, or the mount's own user,
+// has rights of its own there) and no name with a space or a control
+// character (the mount proxy reads the names a line each).
 func (s *session) mountAdmins() (users, groups []string) {
 	keep := func(names []string) []string {
-		out := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return strings.HasPrefix(n, "system:") })
+		out := slices.DeleteFunc(slices.Clone(names), func(n string) bool {
+			return n == "" || strings.HasPrefix(n, "system:") || strings.HasPrefix(n, "did:") ||
+				strings.ContainsFunc(n, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) })
+		})
 		slices.Sort(out)
 		return slices.Compact(out)
 	}
@@ -319,8 +339,9 @@ func mountRules(users, groups []string) []rbacv1.PolicyRule {
 }
 
 // mount writes the contract's TenantCluster, the Secret with the
-// tenant's URL and CA bundle it reads (labelled for it alone), and the
-// market credential in the provider's workspace: the token, bound to the
+// tenant's URL and CA bundle it reads (labelled for it alone) and, with a
+// newly minted token (token not ""), first the market credential in the
+// provider's workspace: the token, bound to the contract, its
 // TenantCluster, the tenant's endpoint and CA, with the users and groups
 // the mount may assert (tenant.MarketCredential). Whoever changes the
 // TenantCluster's URL or CA afterwards does not get the token sent
@@ -328,9 +349,6 @@ func mountRules(users, groups []string) []rbacv1.PolicyRule {
 // is the requester's service-auth token for the tenant's mount alone,
 // expiring at exp.
 func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, token string, exp time.Time) (bool, string, string, error) {
-	if s.r.Mounts == nil {
-		return false, "", "", errors.New("the provider has no store for the mounts' credentials")
-	}
 	ns := cc.Namespace
 	name := tenantCredential(cc.Name)
 	tc := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: cc.Name}}
@@ -348,14 +366,19 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 	} else if err != nil {
 		return false, "", "", fmt.Errorf("the TenantCluster: %w", err)
 	}
-	users, groups := s.mountAdmins()
-	want := tenant.MarketCredential{LogicalCluster: s.lc, Name: tc.Name, URL: tn.Endpoint, CA: tn.CA, Token: token, Users: users, Groups: groups}.Secret()
-	cred := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: want.Namespace, Name: want.Name}}
-	if _, err := controllerutil.CreateOrUpdate(s.ctx, s.r.Mounts, cred, func() error {
-		cred.Labels, cred.Type, cred.Data = want.Labels, want.Type, want.Data
-		return nil
-	}); err != nil {
-		return false, "", "", fmt.Errorf("the mount's credential: %w", err)
+	if token != "" {
+		users, groups := s.mountAdmins()
+		want := tenant.MarketCredential{LogicalCluster: s.lc, Name: tc.Name, Contract: string(cc.UID), URL: tn.Endpoint, CA: tn.CA, Token: token,
+			Users: users, Groups: groups, Expires: exp}.Secret()
+		cred := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: want.Namespace, Name: want.Name}}
+		if _, err := controllerutil.CreateOrUpdate(s.ctx, s.r.Mounts, cred, func() error {
+			cred.Labels, cred.Type, cred.Data = want.Labels, want.Type, want.Data
+			return nil
+		}); err != nil {
+			log.FromContext(s.ctx).Error(err, "keeping the mount's credential", "contract", cc.Name)
+			return false, "", "", errCredentialNotKept
+		}
+		s.r.minted.Store(cc.UID, mountedToken{expires: exp, audience: tn.ServiceID, admins: s.adminsKey(), sum: tokenSum([]byte(token))})
 	}
 	// The Secret last: its change makes the TenantCluster be looked at
 	// again, by then with its credential.
@@ -368,7 +391,6 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 	}); err != nil {
 		return false, "", "", fmt.Errorf("the tenant's Secret: %w", err)
 	}
-	s.r.minted.Store(cc.UID, mountedToken{expires: exp, audience: tn.ServiceID, admins: s.adminsKey(), sum: tokenSum([]byte(token))})
 	ready, why := mountState(tc)
 	return ready, "", why, nil
 }
@@ -404,7 +426,9 @@ func (s *session) refuse(cc *marketv1alpha1.ComputeContract, reason, msg string)
 
 // undeliver removes the mount of a contract: the TenantCluster (when it is
 // the one deliver made: labelled with the contract's UID), the Secret
-// with its URL and CA, and its credential in the provider's workspace.
+// with its URL and CA, and its credential in the provider's workspace
+// (when it is the contract's: another contract of the name, in another
+// namespace, leaves it).
 func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 	tc := &computev1alpha1.TenantCluster{}
 	if err := s.c.Get(s.ctx, client.ObjectKey{Name: cc.Name}, tc); err == nil {
@@ -421,9 +445,9 @@ func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 		return err
 	}
 	if s.r.Mounts != nil {
-		cred := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenant.MarketNamespace, Name: tenant.MarketSecretName(s.lc, cc.Name)}}
-		if err := s.r.Mounts.Delete(s.ctx, cred); err != nil && !apierrors.IsNotFound(err) {
-			return err
+		if err := tenant.DeleteMarket(s.ctx, s.r.Mounts, s.lc, cc.Name, string(cc.UID)); err != nil {
+			log.FromContext(s.ctx).Error(err, "deleting the mount's credential", "contract", cc.Name)
+			return errCredentialNotKept
 		}
 	}
 	s.r.minted.Delete(cc.UID)

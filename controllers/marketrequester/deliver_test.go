@@ -3,6 +3,8 @@ package marketrequester
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -16,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
@@ -511,8 +514,12 @@ func TestMountTokenThroughFailures(t *testing.T) {
 	if err := m.shop.Client.Update(ctx, sec); err != nil {
 		t.Fatal(err)
 	}
+	minted := calls()
 	m.clock.advance(time.Second) // a fake token names its expiry
 	m.reconcileRequester()
+	if n := calls() - minted; n != 0 {
+		t.Fatalf("a member's write into the mount's Secret made %d tokens be minted", n)
+	}
 	if err := m.shop.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tenantCredential(cc.Name)}, sec); err != nil || token() == "a member's token" || sec.Data["token"] != nil {
 		t.Fatalf("a token a member wrote into the mount's Secret was kept (%v)", err)
 	}
@@ -572,5 +579,30 @@ func TestForgedSecretDoesNotHoldBackAdminRemoval(t *testing.T) {
 	want := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "bob"}}
 	if !slices.Equal(crb.Subjects, want) {
 		t.Fatalf("after alice's removal the tenant's %s still binds %+v, want %+v", mountAdminRole, crb.Subjects, want)
+	}
+}
+
+// The provider's workspace failing to keep the mount's credential shows
+// in the contract's status without anything of the provider's (its
+// kcp's address, its user, the namespace): R17.
+func TestCredentialNotKeptTellsNothingOfTheProvider(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2))
+	m.req.Mounts = interceptor.NewClient(m.mounts.(client.WithWatch), interceptor.Funcs{
+		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+			return errors.New(`Post "https://kcp.internal:6443/clusters/root:knotless/api/v1/namespaces/knotless-mounts/secrets": dial tcp 10.1.2.3:6443: connection refused`)
+		},
+	})
+	m.dealRunning(drivertest.TestCA(t))
+	if _, err := m.req.Reconcile(context.Background(), mcreconcile.Request{ClusterName: "shop", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "shop"}}}); err == nil {
+		t.Fatal("the mount went on without its credential")
+	}
+	cc := contracts(t, m.shop)[0]
+	for _, o := range []client.Object{&cc, m.requester()} {
+		raw := fmt.Sprintf("%+v", o)
+		for _, leak := range []string{"kcp.internal", "10.1.2.3", "knotless-mounts", "root:knotless"} {
+			if strings.Contains(raw, leak) {
+				t.Errorf("%T %s tells of the provider's %q", o, o.GetName(), leak)
+			}
+		}
 	}
 }

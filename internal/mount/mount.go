@@ -38,9 +38,9 @@ type Tenant struct {
 	Credential Credential
 	// Impersonate, when not nil, is all the shim may assert on the
 	// tenant (a market contract's mount, whose credential may
-	// impersonate these alone): a caller who is none of its users and in
-	// none of its groups is refused; of a caller's groups only its own
-	// are asserted, and no extra.
+	// impersonate these alone): a caller who is none of its users is
+	// refused; of a caller's groups only its own are asserted, and no
+	// extra.
 	Impersonate *Principals
 }
 

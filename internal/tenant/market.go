@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -34,19 +35,23 @@ const LabelMarketCluster = "compute.knotless.dev/logical-cluster"
 // principals: the logical cluster and the TenantCluster it is for, which
 // reading checks against the name it was found by.
 const (
-	marketClusterKey = "logical-cluster"
-	marketNameKey    = "tenantcluster"
+	marketClusterKey  = "logical-cluster"
+	marketNameKey     = "tenantcluster"
+	marketContractKey = "contract-uid"
+	marketExpiresKey  = "expires"
 )
 
 // MarketCredential is what the provider keeps for the mount of a market
-// contract: the TenantCluster Name of logical cluster LogicalCluster, at
-// URL and verified by CA, is reached with Token, asserting Users and
-// Groups alone (mount.Tenant.Impersonate).
+// contract (of UID Contract): the TenantCluster Name of logical cluster
+// LogicalCluster, at URL and verified by CA, is reached with Token,
+// which expires at Expires, asserting Users and Groups alone
+// (mount.Tenant.Impersonate).
 type MarketCredential struct {
-	LogicalCluster, Name, URL string
-	CA                        []byte
-	Token                     string
-	Users, Groups             []string
+	LogicalCluster, Name, Contract, URL string
+	CA                                  []byte
+	Token                               string
+	Users, Groups                       []string
+	Expires                             time.Time
 }
 
 // MarketSecretName is the name of the Secret of MarketNamespace that holds
@@ -65,7 +70,8 @@ func (m MarketCredential) Secret() *corev1.Secret {
 		Data: map[string][]byte{
 			"token": []byte(m.Token), computev1alpha1.MountCredentialURLKey: []byte(m.URL), computev1alpha1.MountCredentialCAKey: m.CA,
 			computev1alpha1.MountCredentialUsersKey: []byte(strings.Join(m.Users, "\n")), computev1alpha1.MountCredentialGroupsKey: []byte(strings.Join(m.Groups, "\n")),
-			marketClusterKey: []byte(m.LogicalCluster), marketNameKey: []byte(m.Name),
+			marketClusterKey: []byte(m.LogicalCluster), marketNameKey: []byte(m.Name), marketContractKey: []byte(m.Contract),
+			marketExpiresKey: []byte(m.Expires.UTC().Format(time.RFC3339)),
 		},
 	}
 }
@@ -81,12 +87,58 @@ func ReadMarket(ctx context.Context, c client.Reader, lc, name string) (MarketCr
 		}
 		return MarketCredential{}, false, err
 	}
-	d := s.Data
-	if string(d[marketClusterKey]) != lc || string(d[marketNameKey]) != name || len(d["token"]) == 0 {
+	if d := s.Data; string(d[marketClusterKey]) != lc || string(d[marketNameKey]) != name || len(d["token"]) == 0 {
 		return MarketCredential{}, false, nil
 	}
-	return MarketCredential{LogicalCluster: lc, Name: name, URL: string(d[computev1alpha1.MountCredentialURLKey]), CA: d[computev1alpha1.MountCredentialCAKey],
-		Token: string(d["token"]), Users: lines(d[computev1alpha1.MountCredentialUsersKey]), Groups: lines(d[computev1alpha1.MountCredentialGroupsKey])}, true, nil
+	return marketOf(s), true, nil
+}
+
+// marketOf is the credential a Secret of MarketNamespace holds.
+func marketOf(s *corev1.Secret) MarketCredential {
+	d := s.Data
+	exp, _ := time.Parse(time.RFC3339, string(d[marketExpiresKey]))
+	return MarketCredential{LogicalCluster: string(d[marketClusterKey]), Name: string(d[marketNameKey]), Contract: string(d[marketContractKey]),
+		URL: string(d[computev1alpha1.MountCredentialURLKey]), CA: d[computev1alpha1.MountCredentialCAKey], Token: string(d["token"]),
+		Users: lines(d[computev1alpha1.MountCredentialUsersKey]), Groups: lines(d[computev1alpha1.MountCredentialGroupsKey]), Expires: exp}
+}
+
+// DeleteMarket deletes the credential the provider keeps for the
+// TenantCluster name of the logical cluster lc, when it is the one of
+// the contract of UID contract (another contract of that name, in
+// another namespace of the workspace, does not delete it).
+func DeleteMarket(ctx context.Context, c client.Client, lc, name, contract string) error {
+	s := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: MarketNamespace, Name: MarketSecretName(lc, name)}, s); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if string(s.Data[marketContractKey]) != contract {
+		return nil
+	}
+	return client.IgnoreNotFound(c.Delete(ctx, s, client.Preconditions{UID: &s.UID, ResourceVersion: &s.ResourceVersion}))
+}
+
+// SweepMarket deletes the credentials of MarketNamespace whose token
+// expired more than grace before now: a contract or workspace that went
+// without the market ending its mount leaves its credential behind,
+// which no mount can use once its token has expired. It returns how many
+// it deleted.
+func SweepMarket(ctx context.Context, c client.Client, now time.Time, grace time.Duration) (int, error) {
+	var secs corev1.SecretList
+	if err := c.List(ctx, &secs, client.InNamespace(MarketNamespace)); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range secs.Items {
+		s := &secs.Items[i]
+		if exp := marketOf(s).Expires; exp.IsZero() || exp.Add(grace).After(now) {
+			continue
+		}
+		if err := c.Delete(ctx, s, client.Preconditions{UID: &s.UID, ResourceVersion: &s.ResourceVersion}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // resolveMarket completes t, the tenant of tc (a market contract's mount)

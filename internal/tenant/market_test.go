@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,5 +86,48 @@ func TestMarketCredentialIsTheProvidersAndBound(t *testing.T) {
 	// Another logical cluster's TenantCluster of the same name gets nothing.
 	if got, err := Resolve(ctx, ws, provider, "lc2", tc); err == nil || got.Credential.Token != "" {
 		t.Errorf("another logical cluster: %q, %v", got.Credential.Token, err)
+	}
+}
+
+// A contract deletes only its own credential: another contract of the
+// name (in another namespace of the workspace) leaves it.
+func TestDeleteMarketDeletesOnlyTheContracts(t *testing.T) {
+	ctx := context.Background()
+	cred := MarketCredential{LogicalCluster: "lc", Name: "cc", Contract: "uid-1", URL: "https://10.0.0.7:6443", Token: "t"}
+	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(cred.Secret()).Build()
+	if err := DeleteMarket(ctx, c, "lc", "cc", "uid-2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := ReadMarket(ctx, c, "lc", "cc"); !ok || err != nil {
+		t.Fatalf("another contract deleted the credential (%v)", err)
+	}
+	if err := DeleteMarket(ctx, c, "lc", "cc", "uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := ReadMarket(ctx, c, "lc", "cc"); ok || err != nil {
+		t.Fatalf("the contract's credential is still there (%v)", err)
+	}
+	if err := DeleteMarket(ctx, c, "lc", "cc", "uid-1"); err != nil {
+		t.Fatalf("deleting a credential that is gone: %v", err)
+	}
+}
+
+// Credentials left behind are deleted once their token has expired past
+// the grace; live ones stay.
+func TestSweepMarketDeletesExpiredCredentials(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	live := MarketCredential{LogicalCluster: "lc", Name: "live", Token: "t", Expires: now.Add(5 * time.Minute)}
+	recent := MarketCredential{LogicalCluster: "lc", Name: "recent", Token: "t", Expires: now.Add(-5 * time.Minute)}
+	left := MarketCredential{LogicalCluster: "lc", Name: "left", Token: "t", Expires: now.Add(-time.Hour)}
+	c := fake.NewClientBuilder().WithScheme(apis.NewScheme()).WithObjects(live.Secret(), recent.Secret(), left.Secret()).Build()
+	n, err := SweepMarket(ctx, c, now, 10*time.Minute)
+	if err != nil || n != 1 {
+		t.Fatalf("SweepMarket = %d, %v; want 1", n, err)
+	}
+	for name, want := range map[string]bool{"live": true, "recent": true, "left": false} {
+		if _, ok, _ := ReadMarket(ctx, c, "lc", name); ok != want {
+			t.Errorf("%s: kept %v, want %v", name, ok, want)
+		}
 	}
 }
