@@ -91,6 +91,15 @@ func fromRelease(t *testing.T, dir string) installed {
 			t.Fatalf("docker load of the release's %s: %v: %s", name, err, out)
 		}
 	}
+	// The kubectl plugin runs from its tarball and says its version.
+	plugin := t.TempDir()
+	if out, err := exec.CommandContext(t.Context(), "tar", "-xzf", filepath.Join(dir, "kubectl-knotless-"+version+"-linux-amd64.tar.gz"), "-C", plugin).CombinedOutput(); err != nil {
+		t.Fatalf("the release's kubectl-knotless tarball: %v: %s", err, out)
+	}
+	if out, err := exec.CommandContext(t.Context(), filepath.Join(plugin, "kubectl-knotless-"+version, "kubectl-knotless"), "version").CombinedOutput(); err != nil ||
+		!strings.HasPrefix(string(out), "kubectl-knotless "+version+" (") {
+		t.Errorf("the release's kubectl-knotless version: %q, %v", out, err)
+	}
 	t.Logf("installing release %s from %s only (its chart and saved images)", version, dir)
 	return installed{chart: filepath.Join(dir, "knotless-"+version+".tgz"), tag: version}
 }

@@ -11,6 +11,10 @@
 #                                         process driver's tenants), a systemd
 #                                         unit and its settings file, its
 #                                         identity (rbac.yaml)
+#   kubectl-knotless-<V>-linux-amd64.tar.gz
+#                                         the kubectl plugin (kubectl knotless
+#                                         kubeconfig/token: a tenant as your
+#                                         ATProto identity)
 #   sbom/<binary>.cdx.json                CycloneDX SBOM of each binary's Go
 #                                         modules (pinned cyclonedx-gomod)
 #   SHA256SUMS                            sha256sum -c checks every file above
@@ -78,6 +82,21 @@ TXT
 bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/knotless-agent.cdx.json" "$pkg/bin/knotless-agent"
 bin/cyclonedx-gomod bin -json -output "$out/sbom/kcp.cdx.json" "$pkg/bin/kcp"
 tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$out/knotless-agent-$version-linux-amd64.tar.gz" "knotless-agent-$version"
+
+# The kubectl plugin's tarball.
+plugin=$stage/kubectl-knotless-$version
+mkdir -p "$plugin"
+CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath \
+  -ldflags "-s -w -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Version=$version -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$commit" \
+  -o "$plugin/kubectl-knotless" ./cmd/kubectl-knotless
+cat >"$plugin/INSTALL" <<EOF
+kubectl-knotless $version ($commit), linux/amd64 — docs/market.md (a tenant as your ATProto identity)
+  install -m 0755 kubectl-knotless /usr/local/bin/   # any directory on PATH: kubectl runs kubectl-* plugins from there
+  kubectl knotless version
+  kubectl knotless kubeconfig -h
+EOF
+bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/kubectl-knotless.cdx.json" "$plugin/kubectl-knotless"
+tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$out/kubectl-knotless-$version-linux-amd64.tar.gz" "kubectl-knotless-$version"
 
 (cd "$out" && find . -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
 echo "release $version ($commit) in $out in $(( $(date +%s) - start ))s:"

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientauthv1 "k8s.io/client-go/pkg/apis/clientauthentication/v1"
 
+	"github.com/knotless-dev/knotless/cmd/internal/buildinfo"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
@@ -39,6 +40,7 @@ Commands:
   token       print an ExecCredential with a service-auth token for a
               tenant (kubectl runs it as the exec credential plugin of a
               kubeconfig)
+  version     print the plugin's version and commit
 
 Run 'kubectl knotless <command> -h' for its flags.
 `
@@ -54,6 +56,10 @@ func main() {
 		err = token(context.Background(), os.Args[2:], os.Stdout)
 	case "kubeconfig":
 		err = kubeconfig(context.Background(), os.Args[2:], os.Stdout)
+	case "version":
+		version, commit := buildinfo.Get()
+		fmt.Printf("kubectl-knotless %s (%s)\n", version, commit)
+		return
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
