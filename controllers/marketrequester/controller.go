@@ -40,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
@@ -62,6 +63,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/suspend"
+	"github.com/knotless-dev/knotless/internal/tenant"
 )
 
 const (
@@ -462,9 +464,22 @@ func (s *session) letGo(err error) error {
 	return nil
 }
 
+// errSnapshotRecords: the records of the requester's snapshots in the
+// provider's workspace could not be deleted (the provider's log says
+// why; R17).
+var errSnapshotRecords = errors.New("the provider could not delete the records of the requester's snapshots (the provider's log says why)")
+
 // sweepMounts removes the mounts of every contract the requester holds
-// (its contracts go with it; TenantClusters cannot be owned by them).
+// (its contracts go with it; TenantClusters cannot be owned by them), and
+// the records of its snapshots in the provider's workspace.
 func (s *session) sweepMounts() error {
+	if s.r.Mounts != nil && s.mr.UID != "" {
+		if err := s.r.Mounts.DeleteAllOf(s.ctx, &corev1.ConfigMap{}, client.InNamespace(tenant.MarketNamespace),
+			client.MatchingLabels{tenant.LabelMarketCluster: s.lc, labelRequester: string(s.mr.UID)}); err != nil {
+			log.FromContext(s.ctx).Error(err, "deleting the records of the requester's snapshots")
+			return errSnapshotRecords
+		}
+	}
 	var ccs marketv1alpha1.ComputeContractList
 	if err := s.c.List(s.ctx, &ccs, client.InNamespace(s.mr.Namespace)); err != nil {
 		return err

@@ -30,6 +30,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/statesync"
+	"github.com/knotless-dev/knotless/internal/tenant"
 )
 
 // A snapshot in the requester's workspace is named after the contract
@@ -48,6 +49,39 @@ const (
 )
 
 func snapshotOwner(snapshot string) string { return snapshot + "-snapshot" }
+
+// A snapshot's SHA-256 is also kept in the provider's own workspace, a
+// ConfigMap of tenant.MarketNamespace per snapshot of a requester
+// (snapshotRecord), which no member of the requester's workspace can
+// write: a snapshot is whole only when its chunks add up to that sum, so
+// chunks a member writes (a Secret may be made owned by the requester and
+// carry its own sum) are never imported into the requester's tenant.
+// The records of a requester go with it (sweepMounts).
+const labelRequester = "market.knotless.dev/requester-uid"
+
+// snapshotRecord is the ConfigMap of the provider's workspace that keeps
+// the SHA-256 of the snapshot name of this session's requester.
+func (s *session) snapshotRecord(name string) *corev1.ConfigMap {
+	key := sha256.Sum256([]byte(s.lc + "/" + s.mr.Namespace + "/" + string(s.mr.UID) + "/" + name))
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tenant.MarketNamespace, Name: "snapshot-" + hex.EncodeToString(key[:16]),
+		Labels: map[string]string{tenant.LabelMarketCluster: s.lc, labelRequester: string(s.mr.UID)}}}
+}
+
+// keptSum is the SHA-256 the provider keeps for the snapshot name of this
+// session's requester ("" when it keeps none).
+func (s *session) keptSum(name string) string {
+	if s.r.Mounts == nil {
+		return ""
+	}
+	cm := s.snapshotRecord(name)
+	if err := s.r.Mounts.Get(s.ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
+		if !apierrors.IsNotFound(err) {
+			log.FromContext(s.ctx).Info("the snapshot's record could not be read", "snapshot", name, "error", err.Error())
+		}
+		return ""
+	}
+	return cm.Data[keySHA256]
+}
 
 // A tenant's objects move with the requester's own identity: its side
 // exports the tenant of a contract it releases (spec.stateSync.mode
@@ -178,8 +212,12 @@ var errSnapshotNotKept = errors.New("the snapshot could not be kept in the reque
 
 // keepSnapshot keeps data, a snapshot of n objects, as snapshot name in
 // the requester's workspace: its chunks (statesync.Chunks), each a Secret
-// owned by the MarketRequester.
+// owned by the MarketRequester; then its SHA-256 in the provider's
+// workspace (snapshotRecord).
 func (s *session) keepSnapshot(name string, data []byte, n int) error {
+	if s.r.Mounts == nil {
+		return errNoMountStore
+	}
 	chunks := statesync.Chunks(data, computev1alpha1.SnapshotChunkBytes)
 	sum := statesync.Sum(data)
 	for i, ch := range chunks {
@@ -212,7 +250,13 @@ func (s *session) keepSnapshot(name string, data []byte, n int) error {
 			}
 		}
 	}
-	return nil
+	rec := s.snapshotRecord(name)
+	want := rec.Labels
+	_, err := controllerutil.CreateOrUpdate(s.ctx, s.r.Mounts, rec, func() error {
+		rec.Labels, rec.Data = want, map[string]string{keySHA256: sum}
+		return nil
+	})
+	return err
 }
 
 // restoreTry is how the import of a snapshot into a new contract's
@@ -311,7 +355,8 @@ func (r *Reconciler) snapshotConfig(tn deal.Tenant, token string) *rest.Config {
 }
 
 // snapshot returns the chunks of a whole snapshot of this requester and
-// its SHA-256; nil when there is none or it is not whole.
+// its SHA-256; nil when there is none or it is not whole: its chunks do
+// not add up to the sum they say, or to the one the provider keeps.
 func (s *session) snapshot(name string) ([][]byte, string) {
 	var secs corev1.SecretList
 	if err := s.c.List(s.ctx, &secs, client.InNamespace(s.mr.Namespace), client.MatchingLabels{LabelSnapshot: name}); err != nil ||
@@ -336,7 +381,7 @@ func (s *session) snapshot(name string) ([][]byte, string) {
 		h.Write(ch)
 		chunks = append(chunks, ch)
 	}
-	if hex.EncodeToString(h.Sum(nil)) != sum {
+	if hex.EncodeToString(h.Sum(nil)) != sum || s.keptSum(name) != sum {
 		return nil, ""
 	}
 	return chunks, sum

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
@@ -478,5 +479,66 @@ func TestRestoreFollowsTheTenant(t *testing.T) {
 	m.round()
 	if len(st.imports) != 2 || st.imports[1].host != vm.Status.Endpoint {
 		t.Fatalf("imports %+v; want a second one, into the tenant the lease names now", st.imports)
+	}
+}
+
+// A member of the requester's workspace who may write Secrets forges a
+// snapshot: chunks owned by the MarketRequester that add up to the sum
+// they say, under the name of the kept snapshot (replacing it) or of a
+// new one. Neither is imported into the requester's tenant: a snapshot
+// is whole only with the sum the provider keeps in its own workspace.
+func TestForgedSnapshotIsNotImported(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"kept", "new"} {
+		t.Run(name, func(t *testing.T) {
+			st := &fakeState{data: []byte("gzip of the tenant"), objects: 3}
+			m, cc, ca := exported(t, st)
+			snapshot := cc.Name
+			if name == "new" {
+				snapshot = "forged"
+			}
+			forged := []byte("the member's objects")
+			sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: computev1alpha1.SnapshotChunkName(snapshotOwner(snapshot), 0)}}
+			if _, err := controllerutil.CreateOrUpdate(ctx, m.shop.Client, sec, func() error {
+				sec.Labels = map[string]string{LabelSnapshot: snapshot}
+				sec.Data = map[string][]byte{computev1alpha1.SnapshotKey: forged, keyIndex: []byte("0"), keyChunks: []byte("1"),
+					keySHA256: []byte(statesync.Sum(forged)), keyObjects: []byte("1")}
+				return controllerutil.SetControllerReference(m.requester(), sec, m.shop.Client.Scheme())
+			}); err != nil {
+				t.Fatal(err)
+			}
+			m.restoreOnNewVM(&marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Name: snapshot}}, ca)
+			m.round()
+			m.round()
+			for _, im := range st.imports {
+				if string(im.data) == string(forged) {
+					t.Fatal("the member's snapshot was imported into the requester's tenant")
+				}
+			}
+			var tcs computev1alpha1.TenantClusterList
+			if err := m.shop.Client.List(ctx, &tcs); err != nil || len(tcs.Items) != 0 {
+				t.Fatalf("mounted without the snapshot: %v, %v", tcs.Items, err)
+			}
+		})
+	}
+}
+
+// A requester that goes takes the records of its snapshots in the
+// provider's workspace with it.
+func TestSnapshotRecordsGoWithTheRequester(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := exported(t, &fakeState{data: []byte("gzip of the tenant"), objects: 3})
+	var cms corev1.ConfigMapList
+	if err := m.mounts.List(ctx, &cms); err != nil || len(cms.Items) != 1 {
+		t.Fatalf("records of the snapshot: %v, %v; want 1", cms.Items, err)
+	}
+	if err := m.shop.Client.Delete(ctx, m.requester()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		m.round()
+	}
+	if err := m.mounts.List(ctx, &cms); err != nil || len(cms.Items) != 0 {
+		t.Fatalf("records left in the provider's workspace: %v, %v", cms.Items, err)
 	}
 }
