@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -401,6 +402,23 @@ func TestKindTenant(t *testing.T) {
 		} else if lost.Status.Reason != computev1alpha1.ReasonProcessGone || lost.Status.Endpoint != "" || lost.Status.Enforced != nil {
 			t.Errorf("lost VM status %+v", lost.Status)
 		}
+		// The requester's replica goes back to the market (docs/market.md,
+		// lease.vm-lost): a new kind VM is bought and mounted, and alice
+		// lists its namespaces through the new mount.
+		lostAt := time.Now()
+		next := contractOf(ctx, t, d.app, "vms", "the requester's next contract Active (a new kind VM mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
+			return cc.Name != rc.Name && cc.Status.Phase == marketv1alpha1.ContractActive
+		})
+		if err := framework.Eventually(ctx, 2*time.Minute, "namespaces through the next mount as alice", func(ctx context.Context) (bool, string, error) {
+			names, err := namespaceNames(ctx, mountClient(t, "alice", d.appWS, next.Name))
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			return slices.Contains(names, "default"), strings.Join(names, ","), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("FIGURE kind VM Lost -> the replica's next kind VM mounted: %s", time.Since(lostAt).Round(time.Millisecond))
 	})
 
 	// Releasing the VM (the requester is deleted) removes the node
