@@ -66,7 +66,12 @@ func startAgent(ctx context.Context, t *testing.T, ws string, kubeconfig string,
 		"--plc-url", env.plc.URL, "--allow-private-networks", framework.AllowedNetworks,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe)}
 	a.args = append(a.args, extra...)
+	// The agent stops first: one still running would start the VM of a
+	// contract again after its process was killed here, and leave it.
 	t.Cleanup(func() {
+		if a.proc != nil {
+			a.proc.Stop(5 * time.Second)
+		}
 		for _, pid := range process.PIDs(a.root) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
