@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +31,7 @@ import (
 	mdeal "github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/mountproxy"
 )
 
 // tenantDeal is a deal (requester buyer, the given bidders) whose
@@ -114,6 +117,7 @@ func TestMarketTenantMounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	total := time.Since(start)
+	notTenantAdminRefused(ctx, t, d, rc.Name)
 	t.Logf("FIGURE MarketRequester created -> kubectl get namespaces through the mount: %s (market %s, provisioning %s, mount %s, first list %s)",
 		total.Round(time.Millisecond), market_.Round(time.Millisecond), (provisioned - market_).Round(time.Millisecond),
 		(mounted - provisioned).Round(time.Millisecond), (total - mounted).Round(time.Millisecond))
@@ -468,4 +472,41 @@ func providerClient(t *testing.T, in *installation) client.Client {
 		t.Fatal(err)
 	}
 	return pc
+}
+
+// notTenantAdminRefused: carol, whom alice lets into her workspace but who
+// is none of spec.tenantAdmins, is refused at the mount (403
+// NotTenantAdmin): nothing of hers reaches the tenant.
+func notTenantAdminRefused(ctx context.Context, t *testing.T, d *deal, contract string) {
+	t.Helper()
+	if _, err := env.kcp.UserConfig("carol"); err != nil {
+		t.Log("no token user carol on this kcp: the refusal of a workspace user who is not a tenant admin is not checked")
+		return
+	}
+	create(ctx, t, d.app, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e:enter"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/"}, Verbs: []string{"access"}}}})
+	create(ctx, t, d.app, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e:enter"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "e2e:enter"},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "carol"}}})
+	cfg, err := env.frontProxy.UserConfig("carol", root.Join(d.appWS).Join(contract).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := rest.TransportFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: rt, Timeout: 30 * time.Second}
+	if err := framework.Eventually(ctx, time.Minute, "carol refused at the mount as no tenant admin", func(ctx context.Context) (bool, string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/api/v1/namespaces", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		_ = resp.Body.Close()
+		reason := resp.Header.Get(mountproxy.ReasonHeader)
+		return resp.StatusCode == http.StatusForbidden && reason == mountproxy.ReasonNotTenantAdmin, fmt.Sprintf("%d %s", resp.StatusCode, reason), nil
+	}); err != nil {
+		t.Error(err)
+	}
 }

@@ -168,6 +168,17 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 		return held(ReasonTenantRefused, why)
 	}
 	ready, reason, why, err := s.mount(cc, tn, token, exp)
+	if errors.Is(err, errCredentialNotKept) {
+		// The provider's own workspace did not take the token: the next
+		// one is minted after the same wait as after a refusal, not at
+		// every retry of the reconcile.
+		var last mintTry
+		if v, ok := s.r.mints.Load(cc.UID); ok {
+			last = v.(mintTry)
+		}
+		wait := backoff(mountTokenRetry, last.fails, mountTokenMaxWait)
+		s.r.mints.Store(cc.UID, mintTry{next: s.now.Add(wait), fails: last.fails + 1, why: err.Error()})
+	}
 	if err == nil {
 		s.due(exp.Add(-mountTokenRenew))
 		if !ready {

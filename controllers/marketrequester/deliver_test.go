@@ -593,8 +593,17 @@ func TestCredentialNotKeptTellsNothingOfTheProvider(t *testing.T) {
 		},
 	})
 	m.dealRunning(drivertest.TestCA(t))
-	if _, err := m.req.Reconcile(context.Background(), mcreconcile.Request{ClusterName: "shop", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "shop"}}}); err == nil {
+	req := mcreconcile.Request{ClusterName: "shop", Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "shop"}}}
+	if _, err := m.req.Reconcile(context.Background(), req); err == nil {
 		t.Fatal("the mount went on without its credential")
+	}
+	// The reconcile's retries mint nothing more until the wait is over.
+	minted := m.repos["did:plc:shop"].ServiceAuths
+	for range 5 {
+		_, _ = m.req.Reconcile(context.Background(), req)
+	}
+	if n := m.repos["did:plc:shop"].ServiceAuths - minted; n != 0 {
+		t.Errorf("%d tokens minted by the retries of a mount whose credential was not kept", n)
 	}
 	cc := contracts(t, m.shop)[0]
 	for _, o := range []client.Object{&cc, m.requester()} {
