@@ -464,22 +464,32 @@ func (s *session) letGo(err error) error {
 	return nil
 }
 
-// errSnapshotRecords: the records of the requester's snapshots in the
-// provider's workspace could not be deleted (the provider's log says
-// why; R17).
-var errSnapshotRecords = errors.New("the provider could not delete the records of the requester's snapshots (the provider's log says why)")
+// dropSnapshotRecords deletes the records of the requester's snapshots
+// in the provider's workspace, one by one (no deletecollection needed).
+// A failure is logged and does not hold the requester back: a record
+// left names a requester UID no other requester has, so it serves no
+// snapshot any more.
+func (s *session) dropSnapshotRecords() {
+	if s.r.Mounts == nil || s.mr.UID == "" {
+		return
+	}
+	var cms corev1.ConfigMapList
+	err := s.r.Mounts.List(s.ctx, &cms, client.InNamespace(tenant.MarketNamespace), client.MatchingLabels{tenant.LabelMarketCluster: s.lc, labelRequester: string(s.mr.UID)})
+	for i := range cms.Items {
+		if err == nil {
+			err = client.IgnoreNotFound(s.r.Mounts.Delete(s.ctx, &cms.Items[i]))
+		}
+	}
+	if err != nil {
+		log.FromContext(s.ctx).Error(err, "deleting the records of the requester's snapshots")
+	}
+}
 
 // sweepMounts removes the mounts of every contract the requester holds
 // (its contracts go with it; TenantClusters cannot be owned by them), and
 // the records of its snapshots in the provider's workspace.
 func (s *session) sweepMounts() error {
-	if s.r.Mounts != nil && s.mr.UID != "" {
-		if err := s.r.Mounts.DeleteAllOf(s.ctx, &corev1.ConfigMap{}, client.InNamespace(tenant.MarketNamespace),
-			client.MatchingLabels{tenant.LabelMarketCluster: s.lc, labelRequester: string(s.mr.UID)}); err != nil {
-			log.FromContext(s.ctx).Error(err, "deleting the records of the requester's snapshots")
-			return errSnapshotRecords
-		}
-	}
+	s.dropSnapshotRecords()
 	var ccs marketv1alpha1.ComputeContractList
 	if err := s.c.List(s.ctx, &ccs, client.InNamespace(s.mr.Namespace)); err != nil {
 		return err

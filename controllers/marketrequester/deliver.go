@@ -157,11 +157,12 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 		s.due(mt.expires.Add(-mountTokenRenew))
 		return s.mount(cc, tn, "", time.Time{})
 	}
-	// A snapshot to restore goes into the tenant before it is mounted.
-	if tc == nil {
-		if done, why := s.restoreFirst(cc, tn); !done {
-			return false, "", why, nil
-		}
+	// A snapshot to restore goes into the tenant before it is mounted,
+	// whatever TenantCluster the workspace holds (a member could make one
+	// labelled for the contract first): restoreFirst knows what it
+	// restored, and never restores a contract that was Active.
+	if done, why := s.restoreFirst(cc, tn); !done {
+		return false, "", why, nil
 	}
 	token, exp, why := s.mintMount(cc, tn, mt, current)
 	if why != "" {
@@ -180,6 +181,8 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 		s.r.mints.Store(cc.UID, mintTry{next: s.now.Add(wait), fails: last.fails + 1, why: err.Error()})
 	}
 	if err == nil {
+		// The failures in a row end only with a mount that took its token.
+		s.r.mints.Delete(cc.UID)
 		s.due(exp.Add(-mountTokenRenew))
 		if !ready {
 			s.due(s.now.Add(2 * time.Second))
@@ -221,7 +224,6 @@ func (s *session) mintMount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, 
 		s.due(s.now.Add(wait))
 		return "", time.Time{}, msg
 	}
-	s.r.mints.Delete(cc.UID)
 	return token, exp, ""
 }
 
@@ -371,6 +373,7 @@ func (s *session) mount(cc *marketv1alpha1.ComputeContract, tn deal.Tenant, toke
 		tc.Spec.URL = tn.Endpoint
 		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "Secret", Namespace: ns, Name: name, Key: computev1alpha1.MountCredentialCAKey}
 		tc.Spec.Credential = computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: name}, Market: true}
+		tc.Spec.Workspace = ""
 		return nil
 	}); errors.Is(err, errMountNameTaken) {
 		return false, ReasonMountNameTaken, s.mountNameTaken(cc), nil

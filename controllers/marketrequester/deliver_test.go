@@ -605,6 +605,21 @@ func TestCredentialNotKeptTellsNothingOfTheProvider(t *testing.T) {
 	if n := m.repos["did:plc:shop"].ServiceAuths - minted; n != 0 {
 		t.Errorf("%d tokens minted by the retries of a mount whose credential was not kept", n)
 	}
+	// The wait doubles while the credential is not kept: 30 s, then 60 s.
+	tries := func() int {
+		_, _ = m.req.Reconcile(context.Background(), req)
+		return m.repos["did:plc:shop"].ServiceAuths - minted
+	}
+	m.clock.advance(31 * time.Second)
+	first := tries()
+	m.clock.advance(31 * time.Second)
+	if n := tries(); first == 0 || n != first {
+		t.Errorf("tokens minted: %d after 30 s, %d after 60 s; want some, then none until 90 s", first, n)
+	}
+	m.clock.advance(31 * time.Second)
+	if n := tries(); n == first {
+		t.Error("no token minted 60 s after the second failure")
+	}
 	cc := contracts(t, m.shop)[0]
 	for _, o := range []client.Object{&cc, m.requester()} {
 		raw := fmt.Sprintf("%+v", o)

@@ -207,8 +207,8 @@ func (s *session) export(cc *marketv1alpha1.ComputeContract, lease *market.Rec) 
 }
 
 // errSnapshotNotKept: the export's snapshot could not be written to the
-// requester's workspace (the provider's log says why).
-var errSnapshotNotKept = errors.New("the snapshot could not be kept in the requester's workspace")
+// requester's workspace, or its sum to the provider's (the provider's log says why).
+var errSnapshotNotKept = errors.New("the snapshot could not be kept (the provider's log says why)")
 
 // keepSnapshot keeps data, a snapshot of n objects, as snapshot name in
 // the requester's workspace: its chunks (statesync.Chunks), each a Secret

@@ -542,3 +542,38 @@ func TestSnapshotRecordsGoWithTheRequester(t *testing.T) {
 		t.Fatalf("records left in the provider's workspace: %v, %v", cms.Items, err)
 	}
 }
+
+// A member makes the new contract's TenantCluster first, labelled for it,
+// to have the tenant mounted without spec.restoreFrom: the snapshot is
+// imported all the same before the mount.
+func TestRestoreNotSkippedByAPlantedTenantCluster(t *testing.T) {
+	ctx := context.Background()
+	st := &fakeState{data: []byte("gzip of the tenant"), objects: 3}
+	m, cc, ca := exported(t, st)
+	m.updateRequester(func(mr *marketv1alpha1.MarketRequester) { mr.Spec.Replicas, mr.Spec.RestoreFrom = 1, cc.Name })
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	m.round()
+	var next *marketv1alpha1.ComputeContract
+	for _, c := range contracts(t, m.shop) {
+		if c.Name != cc.Name {
+			next = &c
+		}
+	}
+	if next == nil {
+		t.Fatal("no new contract")
+	}
+	planted := &computev1alpha1.TenantCluster{ObjectMeta: metav1.ObjectMeta{Name: next.Name, Labels: map[string]string{LabelContract: string(next.UID)}},
+		Spec: computev1alpha1.TenantClusterSpec{URL: "https://planted.example", CABundle: computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: ns, Name: "x", Key: "ca.crt"},
+			Credential: computev1alpha1.TenantCredential{SecretRef: computev1alpha1.SecretRef{Namespace: ns, Name: "x"}}}}
+	if err := m.shop.Client.Create(ctx, planted); err != nil {
+		t.Fatal(err)
+	}
+	m.runVM(m.bidders["fit"], ca)
+	m.round()
+	m.round()
+	if len(st.imports) != 1 || string(st.imports[0].data) != string(st.data) {
+		t.Fatalf("%d imports, want the snapshot's before the mount", len(st.imports))
+	}
+}
