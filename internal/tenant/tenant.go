@@ -106,11 +106,6 @@ func Resolve(ctx context.Context, c, market client.Reader, lc string, tc *comput
 	if t.Credential, err = credential(data, cref); err != nil {
 		return t, err
 	}
-	users, hasUsers := data[computev1alpha1.MountCredentialUsersKey]
-	groups, hasGroups := data[computev1alpha1.MountCredentialGroupsKey]
-	if hasUsers || hasGroups {
-		t.Impersonate = &mount.Principals{Users: lines(users), Groups: lines(groups)}
-	}
 	return t, nil
 }
 

@@ -82,12 +82,12 @@ const MountCredentialURLKey = "url"
 const MountCredentialCAKey = "ca.crt"
 
 // MountCredentialUsersKey and MountCredentialGroupsKey are the data keys
-// of a mount credential Secret that, when either is there, name (a line
-// each) the only kcp users and groups the mount proxy asserts on the
-// tenant: a caller who is none of those users and in none of those
-// groups is refused, only the caller's groups named there are asserted,
-// and no extra is. A market contract's mount has them: its credential
-// may impersonate spec.tenantAdmins of the MarketRequester alone.
+// of a market contract's mount credential (kept in the provider's
+// workspace, spec.credential.market) that name, a line each, the only
+// kcp users and groups the mount proxy asserts on the tenant
+// (spec.tenantAdmins of the MarketRequester): a caller who is none of
+// those users is refused, only the caller's groups named there are
+// asserted, and no extra is.
 const (
 	MountCredentialUsersKey  = "impersonate-users"
 	MountCredentialGroupsKey = "impersonate-groups"
