@@ -237,12 +237,16 @@ func TestKindTenant(t *testing.T) {
 
 	t.Run("a Deployment of the preloaded image runs and logs its limits", func(t *testing.T) {
 		pod := runTestImage(ctx, t, cs, k.testImage)
-		logs, err := cs.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(logs), "memory limit 67108864, cpu quota 10000/100000") {
-			t.Errorf("the pod's log %q does not show its limits (64Mi, 100m)", logs)
+		// A pod is Running before its first line is written: the log is
+		// read until it shows the limits.
+		if err := framework.Eventually(ctx, 30*time.Second, "the pod's log shows its limits (64Mi, 100m)", func(ctx context.Context) (bool, string, error) {
+			logs, err := cs.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			return strings.Contains(string(logs), "memory limit 67108864, cpu quota 10000/100000"), fmt.Sprintf("log %q", logs), nil
+		}); err != nil {
+			t.Error(err)
 		}
 		t.Logf("FIGURE kind node RSS with one pod: %d MiB", nodeRSS(ctx, node)>>20)
 	})
