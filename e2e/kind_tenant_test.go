@@ -11,11 +11,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -142,13 +144,16 @@ func nodeRSS(ctx context.Context, node string) int64 {
 	return 0
 }
 
-// TestKindTenant: a requester buys a VM from a bidder whose agent runs
-// the kind driver, and as its kcp user alice, through the mount
+// TestKindTenant: a requester's first tenant, from beta (the process
+// driver), is released with an export; wanted again, it is restored into a
+// VM from acme, whose driver is kind (StateSync from a process tenant to a
+// Kubernetes one: the namespace and ConfigMap alice made are there). As
+// the requester's kcp user alice, through the mount
 // (kcp-front-proxy and the mount proxy), runs a Deployment of the test
 // image (preloaded by the agent: the node cannot pull) whose pod Runs and
 // logs its cgroup limits, and a pod asking more CPU than the shape stays
 // Pending with the scheduler's reason; a pod allocating past the shape is
-// killed while the node and the API stay up; kubectl exec and port-forward work
+// killed while the node and the API stay up; kubectl exec, attach and port-forward work
 // through the mount. The ComputeVM shows the shape the node container is
 // held to (docker) and the node's allocatable. A kill -9 of the agent
 // while the VM provisions, and again while it runs, leaves the cluster
@@ -165,13 +170,14 @@ func TestKindTenant(t *testing.T) {
 	t.Logf("FIGURE kind setup (node image, kind, test image, from the cache when warm): %s", time.Since(begin).Round(time.Millisecond))
 
 	args, kroot := kindAgent(t, k)
-	d, a, _ := tenantDealWith(ctx, t, "kind", args, "acme")
+	d, a, _ := tenantDealWith(ctx, t, "kind", args, "beta", "acme")
 	d.bidderWith(ctx, t, "acme", marketv1alpha1.DriverKind, offerOf("small", 1000, 1024, 30, 1))
+	first := processTenantReleased(ctx, t, d)
 
+	// Wanted again, restored from the process tenant's snapshot: only acme
+	// (kind) has capacity left.
 	start := time.Now()
-	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
-	spec.TenantAdmins.Users = []string{"alice"}
-	d.requester(ctx, t, "vms", spec)
+	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 1, "restoreFrom": first})
 	bc := contractOf(ctx, t, d.bid, "acme", "the bidder's contract", func(*marketv1alpha1.ComputeContract) bool { return true })
 	vmMade := time.Since(start)
 	// kill -9 of the agent while the VM provisions: the restarted agent
@@ -232,6 +238,16 @@ func TestKindTenant(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if err := framework.Eventually(ctx, time.Minute, "the process tenant's ConfigMap in the kind tenant as alice", func(ctx context.Context) (bool, string, error) {
+		cm, err := cs.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return cm.Data["currency"] == "EUR", fmt.Sprint(cm.Data), nil
+	}); err != nil {
+		t.Error(err)
+	}
+	t.Logf("FIGURE process tenant released with its export -> restored into a kind tenant, read through the mount: %s", time.Since(start).Round(time.Millisecond))
 	idle := nodeRSS(ctx, node)
 	t.Logf("FIGURE kind node RSS idle: %d MiB (%d idle VMs in 24 GiB)", idle>>20, (int64(24)<<30)/max(idle, 1))
 
@@ -251,7 +267,7 @@ func TestKindTenant(t *testing.T) {
 		t.Logf("FIGURE kind node RSS with one pod: %d MiB", nodeRSS(ctx, node)>>20)
 	})
 
-	t.Run("kubectl exec and port-forward through the mount", func(t *testing.T) {
+	t.Run("kubectl exec, attach and port-forward through the mount", func(t *testing.T) {
 		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
 		if err != nil {
 			t.Fatal(err)
@@ -457,7 +473,47 @@ func TestKindTenant(t *testing.T) {
 	t.Logf("FIGURE TestKindTenant cost: %s (setup included)", time.Since(begin).Round(time.Second))
 }
 
-// streams runs what kubectl exec (WebSocket, and SPDY as older kubectls
+// processTenantReleased buys the requester "vms" a tenant from beta, a
+// process-driver bidder cheaper than acme, has alice make the namespace
+// "shop" and the ConfigMap "settings" in it through the mount, then takes
+// beta's capacity away and lowers the replicas to 0: the tenant is
+// released with an export (StateSync). It returns the released contract,
+// whose snapshot a restoreFrom names.
+func processTenantReleased(ctx context.Context, t *testing.T, d *deal) string {
+	t.Helper()
+	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 20, 1))
+	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
+	spec.TenantAdmins.Users = []string{"alice"}
+	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	d.requester(ctx, t, "vms", spec)
+	rc := contractOf(ctx, t, d.app, "vms", "the process tenant mounted", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Status.Phase == marketv1alpha1.ContractActive
+	})
+	if rc.Spec.BidderDID != d.accounts["beta"].DID {
+		t.Fatalf("the first contract went to %s, want beta (the process driver)", rc.Spec.BidderDID)
+	}
+	cs := mountClient(t, "alice", d.appWS, rc.Name)
+	if err := framework.Eventually(ctx, 2*time.Minute, "alice makes a namespace and a ConfigMap in the process tenant", func(ctx context.Context) (bool, string, error) {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		_, err := cs.CoreV1().ConfigMaps("shop").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"currency": "EUR"}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mergePatch(ctx, t, d.bid, getMB(ctx, t, d.bid, "beta"), map[string]any{"offers": []marketv1alpha1.Offer{offerOf("small", 1000, 1024, 20, 0)}})
+	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
+	contractOf(ctx, t, d.app, "vms", "the process tenant released with its export", func(cc *marketv1alpha1.ComputeContract) bool {
+		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReplicasLowered)
+	})
+	return rc.Name
+}
+
+// streams runs what kubectl exec and attach (WebSocket, and SPDY as older kubectls
 // do) and kubectl port-forward (SPDY) do against the pod of the
 // Deployment "limits", with the user's config cfg.
 func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface) {
@@ -485,6 +541,41 @@ func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.
 		cancel()
 		if err != nil || !strings.Contains(stdout.String(), "memory limit 67108864") {
 			t.Errorf("exec (%s) through the mount: %v; stdout %q stderr %q", proto, err, stdout.String(), stderr.String())
+		}
+	}
+
+	// kubectl attach: a line written to the container's stdin comes back
+	// on its stdout (the server echoes its stdin).
+	attachURL := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod).SubResource("attach").
+		VersionedParams(&corev1.PodAttachOptions{Container: "server", Stdin: true, Stdout: true, Stderr: true}, clientgoscheme.ParameterCodec).URL()
+	for _, proto := range []string{"websocket", "spdy"} {
+		var exe remotecommand.Executor
+		if proto == "websocket" {
+			exe, err = remotecommand.NewWebSocketExecutor(cfg, "GET", attachURL.String())
+		} else {
+			exe, err = remotecommand.NewSPDYExecutor(cfg, "POST", attachURL)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := "attached-" + proto
+		stdin, feed := io.Pipe()
+		stdout := &watchedWriter{want: "stdin: " + line, seen: make(chan struct{})}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		go func() {
+			_, _ = io.WriteString(feed, line+"\n")
+			select { // hang up once the echo is seen
+			case <-stdout.seen:
+			case <-ctx.Done():
+			}
+			cancel()
+			_ = feed.Close()
+		}()
+		err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: stdin, Stdout: stdout, Stderr: io.Discard})
+		select {
+		case <-stdout.seen:
+		default:
+			t.Errorf("attach (%s) through the mount: %v; stdout %q, want %q", proto, err, stdout.String(), "stdin: "+line)
 		}
 	}
 
@@ -525,6 +616,31 @@ func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.
 	}
 }
 
+// watchedWriter keeps what is written and closes seen once it holds want.
+type watchedWriter struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	want string
+	seen chan struct{}
+}
+
+func (w *watchedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	had := strings.Contains(w.buf.String(), w.want)
+	w.buf.Write(p)
+	if !had && strings.Contains(w.buf.String(), w.want) {
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+func (w *watchedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
 // runTestImage makes the Deployment "limits" of image (64Mi, 100m) in
 // the tenant's default namespace and returns the name of its pod once it
 // is Running and Ready.
@@ -534,7 +650,7 @@ func runTestImage(ctx context.Context, t *testing.T, cs kubernetes.Interface, im
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "limits", Namespace: "default"},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
-				Containers: []corev1.Container{{Name: "server", Image: image, ImagePullPolicy: corev1.PullNever,
+				Containers: []corev1.Container{{Name: "server", Image: image, ImagePullPolicy: corev1.PullNever, Stdin: true,
 					Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
 					Resources: corev1.ResourceRequirements{
 						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi")},

@@ -5,10 +5,13 @@
 // prints them and exits (the image has no shell: what kubectl exec runs);
 // `testimage alloc N` allocates and touches N MiB, 16 MiB at a time,
 // printing how far it got, then waits (a pod that allocates past its
-// node's memory).
+// node's memory). The server echoes every line of its stdin to stdout
+// ("stdin: <line>"), so kubectl attach can be seen to pass both ways (a
+// pod without stdin gets end of file at once).
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,6 +71,7 @@ func main() {
 	if p := os.Getenv("PORT"); p != "" {
 		addr = ":" + p
 	}
+	go echo()
 	l := limits()
 	fmt.Printf("testimage: listening on %s; memory limit %s, cpu quota %s/%s\n", addr, l.MemoryLimit, l.CPUQuota, l.CPUPeriod)
 	srv := &http.Server{Addr: addr, ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -76,6 +80,14 @@ func main() {
 	})}
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
+	}
+}
+
+// echo prints every line of stdin, prefixed "stdin: ", until its end.
+func echo() {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		fmt.Printf("stdin: %s\n", in.Text())
 	}
 }
 
