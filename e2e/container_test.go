@@ -100,8 +100,35 @@ func fromRelease(t *testing.T, dir string) installed {
 		!strings.HasPrefix(string(out), "kubectl-knotless "+version+" (") {
 		t.Errorf("the release's kubectl-knotless version: %q, %v", out, err)
 	}
+	nodeImageOfRelease(t, dir, version)
 	t.Logf("installing release %s from %s only (its chart and saved images)", version, dir)
 	return installed{chart: filepath.Join(dir, "knotless-"+version+".tgz"), tag: version}
+}
+
+// nodeImageOfRelease checks, when the release in dir has the kind
+// driver's node image, that the agent's tarball carries a kind that runs
+// and that its INSTALL names the tag the saved node image holds.
+func nodeImageOfRelease(t *testing.T, dir, version string) {
+	t.Helper()
+	saved := filepath.Join(dir, "knotless-node-"+version+".image.tar.gz")
+	if _, err := os.Stat(saved); err != nil {
+		t.Logf("release %s has no node image (KNOTLESS_RELEASE_NODE_IMAGE=0)", version)
+		return
+	}
+	agent := t.TempDir()
+	if out, err := exec.CommandContext(t.Context(), "tar", "-xzf", filepath.Join(dir, "knotless-agent-"+version+"-linux-amd64.tar.gz"), "-C", agent).CombinedOutput(); err != nil {
+		t.Fatalf("the release's agent tarball: %v: %s", err, out)
+	}
+	pkg := filepath.Join(agent, "knotless-agent-"+version)
+	if out, err := exec.CommandContext(t.Context(), filepath.Join(pkg, "bin", "kind"), "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "kind v") {
+		t.Errorf("the agent tarball's kind: %q, %v", out, err)
+	}
+	_, tag, _ := strings.Cut(readFile(t, filepath.Join(pkg, "INSTALL")), "--node-image=")
+	tag, _, _ = strings.Cut(tag, " ")
+	manifest, err := exec.CommandContext(t.Context(), "tar", "-xzOf", saved, "manifest.json").Output()
+	if err != nil || tag == "" || !strings.Contains(string(manifest), `"`+tag+`"`) {
+		t.Errorf("the agent's INSTALL names node image %q; the saved node image's manifest: %.300s (%v)", tag, manifest, err)
+	}
 }
 
 // argValue returns the value of --name in args (the suite's flags).

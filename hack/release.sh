@@ -8,9 +8,16 @@
 #                                         appVersion <V>, so its images default
 #                                         to tag <V>)
 #   knotless-agent-<V>-linux-amd64.tar.gz the agent, its pinned kcp (the
-#                                         process driver's tenants), a systemd
+#                                         process driver's tenants) and kind
+#                                         (the kind driver's), a systemd
 #                                         unit and its settings file, its
 #                                         identity (rbac.yaml)
+#   knotless-node-<V>.image.tar.gz        docker save of the kind driver's node
+#                                         image (hack/node-image/build.sh, its
+#                                         own tag knotless.dev/node:<k8s>-<key>,
+#                                         named in the agent's INSTALL);
+#                                         KNOTLESS_RELEASE_NODE_IMAGE=0 leaves
+#                                         it out
 #   kubectl-knotless-<V>-linux-amd64.tar.gz
 #                                         the kubectl plugin (kubectl knotless
 #                                         kubeconfig/token: a tenant as your
@@ -58,6 +65,15 @@ done
 # The chart, with the release as its version and default image tag.
 bin/helm package deploy/charts/knotless --version "$version" --app-version "$version" -d "$out" >/dev/null
 
+# The kind driver's node image, as built and cached here (cold: a quarter
+# of an hour; from the cache: seconds).
+node_image=
+if [ "${KNOTLESS_RELEASE_NODE_IMAGE:-1}" != 0 ]; then
+  node_image=$(hack/node-image/build.sh)
+  hack/tool.sh kind sigs.k8s.io/kind
+  docker save "$node_image" | gzip -n -1 >"$out/knotless-node-$version.image.tar.gz"
+fi
+
 # The agent's tarball.
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -68,6 +84,10 @@ CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath \
   -o "$pkg/bin/knotless-agent" ./cmd/knotless-agent
 cp -L bin/kcp "$pkg/bin/kcp"
 cp deploy/agent/knotless-agent.service deploy/agent/agent.env "$pkg/systemd/"
+if [ -n "$node_image" ]; then
+  cp -L bin/kind "$pkg/bin/kind"
+  bin/cyclonedx-gomod bin -json -output "$out/sbom/kind.cdx.json" "$pkg/bin/kind"
+fi
 cp deploy/agent/rbac.yaml "$pkg/"
 cat >"$pkg/INSTALL" <<TXT
 knotless-agent $version ($commit), linux/amd64 — docs/compute.md#knotless-agent
@@ -79,6 +99,16 @@ knotless-agent $version ($commit), linux/amd64 — docs/compute.md#knotless-agen
   install -m 0644 systemd/knotless-agent.service /etc/systemd/system/
   systemctl daemon-reload && systemctl enable --now knotless-agent
 TXT
+if [ -n "$node_image" ]; then
+  cat >>"$pkg/INSTALL" <<TXT
+
+The kind driver (MarketBidder spec.driver: kind; docker on this machine; docs/compute.md#the-kind-driver):
+  install -D -m 0755 bin/kind /usr/local/lib/knotless-agent/kind
+  gunzip -c knotless-node-$version.image.tar.gz | docker load
+  # in /etc/knotless-agent/agent.env:
+  KNOTLESS_AGENT_ARGS="--node-image=$node_image --kind=/usr/local/lib/knotless-agent/kind --kind-root=/var/lib/knotless-agent/kind"
+TXT
+fi
 bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/knotless-agent.cdx.json" "$pkg/bin/knotless-agent"
 bin/cyclonedx-gomod bin -json -output "$out/sbom/kcp.cdx.json" "$pkg/bin/kcp"
 tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$out/knotless-agent-$version-linux-amd64.tar.gz" "knotless-agent-$version"
