@@ -1,33 +1,32 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/controllers/bidderworkspace"
+	agentdeploy "github.com/knotless-dev/knotless/deploy/agent"
 	"github.com/knotless-dev/knotless/e2e/framework"
 )
 
 // agentKubeconfig gives knotless-agent the identity it ships with, as a
-// bidder does (deploy/agent/rbac.yaml, docs/compute.md#its-credential):
-// the workspace's owner (c) applies the manifest in the bidder workspace
-// ws, asks for a token of its ServiceAccount (kubectl create token) and
-// the kubeconfig names the workspace and that token only.
+// bidder does (docs/compute.md#its-credential): the market-bidder
+// WorkspaceType's initializer (the provider) made deploy/agent/rbac.yaml's
+// objects in the bidder workspace ws before it was Ready, the
+// workspace's owner (c) asks for a token of its ServiceAccount (kubectl
+// create token) and the kubeconfig names the workspace and that token
+// only.
 func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws string) string {
 	t.Helper()
 	return agentKubeconfigOn(ctx, t, env.home(), c, ws)
@@ -37,23 +36,20 @@ func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws stri
 // in.
 func agentKubeconfigOn(ctx context.Context, t *testing.T, in *installation, c client.Client, ws string) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "deploy", "agent", "rbac.yaml"))
+	objs, err := bidderworkspace.Parse(agentdeploy.RBAC)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("deploy/agent/rbac.yaml: %v", err)
+	for _, want := range objs {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(want.GroupVersionKind())
+		if err := c.Get(ctx, client.ObjectKeyFromObject(want), got); err != nil {
+			t.Fatalf("%s %s of deploy/agent/rbac.yaml in the new bidder workspace %s: %v (the WorkspaceType's initializer makes it)", want.GetKind(), want.GetName(), ws, err)
 		}
-		if len(obj.Object) == 0 {
-			continue
-		}
-		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner("e2e-bidder"), client.ForceOwnership); err != nil {
-			t.Fatalf("applying %s %s of deploy/agent/rbac.yaml in %s: %v", obj.GetKind(), obj.GetName(), ws, err)
+		for _, field := range []string{"rules", "roleRef", "subjects"} {
+			if w, g := want.Object[field], got.Object[field]; !apiequality.Semantic.DeepEqual(w, g) {
+				t.Errorf("%s %s in %s: %s %v, want %v", want.GetKind(), want.GetName(), ws, field, g, w)
+			}
 		}
 	}
 	sa := &corev1.ServiceAccount{}

@@ -297,13 +297,13 @@ and both sides hold a ComputeContract:
 
 The VM itself: acme runs knotless-agent with the identity it ships with
 (deploy/agent/rbac.yaml: a ServiceAccount allowed what the agent uses in
-its own workspace, nothing else; docs/compute.md#its-credential); the
+its own workspace, nothing else, made in acme by the market-bidder
+WorkspaceType's initializer; docs/compute.md#its-credential); the
 agent starts a tenant kcp for the ComputeVM, the lease record says
 running with the CA's fingerprint, and the tenant is mounted into shop as
 a workspace named like the contract:
 
   kubectl ws use :root:acme
-  kubectl apply -f $root/deploy/agent/rbac.yaml
   kubectl config view --minify --flatten > $dev/acme.kubeconfig
   kubectl --kubeconfig $dev/acme.kubeconfig config set-credentials knotless-agent --token="\$(kubectl create token knotless-agent -n default --duration=24h)"
   kubectl --kubeconfig $dev/acme.kubeconfig config set-context --current --user=knotless-agent

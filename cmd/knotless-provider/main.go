@@ -22,7 +22,11 @@ import (
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/go-logr/logr"
 	"github.com/kcp-dev/logicalcluster/v3"
+	"github.com/kcp-dev/multicluster-provider/initializingworkspaces"
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
+	kcpcorev1alpha1 "github.com/kcp-dev/sdk/apis/core/v1alpha1"
+	"github.com/kcp-dev/sdk/apis/tenancy/initialization"
+	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
 	kcpclientset "github.com/kcp-dev/sdk/client/clientset/versioned/cluster"
 	"github.com/prometheus/client_golang/prometheus"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -44,6 +48,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/atprotorecord"
 	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
+	"github.com/knotless-dev/knotless/controllers/bidderworkspace"
 	"github.com/knotless-dev/knotless/controllers/component"
 	"github.com/knotless-dev/knotless/controllers/marketbidder"
 	"github.com/knotless-dev/knotless/controllers/marketidentity"
@@ -51,6 +56,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/marketpresence"
 	"github.com/knotless-dev/knotless/controllers/marketrequester"
 	"github.com/knotless-dev/knotless/controllers/tenantcluster"
+	"github.com/knotless-dev/knotless/deploy/agent"
 	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/engage"
@@ -144,6 +150,9 @@ func run(ctx context.Context, o *options.Options) error {
 		return err
 	}
 	if err := setupTenantCluster(ctx, mgr, o, cfg, prober, mounts); err != nil {
+		return err
+	}
+	if err := setupBidderWorkspaces(ctx, mgr); err != nil {
 		return err
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
@@ -241,6 +250,44 @@ func marketMounts(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime
 			}
 		}
 	}))
+}
+
+// setupBidderWorkspaces runs the initializer of the market-bidder
+// WorkspaceType (controllers/bidderworkspace: the agent's identity in
+// every new bidder workspace) in a manager of its own, on kcp's
+// initializingworkspaces virtual workspace of that type; the main
+// manager runs it on the leader only.
+func setupBidderWorkspaces(ctx context.Context, mgr mcmanager.Manager) error {
+	cfg := mgr.GetLocalManager().GetConfig()
+	scheme := k8sruntime.NewScheme()
+	utilruntime.Must(kcpcorev1alpha1.AddToScheme(scheme))
+	utilruntime.Must(tenancyv1alpha1.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	wst := &tenancyv1alpha1.WorkspaceType{}
+	if err := c.Get(ctx, client.ObjectKey{Name: bidderworkspace.WorkspaceType}, wst); err != nil {
+		return fmt.Errorf("the WorkspaceType %s: %w", bidderworkspace.WorkspaceType, err)
+	}
+	objs, err := bidderworkspace.Parse(agent.RBAC)
+	if err != nil {
+		return fmt.Errorf("deploy/agent/rbac.yaml: %w", err)
+	}
+	p, err := initializingworkspaces.New(cfg, wst.Name, initializingworkspaces.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	im, err := mcmanager.New(cfg, p, manager.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	if err != nil {
+		return err
+	}
+	if err := (&bidderworkspace.Reconciler{GetCluster: im.GetCluster, Initializer: initialization.InitializerForType(wst), Objects: objs}).SetupWithManager(im); err != nil {
+		return fmt.Errorf("setting up the bidderworkspace controller: %w", err)
+	}
+	// A function, not the manager itself: a runnable with a cache would
+	// run on every replica.
+	return mgr.GetLocalManager().Add(manager.RunnableFunc(im.Start))
 }
 
 // A mount's credential whose token expired mountSweepGrace ago is

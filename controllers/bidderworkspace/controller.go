@@ -1,0 +1,125 @@
+// Package bidderworkspace is the initializer of the market-bidder
+// WorkspaceType: a new bidder workspace starts with knotless-agent's
+// identity in it (deploy/agent/rbac.yaml: the ServiceAccount
+// default/knotless-agent, the ClusterRole knotless:agent and their
+// binding), so its owner only makes the agent a token. It reconciles the
+// LogicalClusters kcp's initializingworkspaces virtual workspace shows
+// for the type, applies the objects and then takes its initializer off
+// the LogicalCluster; kcp marks the workspace Ready once every
+// initializer has. kcp makes the virtual workspace act as the
+// workspace's owner, so the initializer can grant nothing the owner does
+// not hold. A workspace whose initializer is gone is never touched again.
+package bidderworkspace
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	kcpcorev1alpha1 "github.com/kcp-dev/sdk/apis/core/v1alpha1"
+	"github.com/kcp-dev/sdk/apis/tenancy/initialization"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+)
+
+const (
+	// Name is the controller's name.
+	Name = "bidderworkspace"
+	// FieldManager owns the objects it applies.
+	FieldManager = "knotless-bidderworkspace"
+	// WorkspaceType is the type whose workspaces it initializes
+	// (workspacetypes/market-bidder.yaml, spec.initializer).
+	WorkspaceType = "market-bidder"
+)
+
+// Reconciler initializes the workspaces of one WorkspaceType.
+type Reconciler struct {
+	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
+	// Initializer is the WorkspaceType's (initialization.InitializerForType).
+	Initializer kcpcorev1alpha1.LogicalClusterInitializer
+	// Objects are applied to each new workspace (Parse).
+	Objects []*unstructured.Unstructured
+}
+
+// Parse reads the objects of a multi-document YAML manifest.
+func Parse(manifest []byte) ([]*unstructured.Unstructured, error) {
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
+			return objs, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if len(obj.Object) > 0 {
+			objs = append(objs, obj)
+		}
+	}
+}
+
+// SetupWithManager registers the controller with the manager of the
+// initializingworkspaces provider.
+func (r *Reconciler) SetupWithManager(mgr mcmanager.Manager) error {
+	return mcbuilder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&kcpcorev1alpha1.LogicalCluster{}).
+		Complete(r)
+}
+
+// Reconcile applies the objects to one initializing workspace and takes
+// the initializer off its LogicalCluster.
+func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (reconcile.Result, error) {
+	cl, err := r.GetCluster(ctx, req.ClusterName)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	c := cl.GetClient()
+	lc := &kcpcorev1alpha1.LogicalCluster{}
+	if err := c.Get(ctx, req.NamespacedName, lc); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !slices.Contains(lc.Status.Initializers, r.Initializer) {
+		return reconcile.Result{}, nil
+	}
+	logger := log.FromContext(ctx)
+	for _, o := range r.Objects {
+		err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner(FieldManager), client.ForceOwnership)
+		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+			// The owner may not make it (kcp acts as the owner here):
+			// trying again changes nothing, and holding the workspace
+			// Initializing would lock its owner out. It becomes Ready
+			// without the agent's identity, which its owner applies.
+			logger.Error(err, "the workspace's owner may not make the agent's identity; the workspace goes on without it", "kind", o.GetKind(), "name", o.GetName())
+			break
+		} else if err != nil {
+			return reconcile.Result{}, fmt.Errorf("applying %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	// The initializers are one list: the resourceVersion keeps this patch
+	// from putting back one that another initializer took off meanwhile.
+	patch := client.MergeFromWithOptions(lc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	lc.Status.Initializers = initialization.EnsureInitializerAbsent(r.Initializer, lc.Status.Initializers)
+	if err := c.Status().Patch(ctx, lc, patch); apierrors.IsConflict(err) {
+		// Another initializer left after the read: its change is on its
+		// way to the cache, and the next pass reads it.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	} else if err != nil {
+		return reconcile.Result{}, fmt.Errorf("taking the initializer off: %w", err)
+	}
+	logger.Info("bidder workspace initialized")
+	return reconcile.Result{}, nil
+}
