@@ -101,7 +101,7 @@ func (d *deal) dumpOnFailure(t *testing.T) {
 	}
 	ctx := context.Background()
 	for name, c := range map[string]client.Client{"requester workspace": d.app, "bidder workspace": d.bid} {
-		for _, l := range []client.ObjectList{&marketv1alpha1.MarketRequesterList{}, &marketv1alpha1.MarketBidderList{}, &marketv1alpha1.BidList{},
+		for _, l := range []client.ObjectList{&marketv1alpha1.MarketIdentityList{}, &marketv1alpha1.MarketRequesterList{}, &marketv1alpha1.MarketBidderList{}, &marketv1alpha1.BidList{},
 			&marketv1alpha1.ComputeContractList{}, &appsv1alpha1.ComponentList{}, &appsv1alpha1.ApplicationList{}} {
 			if err := c.List(ctx, l, client.InNamespace("default")); err != nil {
 				t.Logf("%s: %T: %v", name, l, err)
@@ -119,6 +119,8 @@ func (d *deal) dumpOnFailure(t *testing.T) {
 
 func statusOf(o client.Object) any {
 	switch x := o.(type) {
+	case *marketv1alpha1.MarketIdentity:
+		return x.Status
 	case *marketv1alpha1.MarketRequester:
 		return x.Status
 	case *marketv1alpha1.MarketBidder:

@@ -36,6 +36,7 @@
 # usage: hack/node-image/build.sh                build (or reuse) the image
 #        hack/node-image/build.sh --print-image  the tag the current inputs give
 #        hack/node-image/build.sh --plan         what is cached, what would be built
+#        hack/node-image/build.sh --kubectl      the pinned kubectl's path (built if missing)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -314,6 +315,19 @@ fi
 
 # --- build ------------------------------------------------------------------
 [ -n "$k8s_src" ] || { say "k8s.io/kubernetes $K8S_VERSION is not in the module cache and could not be listed"; exit 1; }
+# --kubectl: the path of the node's pinned kubectl, built with the node's
+# Kubernetes binaries when they are not cached (e2e TestBidderGuide runs
+# the guide's kubectl commands with it). Needs no docker.
+if [ "${1:-}" = --kubectl ]; then
+  if [ ! -x "$cache/kubernetes-$key_k8s/kubectl" ]; then
+    mkdir -p "$cache"
+    exec 9>"$cache/.node-image.lock"
+    if command -v flock >/dev/null; then flock 9; fi
+    [ -x "$cache/kubernetes-$key_k8s/kubectl" ] || timed kubernetes build_k8s
+  fi
+  echo "$cache/kubernetes-$key_k8s/kubectl"
+  exit 0
+fi
 command -v docker >/dev/null && docker info >/dev/null 2>&1 || { say "docker does not answer (start dockerd)"; exit 1; }
 mkdir -p "$cache"
 # One build at a time per cache (make node-image beside a test that needs
