@@ -267,6 +267,17 @@ func TestFittingBidderWins(t *testing.T) {
 	if states["did:plc:fit"] != marketv1alpha1.BidLeased || states["did:plc:unvouched"] != marketv1alpha1.BidUnvouched {
 		t.Errorf("requester's bids: %v", states)
 	}
+	// Each Bid's Ready condition follows its state (kubectl wait).
+	var bids marketv1alpha1.BidList
+	if err := m.shop.Client.List(context.Background(), &bids); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bids.Items {
+		c := clustertest.Condition(t, b.Status.Conditions, "Ready")
+		if want := b.Status.State == marketv1alpha1.BidLeased; (c.Status == metav1.ConditionTrue) != want || c.Reason != string(b.Status.State) {
+			t.Errorf("the Bid of %s (%s): Ready %+v", b.Spec.BidderDID, b.Status.State, c)
+		}
+	}
 	if s := bidStates(t, m.bidders["unvouched"]); s["did:plc:unvouched"] != marketv1alpha1.BidLost {
 		t.Errorf("unvouched bidder's bid: %v", s)
 	}

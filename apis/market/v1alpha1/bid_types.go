@@ -107,6 +107,13 @@ type BidStatus struct {
 	// Message explains the state.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// Conditions: Ready, True once the bid is Leased (the deal it offered
+	// was made), otherwise False with the state as its reason, so that
+	// kubectl wait --for=condition=Ready works on Bids as on every kind.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // Bid is one bid record of the market as one side sees it. The requester
@@ -119,6 +126,7 @@ type BidStatus struct {
 // +kubebuilder:resource:categories=knotless;market
 // +kubebuilder:printcolumn:name="Side",type=string,JSONPath=`.spec.side`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Price",type=integer,JSONPath=`.spec.pricePerHour.amount`
 // +kubebuilder:printcolumn:name="Bidder",type=string,JSONPath=`.spec.bidderDID`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -7,6 +7,7 @@ package dealexec
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
+	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -145,6 +147,15 @@ func Bid(ctx context.Context, c client.Client, owner client.Object, existing *ma
 		return nil, nil
 	}
 	want := op.Status
+	want.Conditions = slices.Clone(b.Status.Conditions)
+	ready, reason := metav1.ConditionFalse, string(want.State)
+	if want.State == marketv1alpha1.BidLeased {
+		ready = metav1.ConditionTrue
+	}
+	if reason == "" {
+		reason = "Pending"
+	}
+	conditions.SetReady(&want.Conditions, b.Generation, ready, reason, want.Message)
 	if err := ssa.WriteStatus(ctx, c, b, &b.Status, &want, ssa.StatusOptions{Manager: manager}); err != nil {
 		return b, err
 	}
