@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -482,9 +483,7 @@ func TestKindTenant(t *testing.T) {
 func processTenantReleased(ctx context.Context, t *testing.T, d *deal) string {
 	t.Helper()
 	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 20, 1))
-	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
-	spec.TenantAdmins.Users = []string{"alice"}
-	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	spec := exportingSpec("buyer")
 	d.requester(ctx, t, "vms", spec)
 	rc := contractOf(ctx, t, d.app, "vms", "the process tenant mounted", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Phase == marketv1alpha1.ContractActive
@@ -526,15 +525,7 @@ func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.
 	execURL := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: "server", Command: []string{"/testimage", "limits"}, Stdout: true, Stderr: true}, clientgoscheme.ParameterCodec).URL()
 	for _, proto := range []string{"websocket", "spdy"} {
-		var exe remotecommand.Executor
-		if proto == "websocket" {
-			exe, err = remotecommand.NewWebSocketExecutor(cfg, "GET", execURL.String())
-		} else {
-			exe, err = remotecommand.NewSPDYExecutor(cfg, "POST", execURL)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		exe := executor(t, cfg, proto, execURL)
 		var stdout, stderr strings.Builder
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
@@ -549,15 +540,7 @@ func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.
 	attachURL := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod).SubResource("attach").
 		VersionedParams(&corev1.PodAttachOptions{Container: "server", Stdin: true, Stdout: true, Stderr: true}, clientgoscheme.ParameterCodec).URL()
 	for _, proto := range []string{"websocket", "spdy"} {
-		var exe remotecommand.Executor
-		if proto == "websocket" {
-			exe, err = remotecommand.NewWebSocketExecutor(cfg, "GET", attachURL.String())
-		} else {
-			exe, err = remotecommand.NewSPDYExecutor(cfg, "POST", attachURL)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		exe := executor(t, cfg, proto, attachURL)
 		line := "attached-" + proto
 		stdin, feed := io.Pipe()
 		stdout := &watchedWriter{want: "stdin: " + line, seen: make(chan struct{})}
@@ -614,6 +597,23 @@ func streams(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"memoryLimit":"67108864"`) {
 		t.Errorf("GET through the port-forward: %d %q", resp.StatusCode, body)
 	}
+}
+
+// executor is what kubectl streams exec and attach with: the WebSocket
+// protocol (kubectl since 1.31) or SPDY (older kubectls).
+func executor(t *testing.T, cfg *rest.Config, proto string, u *url.URL) remotecommand.Executor {
+	t.Helper()
+	var exe remotecommand.Executor
+	var err error
+	if proto == "websocket" {
+		exe, err = remotecommand.NewWebSocketExecutor(cfg, "GET", u.String())
+	} else {
+		exe, err = remotecommand.NewSPDYExecutor(cfg, "POST", u)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
 }
 
 // watchedWriter keeps what is written and closes seen once it holds want.

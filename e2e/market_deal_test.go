@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/lexicon"
@@ -177,6 +178,16 @@ func requesterSpec(identity string, cpu, mem, maxPrice int64, window int32) mark
 		MaxPricePerHour:  marketv1alpha1.Price{Amount: maxPrice, Currency: "USD-cents"},
 		BidWindowSeconds: window, ConfirmSeconds: 60, NoticeSeconds: 600, MaxBidsPerRequest: 20,
 	}
+}
+
+// exportingSpec is requesterSpec for identity (1000m, 1 GiB, at most 50,
+// a 5 s bid window) with alice as tenant admin and the tenant's
+// ConfigMaps exported when it is released (StateSync).
+func exportingSpec(identity string) marketv1alpha1.MarketRequesterSpec {
+	spec := requesterSpec(identity, 1000, 1024, 50, 5)
+	spec.TenantAdmins.Users = []string{"alice"}
+	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	return spec
 }
 
 func (d *deal) requester(ctx context.Context, t *testing.T, name string, spec marketv1alpha1.MarketRequesterSpec) *marketv1alpha1.MarketRequester {

@@ -51,9 +51,7 @@ func TestMarketTenantMigrates(t *testing.T) {
 	d.bidder(ctx, t, "acme", offerOf("small", 1000, 1024, 20, 1))
 	d.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 1))
 
-	spec := requesterSpec("buyer", 1000, 1024, 50, 5)
-	spec.TenantAdmins.Users = []string{"alice"}
-	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	spec := exportingSpec("buyer")
 	d.requester(ctx, t, "vms", spec)
 	rc := contractOf(ctx, t, d.app, "vms", "the first contract agreed", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Records.Lease != nil

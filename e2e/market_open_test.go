@@ -84,9 +84,7 @@ func TestMarketAcrossInstallations(t *testing.T) {
 	beta.bidder(ctx, t, "beta", offerOf("small", 1000, 1024, 40, 0))
 
 	start = time.Now()
-	spec := requesterSpec("shop", 1000, 1024, 50, 5)
-	spec.TenantAdmins.Users = []string{"alice"}
-	spec.StateSync = marketv1alpha1.StateSyncPolicy{Mode: marketv1alpha1.StateSyncExport, Resources: []computev1alpha1.GroupResource{{Resource: "configmaps"}}}
+	spec := exportingSpec("shop")
 	d.requester(ctx, t, "vms", spec)
 	rc := contractOf(ctx, t, d.app, "vms", "the contract on A Active (the tenant mounted)", func(cc *marketv1alpha1.ComputeContract) bool {
 		return cc.Status.Phase == marketv1alpha1.ContractActive
