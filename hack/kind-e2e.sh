@@ -67,7 +67,11 @@ cleanup() {
     echo "kind-e2e: FAILED (exit $rc); the tails of the logs in ${logs#"$root"/}:" >&2
     if [ -n "$kind" ] && [ -s "$KUBECONFIG" ]; then
       kubectl get pods -A -o wide >"$logs/pods.log" 2>&1
-      for c in kcp front-proxy; do kubectl -n kcp logs deploy/kcp -c "$c" --tail=-1 >"$logs/pod-$c.log" 2>&1; done
+      kubectl -n kcp describe pods >"$logs/pod-kcp-describe.log" 2>&1
+      for c in kcp front-proxy; do
+        kubectl -n kcp logs deploy/kcp -c "$c" --tail=-1 >"$logs/pod-$c.log" 2>&1
+        kubectl -n kcp logs deploy/kcp -c "$c" --previous --tail=200 >"$logs/pod-$c-previous.log" 2>/dev/null
+      done
       for d in knotless-provider knotless-mountproxy; do kubectl -n knotless logs "deploy/$d" --tail=-1 >"$logs/pod-$d.log" 2>&1; done
     fi
     docker logs "$shim" >"$logs/shim.log" 2>&1
