@@ -5,7 +5,7 @@ export GONOSUMDB := github.com/kcp-dev
 BIN := $(CURDIR)/bin
 GO_PACKAGES = $(shell go list ./... | grep -v /e2e)
 
-.PHONY: lexicons-publish release clean-tools dev-plan images node-image chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit fuzz e2e dev bench-engage bench-records bench-tenant clean
+.PHONY: e2e-kind lexicons-publish release clean-tools dev-plan images node-image chart-lint bench-apps bench-watch bench-mountproxy bench-mountproxy-unit all build tools stack-deps codegen-tools generate verify lint test test-unit fuzz e2e dev bench-engage bench-records bench-tenant clean
 
 # The commit is stamped into the binaries and printed in their start-up line.
 LDFLAGS = -X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=$(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
@@ -91,6 +91,10 @@ fuzz:
 
 e2e: tools stack-deps
 	KCP_BIN=$(BIN)/kcp go test -p 1 -count=1 -timeout 40m -v ./e2e/ ./e2e/stack/
+
+## e2e-kind: offline kind path (hack/kind-e2e.sh): kind from the node image, kcp FROM scratch with kcp-front-proxy, knotless's images and chart (smoke: both Deployments Ready), then the e2e suite through them (KIND_E2E_RUN, default the mount tests; KIND_KEEP=1 keeps the cluster; logs in bin/kind-e2e/logs)
+e2e-kind:
+	hack/kind-e2e.sh
 
 ## dev: local kcp + knotless-provider; prints what to try; Ctrl-C stops everything
 dev: dev-plan tools build

@@ -1,255 +1,297 @@
 #!/usr/bin/env bash
-# The kind path: kcp from kcp's Helm chart (kcp-dev/helm-charts) in a kind
-# cluster, knotless's images loaded into it and its chart installed, then
-# the e2e suite against that kcp (KNOTLESS_E2E_KUBECONFIG and the mount
-# topology of e2e/framework/external.go). For machines that have kind and
-# reach the image registries of kind, cert-manager and kcp; it cannot run
-# where no registry is reachable (docs/install.md).
+# make e2e-kind: the kind path, offline. Nothing is pulled from a registry:
 #
-# Needs: docker, kind, kubectl, openssl, curl; helm, kcp (for the tenants
-# the tests start) and the images are built here (make chart-lint tools
-# images).
+#  1. a kind cluster $KIND_CLUSTER (default knotless-e2e-kind) on a docker
+#     network of the same name, from the project's node image (make
+#     node-image) with the pinned kind (hack/tools/kind), kcp-front-proxy's
+#     NodePort 31443 also on localhost:$KIND_HOST_PORT (default 8443);
+#  2. kcp's certificates made here with openssl (serving, the front
+#     proxy's client CA for users and kcp-admin, the shard's client and
+#     requestheader CAs), kcp-admin's kubeconfig through kcp-front-proxy;
+#  3. knotless's images (make images) loaded with kind and its chart
+#     installed, the chart making the mount path's Secrets itself (its
+#     generated-Secrets mode: no cert-manager);
+#  4. kcp: an image FROM scratch of the pinned kcp's static binaries
+#     (KNOTLESS_TOOL_STATIC=1 hack/tool.sh kcp), loaded with kind, and
+#     deploy/kind-e2e/kcp.yaml: `kcp start` (WorkspaceMounts=true, embedded
+#     etcd in an emptyDir) with kcp-front-proxy in its pod, whose /tenants/
+#     mapping uses the chart's kcp-front-proxy client certificate, serving
+#     CA and header names; then the chart smoke check: both Deployments
+#     become Ready against it;
+#  5. the e2e suite against that kcp (KNOTLESS_E2E_KUBECONFIG and the mount
+#     topology of e2e/framework/external.go): the chart's provider is scaled
+#     to 0 (the suite runs its own for root:knotless), and the shim the
+#     /tenants/ mapping reaches is a knotless-mountproxy container on this
+#     machine (docker run --network host, with the chart's serving
+#     certificate and requestheader CA), because the tests start their
+#     tenants on 127.0.0.1 here. KIND_E2E_RUN selects tests (go test -run;
+#     default: the mount tests), KIND_E2E_RUN=. runs the whole suite.
 #
-# Steps:
-#  1. kind cluster $KIND_CLUSTER (default knotless) with kcp-front-proxy's
-#     NodePort on localhost:8443;
-#  2. cert-manager; certificates for the mount path (the shim's serving
-#     certificate and requestheader CA, kcp-front-proxy's client
-#     certificate towards the shim, the provider's probe certificate) and
-#     random identity header names;
-#  3. kcp (chart version $KCP_CHART_VERSION, image tag $KCP_TAG) with
-#     WorkspaceMounts=true and a /tenants/ mapping to the shim with those
-#     header names;
-#  4. knotless's chart with both components (kcp-admin kubeconfigs): the
-#     chart smoke test is that both Deployments become Ready;
-#  5. the e2e suite: the chart's provider is scaled to 0 (the suite runs
-#     its own for root:knotless), and the shim the /tenants/ mapping
-#     reaches is a knotless-mountproxy container on this machine (docker
-#     run --network host), because the tests start their tenants on
-#     127.0.0.1 here. KIND_E2E_RUN selects tests (go test -run).
-#
-# KIND_KEEP=1 keeps the cluster afterwards.
+# Needs docker (dockerd running), kubectl, openssl, curl, go; kind, helm
+# and kcp come from the tools cache (hack/tool.sh). Logs of each part are
+# in bin/kind-e2e/ (a failure prints their tails). Everything started here
+# is removed at exit (the cluster, its network, the shim container) unless
+# KIND_KEEP=1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-cluster=${KIND_CLUSTER:-knotless}
-kcp_chart_version=${KCP_CHART_VERSION:-0.16.6}
-kcp_tag=${KCP_TAG:-}
+cluster=${KIND_CLUSTER:-knotless-e2e-kind}
+host_port=${KIND_HOST_PORT:-8443}
+shim_port=${KIND_SHIM_PORT:-19443}
+shim_metrics=${KIND_SHIM_METRICS_PORT:-19090}
+shim_health=${KIND_SHIM_HEALTH_PORT:-19091}
+run=${KIND_E2E_RUN:-TestMount|TestMarketTenantMounted}
 work=$root/bin/kind-e2e
-mkdir -p "$work"
+logs=$work/logs
+certs=$work/certs
+rm -rf "$logs" "$certs" "$work/shim"
+mkdir -p "$work" "$logs" "$certs"
 export KUBECONFIG=$work/kind.kubeconfig
+shim=$cluster-mountproxy
+started=$(date +%s)
 
-for cmd in docker kind kubectl openssl curl; do
+for cmd in docker kubectl openssl curl go; do
   command -v "$cmd" >/dev/null || { echo "kind-e2e: $cmd is needed" >&2; exit 1; }
 done
-make chart-lint tools images >/dev/null
-helm=$root/bin/helm
+docker info >/dev/null 2>&1 || { echo "kind-e2e: the docker daemon does not answer (start dockerd)" >&2; exit 1; }
 
-shim_port=${KIND_SHIM_PORT:-9443}
-shim=knotless-kind-e2e-mountproxy
+step() { echo "kind-e2e: [$(( $(date +%s) - started ))s] $*"; }
+# quiet LOG CMD...: CMD's output goes to $logs/LOG.log.
+quiet() { local log=$logs/$1.log; shift; "$@" >>"$log" 2>&1; }
+
+kind=
 cleanup() {
-  docker rm -f "$shim" >/dev/null 2>&1 || true
-  if [ "${KIND_KEEP:-}" != 1 ]; then kind delete cluster --name "$cluster" >/dev/null 2>&1 || true; fi
+  rc=$?
+  set +e
+  if [ "$rc" != 0 ]; then
+    echo "kind-e2e: FAILED (exit $rc); the tails of the logs in ${logs#"$root"/}:" >&2
+    if [ -n "$kind" ] && [ -s "$KUBECONFIG" ]; then
+      kubectl get pods -A -o wide >"$logs/pods.log" 2>&1
+      kubectl -n kcp describe pods >"$logs/pod-kcp-describe.log" 2>&1
+      for c in kcp front-proxy; do
+        kubectl -n kcp logs deploy/kcp -c "$c" --tail=-1 >"$logs/pod-$c.log" 2>&1
+        kubectl -n kcp logs deploy/kcp -c "$c" --previous --tail=200 >"$logs/pod-$c-previous.log" 2>/dev/null
+      done
+      for d in knotless-provider knotless-mountproxy; do kubectl -n knotless logs "deploy/$d" --tail=-1 >"$logs/pod-$d.log" 2>&1; done
+    fi
+    docker logs "$shim" >"$logs/shim.log" 2>&1
+    for f in "$logs"/*.log; do
+      [ -s "$f" ] || continue
+      echo "----- ${f#"$root"/}" >&2
+      tail -n 25 "$f" >&2
+    done
+  else
+    docker logs "$shim" >"$logs/shim.log" 2>&1
+  fi
+  docker rm -f "$shim" >/dev/null 2>&1
+  if [ "${KIND_KEEP:-}" != 1 ] && [ -n "$kind" ]; then
+    "$kind" delete cluster --name "$cluster" >/dev/null 2>&1
+    docker network rm "$cluster" >/dev/null 2>&1
+  elif [ -n "$kind" ]; then
+    echo "kind-e2e: KIND_KEEP=1: the cluster $cluster stays (KUBECONFIG=$KUBECONFIG; the shim container was removed)"
+  fi
+  echo "kind-e2e: $(( $(date +%s) - started ))s in all; logs in ${logs#"$root"/}"
+  exit "$rc"
 }
 trap cleanup EXIT
 
-# 1. the cluster
+# 0. the parts: node image, kind, helm, static kcp, knotless's images
+step "tools, node image and images (logs/build.log)"
+node_image=$(hack/node-image/build.sh 2>>"$logs/build.log" | tail -1)
+quiet build hack/tool.sh kind sigs.k8s.io/kind
+quiet build hack/tool.sh helm helm.sh/helm/v3/cmd/helm
+KNOTLESS_TOOL_STATIC=1 quiet build hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
+kind=$root/bin/kind
+helm=$root/bin/helm
+# Privileged containers need a docker runtime of the project's on a machine
+# whose dockerd lacks capabilities (prints its PATH entry, or nothing).
+shim_path=$(hack/node-image/docker-runtime.sh 2>>"$logs/build.log")
+[ -z "$shim_path" ] || export PATH=$shim_path:$PATH
+quiet build make images
+# The suite's parts: kcp for its tenants (bin/kcp), the PDS stack, Vault.
+quiet build make tools stack-deps
+kcp_dir=$work/kcp-image
+mkdir -p "$kcp_dir"
+for b in kcp kcp-front-proxy; do
+  cmp -s "bin/static/$b" "$kcp_dir/$b" || cp "bin/static/$b" "$kcp_dir/$b"
+done
+kcp_image=$cluster-kcp:$(cat deploy/kind-e2e/Dockerfile.kcp "$kcp_dir/kcp" "$kcp_dir/kcp-front-proxy" | sha256sum | cut -c1-16)
+docker image inspect "$kcp_image" >/dev/null 2>&1 || quiet build docker build -t "$kcp_image" -f deploy/kind-e2e/Dockerfile.kcp "$kcp_dir"
+step "node image $node_image, kcp image $kcp_image"
+
+# 1. the cluster, on a docker network of its own
+step "kind cluster $cluster (logs/kind.log)"
 cat >"$work/kind.yaml" <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 nodes:
   - role: control-plane
     extraPortMappings:
-      - {containerPort: 31443, hostPort: 8443, protocol: TCP}
+      - {containerPort: 31443, hostPort: $host_port, listenAddress: 127.0.0.1, protocol: TCP}
 EOF
-kind get clusters 2>/dev/null | grep -qx "$cluster" || kind create cluster --name "$cluster" --config "$work/kind.yaml"
-# Pods reach this machine at the gateway of kind's docker network.
-gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{if .Gateway}}{{.Gateway}} {{end}}{{end}}' | tr ' ' '\n' | grep -E '^[0-9.]+$' | head -1)
-echo "kind-e2e: pods reach this machine at $gateway"
+# A cluster left by KIND_KEEP=1 is made anew: its kcp would keep the
+# certificates of the last run.
+if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
+  quiet kind "$kind" delete cluster --name "$cluster"
+fi
+KIND_EXPERIMENTAL_DOCKER_NETWORK=$cluster quiet kind "$kind" create cluster --name "$cluster" --image "$node_image" \
+  --config "$work/kind.yaml" --kubeconfig "$KUBECONFIG" --wait 3m
+node=$cluster-control-plane
+node_ip=$(docker inspect -f "{{(index .NetworkSettings.Networks \"$cluster\").IPAddress}}" "$node")
+gateway=$(docker network inspect "$cluster" -f '{{range .IPAM.Config}}{{if .Gateway}}{{.Gateway}} {{end}}{{end}}' | tr ' ' '\n' | grep -E '^[0-9.]+$' | head -1)
+[ -n "$node_ip" ] && [ -n "$gateway" ] || { echo "kind-e2e: no IPv4 address of $node or gateway of the network $cluster" >&2; exit 1; }
+fp_url=https://$node_ip:31443
+step "kcp-front-proxy will be $fp_url (and https://localhost:$host_port); pods reach this machine at $gateway"
+quiet kind "$kind" load docker-image --name "$cluster" "$kcp_image" knotless-provider:dev knotless-mountproxy:dev
 
-# 2. cert-manager and the mount path's certificates
-"$helm" repo add jetstack https://charts.jetstack.io >/dev/null
-"$helm" repo add kcp https://kcp-dev.github.io/helm-charts >/dev/null
-"$helm" repo update >/dev/null
-"$helm" upgrade --install --wait --namespace cert-manager --create-namespace --set crds.enabled=true cert-manager jetstack/cert-manager
-kubectl create namespace kcp --dry-run=client -o yaml | kubectl apply -f -
-kubectl create namespace knotless --dry-run=client -o yaml | kubectl apply -f -
-ca() { # name namespace
-  cat <<EOF
-apiVersion: cert-manager.io/v1
-kind: Certificate
-metadata: {name: $1, namespace: $2}
-spec:
-  isCA: true
-  commonName: $1
-  secretName: $1
-  privateKey: {algorithm: ECDSA, size: 256}
-  issuerRef: {name: knotless-selfsigned, kind: ClusterIssuer}
----
-apiVersion: cert-manager.io/v1
-kind: Issuer
-metadata: {name: $1, namespace: $2}
-spec:
-  ca: {secretName: $1}
-EOF
+# 2. kcp's certificates (openssl; EC P-256)
+step "kcp's certificates (bin/kind-e2e/certs)"
+mkca() { # name
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj "/CN=knotless-e2e-$1" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+    -keyout "$certs/$1.key" -out "$certs/$1.crt" 2>>"$logs/certs.log"
 }
-leaf() { # name namespace issuer commonName usage [ip]
-  cat <<EOF
-apiVersion: cert-manager.io/v1
-kind: Certificate
-metadata: {name: $1, namespace: $2}
-spec:
-  commonName: $4
-  secretName: $1
-  privateKey: {algorithm: ECDSA, size: 256}
-  usages: [digital signature, $5]
-  issuerRef: {name: $3, kind: Issuer}
-  dnsNames: [knotless-mountproxy.knotless.svc, localhost]
-  ipAddresses: [127.0.0.1${6:+, $6}]
-EOF
+leaf() { # name ca subject usage [subjectAltName]
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "$3" \
+    -keyout "$certs/$1.key" -out "$certs/$1.csr" 2>>"$logs/certs.log"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature"
+    echo "extendedKeyUsage=$4"
+    [ -z "${5:-}" ] || echo "subjectAltName=$5"
+  } >"$certs/$1.ext"
+  openssl x509 -req -in "$certs/$1.csr" -CA "$certs/$2.crt" -CAkey "$certs/$2.key" -CAcreateserial -days 30 \
+    -extfile "$certs/$1.ext" -out "$certs/$1.crt" 2>>"$logs/certs.log"
 }
-{
-  echo 'apiVersion: cert-manager.io/v1
-kind: ClusterIssuer
-metadata: {name: knotless-selfsigned}
-spec: {selfSigned: {}}'
-  echo ---; ca knotless-mountproxy-serving-ca knotless
-  echo ---; ca knotless-mountproxy-requestheader-ca knotless
-  echo ---; leaf knotless-mountproxy-serving knotless knotless-mountproxy-serving-ca knotless-mountproxy "server auth" "$gateway"
-  echo ---; leaf knotless-probe-cert knotless knotless-mountproxy-requestheader-ca knotless-probe "client auth"
-  echo ---; leaf knotless-front-proxy-to-shim knotless knotless-mountproxy-requestheader-ca kcp-front-proxy "client auth"
-} >"$work/certs.yaml"
-kubectl apply -f "$work/certs.yaml"
-kubectl -n knotless wait --for=condition=Ready --timeout=2m certificate --all
-# kcp-front-proxy's side: its client certificate towards the shim and the
-# CA of the shim's serving certificate, as plain Secrets in kcp's namespace.
-secret() { kubectl -n "$1" get secret "$2" -o "jsonpath={.data.${3//./\\.}}" | base64 -d; }
-secret knotless knotless-front-proxy-to-shim tls.crt >"$work/to-shim.crt"
-secret knotless knotless-front-proxy-to-shim tls.key >"$work/to-shim.key"
-secret knotless knotless-mountproxy-serving-ca ca.crt >"$work/shim-ca.crt"
-kubectl -n kcp create secret tls knotless-front-proxy-to-shim --cert "$work/to-shim.crt" --key "$work/to-shim.key" --dry-run=client -o yaml | kubectl apply -f -
-kubectl -n kcp create secret generic knotless-mountproxy-serving-ca --from-file=ca.crt="$work/shim-ca.crt" --dry-run=client -o yaml | kubectl apply -f -
-hex() { openssl rand -hex 8; }
-user_header=X-Knotless-$(hex)-User group_header=X-Knotless-$(hex)-Group extra_prefix=X-Knotless-$(hex)-Extra-
-kubectl -n knotless create secret generic knotless-identity-headers --dry-run=client -o yaml \
-  --from-literal=user-header="$user_header" --from-literal=group-header="$group_header" --from-literal=extra-header-prefix="$extra_prefix" | kubectl apply -f -
-
-# 3. kcp with mounts and the /tenants/ mapping (the header names are in
-# kcp's chart's mapping ConfigMap: keep that namespace to kcp's operators)
-cat >"$work/kcp-values.yaml" <<EOF
-externalHostname: kcp.dev.test
-externalPort: "8443"
-certificates:
-  dnsNames: [localhost, kcp.dev.test]
-etcd:
-  resources: {requests: {memory: 256Mi}}
-kcp:
-  volumeClassName: standard
-  extraFlags: [--feature-gates=WorkspaceMounts=true]
-  hostAliases: {enabled: true, values: [{ip: 10.96.0.100, hostnames: [kcp.dev.test]}]}
-kcpFrontProxy:
-  service: {type: NodePort, nodePort: 31443, clusterIP: 10.96.0.100}
-  additionalPathMappings:
-    - path: /tenants/
-      backend: https://$gateway:$shim_port
-      backend_server_ca: /etc/knotless/shim-ca/ca.crt
-      proxy_client_cert: /etc/knotless/to-shim/tls.crt
-      proxy_client_key: /etc/knotless/to-shim/tls.key
-      user_header: $user_header
-      group_header: $group_header
-      extra_header_prefix: $extra_prefix
-  extraVolumes:
-    - {name: knotless-shim-ca, secret: {secretName: knotless-mountproxy-serving-ca, items: [{key: ca.crt, path: ca.crt}]}}
-    - {name: knotless-to-shim, secret: {secretName: knotless-front-proxy-to-shim}}
-  extraVolumeMounts:
-    - {name: knotless-shim-ca, mountPath: /etc/knotless/shim-ca}
-    - {name: knotless-to-shim, mountPath: /etc/knotless/to-shim}
-EOF
-"$helm" upgrade --install --wait --timeout 10m --namespace kcp --version "$kcp_chart_version" \
-  ${kcp_tag:+--set kcp.tag=$kcp_tag --set kcpFrontProxy.tag=$kcp_tag} -f "$work/kcp-values.yaml" kcp kcp/kcp
-
-# kcp-admin through kcp-front-proxy (client certificate of its client CA)
-cat <<EOF | kubectl apply -f -
-apiVersion: cert-manager.io/v1
-kind: Certificate
-metadata: {name: knotless-kcp-admin, namespace: kcp}
-spec:
-  commonName: kcp-admin
-  subject: {organizations: [system:kcp:admin]}
-  secretName: knotless-kcp-admin
-  usages: [client auth]
-  issuerRef: {name: kcp-front-proxy-client-issuer}
-EOF
-kubectl -n kcp wait --for=condition=Ready --timeout=2m certificate/knotless-kcp-admin
-get() { secret "$1" "$2" "$3" >"$4"; chmod 644 "$4"; }
-get kcp kcp-front-proxy-cert ca.crt "$work/front-proxy-ca.crt"
-get kcp knotless-kcp-admin tls.crt "$work/admin.crt"
-get kcp knotless-kcp-admin tls.key "$work/admin.key"
-get kcp kcp-front-proxy-client-ca tls.crt "$work/client-ca.crt"
-get kcp kcp-front-proxy-client-ca tls.key "$work/client-ca.key"
-for f in serving-ca requestheader-ca; do
-  get knotless knotless-mountproxy-$f tls.crt "$work/$f.crt"
-  get knotless knotless-mountproxy-$f tls.key "$work/$f.key"
+for ca in serving-ca user-ca shard-client-ca shard-requestheader-ca; do mkca "$ca"; done
+leaf serving serving-ca /CN=kcp serverAuth "IP:127.0.0.1,DNS:localhost"
+leaf front-proxy serving-ca /CN=kcp-front-proxy serverAuth "IP:$node_ip,IP:127.0.0.1,DNS:localhost,DNS:kcp-front-proxy.kcp.svc"
+leaf shard-admin shard-client-ca "/O=system:masters/CN=shard-admin" clientAuth
+leaf to-shard shard-requestheader-ca /CN=kcp-front-proxy clientAuth
+leaf kcp-admin user-ca "/O=system:kcp:admin/CN=kcp-admin" clientAuth
+kubeconfig() { # file server ca user
+  kubectl --kubeconfig "$1" config set-cluster kcp --server "$2" --certificate-authority "$3" --embed-certs >/dev/null
+  kubectl --kubeconfig "$1" config set-credentials "$4" --client-certificate "$certs/$4.crt" --client-key "$certs/$4.key" --embed-certs >/dev/null
+  kubectl --kubeconfig "$1" config set-context default --cluster kcp --user "$4" >/dev/null
+  kubectl --kubeconfig "$1" config use-context default >/dev/null
+}
+rm -f "$certs/shards.kubeconfig" "$work/admin.kubeconfig"
+kubeconfig "$certs/shards.kubeconfig" https://127.0.0.1:6443 "$certs/serving-ca.crt" shard-admin
+kubeconfig "$work/admin.kubeconfig" "$fp_url/clusters/root" "$certs/serving-ca.crt" kcp-admin
+for ns in kcp knotless; do
+  kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >>"$logs/kubectl.log"
 done
-get knotless knotless-mountproxy-serving tls.crt "$work/serving.crt"
-get knotless knotless-mountproxy-serving tls.key "$work/serving.key"
-kubeconfig() { # file server
-  kubectl --kubeconfig "$1" config set-cluster kcp --server "$2/clusters/root" --certificate-authority "$work/front-proxy-ca.crt" --embed-certs --tls-server-name kcp.dev.test >/dev/null
-  kubectl --kubeconfig "$1" config set-credentials kcp-admin --client-certificate "$work/admin.crt" --client-key "$work/admin.key" --embed-certs >/dev/null
-  kubectl --kubeconfig "$1" config set-context root --cluster kcp --user kcp-admin >/dev/null
-  kubectl --kubeconfig "$1" config use-context root >/dev/null
-  chmod 644 "$1"
-}
-kubeconfig "$work/admin.kubeconfig" https://localhost:8443
-kubeconfig "$work/in-cluster.kubeconfig" https://kcp.dev.test:8443
-for c in provider mountproxy; do
-  kubectl -n knotless create secret generic knotless-$c-kubeconfig --dry-run=client -o yaml --from-file=kubeconfig="$work/in-cluster.kubeconfig" | kubectl apply -f -
-done
+args=()
+for f in serving.crt serving.key front-proxy.crt front-proxy.key serving-ca.crt user-ca.crt shard-client-ca.crt \
+  shard-requestheader-ca.crt to-shard.crt to-shard.key shards.kubeconfig; do args+=(--from-file="$f=$certs/$f"); done
+kubectl -n kcp create secret generic kcp-certs "${args[@]}" --dry-run=client -o yaml | kubectl apply -f - >>"$logs/kubectl.log"
+kubectl -n knotless create secret generic knotless-kcp-admin --from-file=kubeconfig="$work/admin.kubeconfig" \
+  --dry-run=client -o yaml | kubectl apply -f - >>"$logs/kubectl.log"
 
-# 4. knotless's images and chart
-kind load docker-image --name "$cluster" knotless-provider:dev knotless-mountproxy:dev
-"$helm" upgrade --install --wait --timeout 5m --namespace knotless knotless deploy/charts/knotless \
-  --set identityHeaders.secretName=knotless-identity-headers \
-  --set provider.kubeconfigSecret.name=knotless-provider-kubeconfig \
-  --set provider.mount.url=https://kcp.dev.test:8443 \
-  --set provider.mount.caSecret.name=knotless-mountproxy-serving-ca \
-  --set provider.mount.probeCertSecret.name=knotless-probe-cert \
-  --set mountproxy.kubeconfigSecret.name=knotless-mountproxy-kubeconfig \
-  --set mountproxy.servingCertSecret.name=knotless-mountproxy-serving \
-  --set mountproxy.requestHeaderCASecret.name=knotless-mountproxy-requestheader-ca \
-  --set 'mountproxy.reservedAddresses={https://kcp.dev.test:8443}' \
-  --set 'hostAliases[0].ip=10.96.0.100' --set 'hostAliases[0].hostnames={kcp.dev.test}'
-for d in knotless-provider knotless-mountproxy; do kubectl -n knotless rollout status "deploy/$d" --timeout 5m; done
-echo "kind-e2e: the chart's provider and mount proxy are Ready"
+# 3. knotless's chart; it makes the mount path's Secrets (kept on upgrade)
+step "knotless's chart (logs/helm.log)"
+quiet helm "$helm" upgrade --install --namespace knotless knotless deploy/charts/knotless \
+  --set provider.replicas=1 --set mountproxy.replicas=1 \
+  --set provider.kubeconfigSecret.name=knotless-kcp-admin \
+  --set mountproxy.kubeconfigSecret.name=knotless-kcp-admin \
+  --set provider.mount.url="$fp_url" \
+  --set "mountproxy.reservedAddresses={$fp_url,https://localhost:$host_port}" \
+  --set 'mountPathSecrets.extraDNSNames={localhost,knotless-e2e-shim.test}'
+secret() { # name key file
+  kubectl -n knotless get secret "$1" -o "jsonpath={.data.${2//./\\.}}" | base64 -d >"$3"
+  [ -s "$3" ] || { echo "kind-e2e: the chart's Secret $1 has no $2" >&2; exit 1; }
+}
+secret knotless-mountproxy-serving ca.crt "$certs/shim-serving-ca.crt"
+secret knotless-mountproxy-serving tls.crt "$certs/shim-serving.crt"
+secret knotless-mountproxy-serving tls.key "$certs/shim-serving.key"
+secret knotless-requestheader-ca tls.crt "$certs/shim-requestheader-ca.crt"
+secret knotless-requestheader-ca tls.key "$certs/shim-requestheader-ca.key"
+secret knotless-front-proxy-client tls.crt "$certs/to-shim.crt"
+secret knotless-front-proxy-client tls.key "$certs/to-shim.key"
+secret knotless-identity-headers user-header "$certs/user-header"
+secret knotless-identity-headers group-header "$certs/group-header"
+secret knotless-identity-headers extra-header-prefix "$certs/extra-header-prefix"
+user_header=$(cat "$certs/user-header") group_header=$(cat "$certs/group-header") extra_prefix=$(cat "$certs/extra-header-prefix")
+
+# 4. kcp and kcp-front-proxy, then the chart's Deployments against it
+step "kcp (deploy/kind-e2e/kcp.yaml; logs/kcp.log)"
+kubectl -n kcp create secret generic kcp-to-shim --from-file=tls.crt="$certs/to-shim.crt" --from-file=tls.key="$certs/to-shim.key" \
+  --from-file=ca.crt="$certs/shim-serving-ca.crt" --dry-run=client -o yaml | kubectl apply -f - >>"$logs/kubectl.log"
+cat >"$work/mapping.yaml" <<EOF
+- path: /clusters/
+  backend: https://127.0.0.1:6443
+  backend_server_ca: /etc/kcp/serving-ca.crt
+  proxy_client_cert: /etc/kcp/to-shard.crt
+  proxy_client_key: /etc/kcp/to-shard.key
+- path: /tenants/
+  backend: https://knotless-e2e-shim.test:$shim_port
+  backend_server_ca: /etc/knotless/to-shim/ca.crt
+  proxy_client_cert: /etc/knotless/to-shim/tls.crt
+  proxy_client_key: /etc/knotless/to-shim/tls.key
+  user_header: $user_header
+  group_header: $group_header
+  extra_header_prefix: $extra_prefix
+- path: /
+  backend: https://127.0.0.1:6443
+  backend_server_ca: /etc/kcp/serving-ca.crt
+  proxy_client_cert: /etc/kcp/to-shard.crt
+  proxy_client_key: /etc/kcp/to-shard.key
+EOF
+kubectl -n kcp create configmap kcp-front-proxy-mapping --from-file=mapping.yaml="$work/mapping.yaml" \
+  --dry-run=client -o yaml | kubectl apply -f - >>"$logs/kubectl.log"
+sed -e "s|@IMAGE@|$kcp_image|g" -e "s|@NODE_IP@|$node_ip|g" -e "s|@GATEWAY@|$gateway|g" deploy/kind-e2e/kcp.yaml \
+  | kubectl apply -f - >>"$logs/kubectl.log"
+quiet kcp kubectl -n kcp rollout status deploy/kcp --timeout 5m
+ready=
+for _ in $(seq 1 90); do
+  if kubectl --kubeconfig "$work/admin.kubeconfig" get workspaces.tenancy.kcp.io >>"$logs/kcp.log" 2>&1; then ready=1; break; fi
+  sleep 2
+done
+[ -n "$ready" ] || { echo "kind-e2e: kcp-admin gets no answer through kcp-front-proxy at $fp_url" >&2; exit 1; }
+step "kcp answers kcp-admin through kcp-front-proxy"
+# The chart's pods waited for kcp (back-off): start them again, then the
+# smoke check.
+quiet helm kubectl -n knotless rollout restart deploy/knotless-provider deploy/knotless-mountproxy
+for d in knotless-provider knotless-mountproxy; do quiet helm kubectl -n knotless rollout status "deploy/$d" --timeout 5m; done
+step "chart smoke check passed: knotless-provider and knotless-mountproxy are Ready"
 
 # 5. the e2e suite: its own provider for root:knotless, the shim on this
 # machine (the tenants the tests start listen on 127.0.0.1 here)
-kubectl -n knotless scale deploy/knotless-provider --replicas 0
+step "the e2e suite (-run '$run'; logs/e2e.log)"
+quiet helm kubectl -n knotless scale deploy/knotless-provider --replicas 0
 mkdir -p "$work/shim"
-cp "$work/admin.kubeconfig" "$work/shim/kubeconfig"
-cp "$work/serving.crt" "$work/serving.key" "$work/requestheader-ca.crt" "$work/shim/"
+kubeconfig "$work/shim/kubeconfig" "$fp_url/clusters/root" "$certs/serving-ca.crt" kcp-admin
+cp "$certs/shim-serving.crt" "$certs/shim-serving.key" "$certs/shim-requestheader-ca.crt" "$work/shim/"
 chmod 644 "$work/shim/"*
 docker rm -f "$shim" >/dev/null 2>&1 || true
 docker run -d --name "$shim" --network host --read-only --cap-drop ALL --user 65532:65532 \
   -v "$work/shim:/etc/knotless:ro" knotless-mountproxy:dev \
   --kubeconfig=/etc/knotless/kubeconfig --workspace=root:knotless --bind-address=":$shim_port" \
-  --tls-cert-file=/etc/knotless/serving.crt --tls-private-key-file=/etc/knotless/serving.key \
-  --requestheader-client-ca-file=/etc/knotless/requestheader-ca.crt \
+  --tls-cert-file=/etc/knotless/shim-serving.crt --tls-private-key-file=/etc/knotless/shim-serving.key \
+  --requestheader-client-ca-file=/etc/knotless/shim-requestheader-ca.crt \
   --requestheader-username-headers="$user_header" --requestheader-group-headers="$group_header" \
   --requestheader-extra-headers-prefix="$extra_prefix" \
-  --allow-private-networks=127.0.0.1/32 --reserved-addresses=https://localhost:8443 \
-  --metrics-bind-address=127.0.0.1:9090 --health-probe-bind-address=127.0.0.1:9091 >/dev/null
-for _ in $(seq 1 60); do curl -fsS http://127.0.0.1:9091/readyz >/dev/null 2>&1 && break; sleep 2; done
+  --allow-private-networks=127.0.0.1/32 --reserved-addresses="$fp_url,https://localhost:$host_port" \
+  --metrics-bind-address="127.0.0.1:$shim_metrics" --health-probe-bind-address="127.0.0.1:$shim_health" >/dev/null
+ready=
+for _ in $(seq 1 60); do curl -fsS "http://127.0.0.1:$shim_health/readyz" >/dev/null 2>&1 && { ready=1; break; }; sleep 2; done
+[ -n "$ready" ] || { echo "kind-e2e: the shim container $shim is not ready" >&2; exit 1; }
 
 export KNOTLESS_E2E_KUBECONFIG=$work/admin.kubeconfig
 export KNOTLESS_E2E_PROVIDER_WORKSPACE=root:knotless
-export KNOTLESS_E2E_FRONT_PROXY_URL=https://localhost:8443
-export KNOTLESS_E2E_FRONT_PROXY_CA_FILE=$work/front-proxy-ca.crt
-export KNOTLESS_E2E_CLIENT_CA_FILE=$work/client-ca.crt KNOTLESS_E2E_CLIENT_CA_KEY_FILE=$work/client-ca.key
-export KNOTLESS_E2E_SHIM_URL=https://127.0.0.1:$shim_port
-export KNOTLESS_E2E_SHIM_CA_FILE=$work/serving-ca.crt
-export KNOTLESS_E2E_SHIM_CLIENT_CA_FILE=$work/requestheader-ca.crt KNOTLESS_E2E_SHIM_CLIENT_CA_KEY_FILE=$work/requestheader-ca.key
+export KNOTLESS_E2E_FRONT_PROXY_URL=$fp_url
+export KNOTLESS_E2E_FRONT_PROXY_CA_FILE=$certs/serving-ca.crt
+export KNOTLESS_E2E_CLIENT_CA_FILE=$certs/user-ca.crt KNOTLESS_E2E_CLIENT_CA_KEY_FILE=$certs/user-ca.key
+export KNOTLESS_E2E_SHIM_URL=https://localhost:$shim_port
+export KNOTLESS_E2E_SHIM_CA_FILE=$certs/shim-serving-ca.crt
+export KNOTLESS_E2E_SHIM_CLIENT_CA_FILE=$certs/shim-requestheader-ca.crt KNOTLESS_E2E_SHIM_CLIENT_CA_KEY_FILE=$certs/shim-requestheader-ca.key
 export KNOTLESS_E2E_SHIM_USER_HEADER=$user_header KNOTLESS_E2E_SHIM_GROUP_HEADER=$group_header KNOTLESS_E2E_SHIM_EXTRA_HEADER_PREFIX=$extra_prefix
-export KNOTLESS_E2E_SHIM_METRICS_URL=http://127.0.0.1:9090
-make stack-deps >/dev/null
-KCP_BIN=$root/bin/kcp go test -p 1 -count=1 -timeout 60m -v -run "${KIND_E2E_RUN:-.}" ./e2e/
+export KNOTLESS_E2E_SHIM_METRICS_URL=http://127.0.0.1:$shim_metrics
+export KNOTLESS_E2E_ARTIFACTS=$work/e2e-artifacts
+rm -rf "$KNOTLESS_E2E_ARTIFACTS"
+if ! KCP_BIN=$root/bin/kcp go test -p 1 -count=1 -timeout 60m -v -run "$run" ./e2e/ >"$logs/e2e.log" 2>&1; then
+  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS)' "$logs/e2e.log" | tail -n 60 >&2 || true
+  exit 1
+fi
+grep -E '^(--- |\s+--- |ok|PASS)' "$logs/e2e.log" || true
+step "the e2e suite passed"

@@ -14,10 +14,15 @@
 #        hack/tool.sh --plan <module>=<package>...   what a build would do
 # <module> is a folder name under hack/tools/ (or an absolute path to a
 # tool module, which the tests use).
+# KNOTLESS_TOOL_STATIC=1 builds with CGO_ENABLED=0 into a cache folder of
+# its own (<module>-static-<key>) and links bin/static/<name>: binaries
+# for FROM-scratch images (hack/kind-e2e.sh's kcp image).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache_root=${KNOTLESS_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools}
 timings=$cache_root/.timings
+static=
+[ "${KNOTLESS_TOOL_STATIC:-}" != 1 ] || static=1
 
 # Cold build times on a 2-core machine, for tools never built here.
 typical() {
@@ -38,7 +43,7 @@ cachedir() {
   dir=$(moddir "$1")
   [ -f "$dir/go.mod" ] || { echo "hack/tool.sh: no tool module $dir" >&2; exit 1; }
   key=$(cat "$dir/go.mod" "$dir/go.sum" 2>/dev/null | sha256sum | cut -c1-16)
-  echo "$cache_root/$(basename "$dir")-$key"
+  echo "$cache_root/$(basename "$dir")${static:+-static}-$key"
 }
 
 last_time() {
@@ -64,7 +69,8 @@ module=$1
 shift
 dir=$(moddir "$module")
 cache=$(cachedir "$module")
-mkdir -p "$cache" "$timings" "$root/bin"
+bindir=$root/bin${static:+/static}
+mkdir -p "$cache" "$timings" "$bindir"
 # One build of a module at a time (two checkouts, or make and .ci/run, may
 # ask at once): the second waits and then finds the binary cached.
 exec 9>"$cache/.lock"
@@ -89,12 +95,16 @@ for pkg in "$@"; do
       done
     ) &
     ticker=$!
-    (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+    if [ -n "$static" ]; then
+      (cd "$dir" && CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+    else
+      (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+    fi
     stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"
     took=$(( $(date +%s) - start ))
-    echo "$took" >"$timings/$name"
+    echo "$took" >"$timings/$name${static:+-static}"
     echo "built $name in ${took}s" >&2
   fi
-  ln -sfn "$cache/$name" "$root/bin/$name"
+  ln -sfn "$cache/$name" "$bindir/$name"
 done

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -39,7 +40,11 @@ func StartKCP(ctx context.Context, g *Group, bin, dir string, extraArgs ...strin
 		if err != nil {
 			return nil, err
 		}
+		// The kubeconfig's server may name a workspace (…/clusters/root).
 		k.BaseURL = cfg.Host
+		if i := strings.Index(k.BaseURL, "/clusters/"); i >= 0 {
+			k.BaseURL = k.BaseURL[:i]
+		}
 		return k, nil
 	}
 	return startKCP(ctx, g, bin, dir, "kcp", extraArgs)
