@@ -29,6 +29,7 @@ import (
 	tenancyv1alpha1 "github.com/kcp-dev/sdk/apis/tenancy/v1alpha1"
 	kcpclientset "github.com/kcp-dev/sdk/client/clientset/versioned/cluster"
 	"github.com/prometheus/client_golang/prometheus"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
@@ -152,7 +153,7 @@ func run(ctx context.Context, o *options.Options) error {
 	if err := setupTenantCluster(ctx, mgr, o, cfg, prober, mounts); err != nil {
 		return err
 	}
-	if err := setupBidderWorkspaces(ctx, mgr); err != nil {
+	if err := setupBidderWorkspaces(ctx, mgr, o.ShutdownTimeout); err != nil {
 		return err
 	}
 	if err := registerMetrics(metrics.Registry, provider); err != nil {
@@ -257,11 +258,12 @@ func marketMounts(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime
 // every new bidder workspace) in a manager of its own, on kcp's
 // initializingworkspaces virtual workspace of that type; the main
 // manager runs it on the leader only.
-func setupBidderWorkspaces(ctx context.Context, mgr mcmanager.Manager) error {
+func setupBidderWorkspaces(ctx context.Context, mgr mcmanager.Manager, shutdown time.Duration) error {
 	cfg := mgr.GetLocalManager().GetConfig()
 	scheme := k8sruntime.NewScheme()
 	utilruntime.Must(kcpcorev1alpha1.AddToScheme(scheme))
 	utilruntime.Must(tenancyv1alpha1.AddToScheme(scheme))
+	utilruntime.Must(authorizationv1.AddToScheme(scheme))
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
@@ -270,15 +272,29 @@ func setupBidderWorkspaces(ctx context.Context, mgr mcmanager.Manager) error {
 	if err := c.Get(ctx, client.ObjectKey{Name: bidderworkspace.WorkspaceType}, wst); err != nil {
 		return fmt.Errorf("the WorkspaceType %s: %w", bidderworkspace.WorkspaceType, err)
 	}
+	// Without it the virtual workspace refuses every watch, and new bidder
+	// workspaces would stay Initializing with no word of why.
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+		Group: tenancyv1alpha1.SchemeGroupVersion.Group, Resource: "workspacetypes", Name: wst.Name, Verb: "initialize"}}}
+	if err := c.Create(ctx, review); err != nil {
+		return fmt.Errorf("checking that the provider may initialize the WorkspaceType %s: %w", wst.Name, err)
+	}
+	if !review.Status.Allowed {
+		return fmt.Errorf("the provider may not initialize the WorkspaceType %s: give its identity the verb initialize on workspacetypes %s in the provider workspace (docs/install.md)", wst.Name, wst.Name)
+	}
 	objs, err := bidderworkspace.Parse(agent.RBAC)
 	if err != nil {
 		return fmt.Errorf("deploy/agent/rbac.yaml: %w", err)
 	}
-	p, err := initializingworkspaces.New(cfg, wst.Name, initializingworkspaces.Options{Scheme: scheme})
+	// The provider's own log of each LogicalCluster carries its owner:
+	// debug level only.
+	providerLog := mgr.GetLogger().WithName("bidderworkspace-provider").V(1)
+	p, err := initializingworkspaces.New(cfg, wst.Name, initializingworkspaces.Options{Scheme: scheme, Log: &providerLog})
 	if err != nil {
 		return err
 	}
-	im, err := mcmanager.New(cfg, p, manager.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	im, err := mcmanager.New(cfg, p, manager.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		GracefulShutdownTimeout: &shutdown})
 	if err != nil {
 		return err
 	}

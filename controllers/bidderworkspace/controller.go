@@ -8,7 +8,14 @@
 // the LogicalCluster; kcp marks the workspace Ready once every
 // initializer has. kcp makes the virtual workspace act as the
 // workspace's owner, so the initializer can grant nothing the owner does
-// not hold. A workspace whose initializer is gone is never touched again.
+// not hold (kcp v0.28.1; a kcp whose WorkspaceTypes have
+// initializerPermissions would act with those instead). A workspace whose
+// initializer is gone is never touched again. Types that extend
+// market-bidder inherit its initializer, and their workspaces get the
+// same identity. A refusal in a workspace's first two minutes is tried
+// again (kcp admits the owner through a binding it makes beside the
+// workspace); later, the workspace goes on without the identity rather
+// than staying Initializing, and the provider logs why.
 package bidderworkspace
 
 import (
@@ -33,6 +40,8 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+
+	"github.com/knotless-dev/knotless/internal/clock"
 )
 
 const (
@@ -52,6 +61,19 @@ type Reconciler struct {
 	Initializer kcpcorev1alpha1.LogicalClusterInitializer
 	// Objects are applied to each new workspace (Parse).
 	Objects []*unstructured.Unstructured
+	// GiveUpAfter is how long after a workspace was created a refused
+	// apply is still tried again (default 2 minutes); Now is the clock.
+	GiveUpAfter time.Duration
+	Now         func() time.Time
+}
+
+func (r *Reconciler) now() time.Time { return clock.Now(r.Now) }
+
+func (r *Reconciler) giveUpAfter() time.Duration {
+	if r.GiveUpAfter > 0 {
+		return r.GiveUpAfter
+	}
+	return 2 * time.Minute
 }
 
 // Parse reads the objects of a multi-document YAML manifest.
@@ -98,16 +120,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	logger := log.FromContext(ctx)
 	for _, o := range r.Objects {
 		err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner(FieldManager), client.ForceOwnership)
-		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+		switch {
+		case err == nil:
+			continue
+		case apierrors.IsNotFound(err) && o.GetNamespace() != "":
+			// The namespace comes from another initializer (kcp's
+			// universal type), working beside this one.
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		case (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && r.now().Before(lc.CreationTimestamp.Add(r.giveUpAfter())):
+			// kcp admits the owner through a binding it makes beside the
+			// workspace, and its caches may lag a new workspace: a
+			// refusal this early is tried again.
+			logger.V(1).Info("refused while the workspace is new; trying again", "kind", o.GetKind(), "name", o.GetName(), "error", err.Error())
+			return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
+		case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
 			// The owner may not make it (kcp acts as the owner here):
-			// trying again changes nothing, and holding the workspace
-			// Initializing would lock its owner out. It becomes Ready
-			// without the agent's identity, which its owner applies.
+			// holding the workspace Initializing would lock its owner
+			// out. It becomes Ready without the agent's identity, which
+			// its owner applies.
 			logger.Error(err, "the workspace's owner may not make the agent's identity; the workspace goes on without it", "kind", o.GetKind(), "name", o.GetName())
-			break
-		} else if err != nil {
+		default:
 			return reconcile.Result{}, fmt.Errorf("applying %s %s: %w", o.GetKind(), o.GetName(), err)
 		}
+		break
 	}
 	// The initializers are one list: the resourceVersion keeps this patch
 	// from putting back one that another initializer took off meanwhile.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	kcpcorev1alpha1 "github.com/kcp-dev/sdk/apis/core/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,9 +24,13 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	"github.com/knotless-dev/knotless/deploy/agent"
+	"github.com/knotless-dev/knotless/workspacetypes"
 )
 
 const mine = kcpcorev1alpha1.LogicalClusterInitializer("root:knotless:market-bidder")
+
+// t0 is when the test's workspace was created.
+var t0 = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 
 // fakeCluster is a cluster.Cluster whose client is c.
 type fakeCluster struct {
@@ -43,7 +48,7 @@ func setup(t *testing.T, initializers ...kcpcorev1alpha1.LogicalClusterInitializ
 			t.Fatal(err)
 		}
 	}
-	lc := &kcpcorev1alpha1.LogicalCluster{ObjectMeta: metav1.ObjectMeta{Name: kcpcorev1alpha1.LogicalClusterName},
+	lc := &kcpcorev1alpha1.LogicalCluster{ObjectMeta: metav1.ObjectMeta{Name: kcpcorev1alpha1.LogicalClusterName, CreationTimestamp: metav1.NewTime(t0)},
 		Status: kcpcorev1alpha1.LogicalClusterStatus{Phase: kcpcorev1alpha1.LogicalClusterPhaseInitializing, Initializers: initializers}}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lc).WithStatusSubresource(lc).Build()
 	objs, err := Parse(agent.RBAC)
@@ -56,6 +61,7 @@ func setup(t *testing.T, initializers ...kcpcorev1alpha1.LogicalClusterInitializ
 		},
 		Initializer: mine,
 		Objects:     objs,
+		Now:         func() time.Time { return t0.Add(10 * time.Second) },
 	}, c
 }
 
@@ -159,10 +165,43 @@ func TestInitializerLeftMeanwhileIsNotPutBack(t *testing.T) {
 	}
 }
 
-// An owner who may not make the agent's identity does not hold the
-// workspace Initializing: the initializer leaves without it.
-func TestForbiddenIdentityDoesNotHoldTheWorkspace(t *testing.T) {
+// A refusal while the workspace is new is tried again (kcp admits the
+// owner through a binding it makes beside the workspace); an owner who
+// still may not make the agent's identity after GiveUpAfter does not
+// hold the workspace Initializing: the initializer leaves without it.
+func TestForbiddenIdentityIsTriedAgainThenLeft(t *testing.T) {
 	r, c := setup(t, mine)
+	refuse := true
+	r.GetCluster = func(context.Context, multicluster.ClusterName) (cluster.Cluster, error) {
+		return fakeCluster{c: interceptor.NewClient(c.(client.WithWatch), interceptor.Funcs{
+			Apply: func(ctx context.Context, cl client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+				if refuse {
+					return apierrors.NewForbidden(rbacv1.Resource("clusterroles"), "knotless:agent", errors.New("the owner's binding is not there yet"))
+				}
+				return cl.Apply(ctx, obj, opts...)
+			},
+		})}, nil
+	}
+	initializers := func() []kcpcorev1alpha1.LogicalClusterInitializer {
+		lc := &kcpcorev1alpha1.LogicalCluster{}
+		if err := c.Get(t.Context(), client.ObjectKey{Name: kcpcorev1alpha1.LogicalClusterName}, lc); err != nil {
+			t.Fatal(err)
+		}
+		return lc.Status.Initializers
+	}
+	req := mcreconcile.Request{ClusterName: "abc", Request: reconcile.Request{NamespacedName: types.NamespacedName{Name: kcpcorev1alpha1.LogicalClusterName}}}
+	if res, err := r.Reconcile(t.Context(), req); err != nil || res.RequeueAfter == 0 || len(initializers()) != 1 {
+		t.Fatalf("refused on a new workspace: %+v, %v, initializers %v; want a pass again soon, the initializer kept", res, err, initializers())
+	}
+	refuse = false
+	reconcileOnce(t, r)
+	if err := c.Get(t.Context(), client.ObjectKey{Name: "knotless:agent"}, &rbacv1.ClusterRole{}); err != nil || len(initializers()) != 0 {
+		t.Fatalf("after the refusal passed: the role %v, initializers %v", err, initializers())
+	}
+
+	r, c = setup(t, mine)
+	refuse = true
+	r.Now = func() time.Time { return t0.Add(3 * time.Minute) }
 	r.GetCluster = func(context.Context, multicluster.ClusterName) (cluster.Cluster, error) {
 		return fakeCluster{c: interceptor.NewClient(c.(client.WithWatch), interceptor.Funcs{
 			Apply: func(context.Context, client.WithWatch, runtime.ApplyConfiguration, ...client.ApplyOption) error {
@@ -171,11 +210,30 @@ func TestForbiddenIdentityDoesNotHoldTheWorkspace(t *testing.T) {
 		})}, nil
 	}
 	reconcileOnce(t, r)
-	lc := &kcpcorev1alpha1.LogicalCluster{}
-	if err := c.Get(t.Context(), client.ObjectKey{Name: kcpcorev1alpha1.LogicalClusterName}, lc); err != nil {
+	if got := initializers(); len(got) != 0 {
+		t.Errorf("refused past GiveUpAfter: initializers %v, want none", got)
+	}
+}
+
+// The type names this package as its initializer, and gives it no
+// initializerPermissions: on a kcp that honours them the virtual
+// workspace would act with those rules instead of as the workspace's
+// owner, and "grants nothing the owner does not hold" would no longer be
+// kcp's to check.
+func TestWorkspaceTypeInitializesAsTheOwner(t *testing.T) {
+	raw, err := workspacetypes.FS.ReadFile(WorkspaceType + ".yaml")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(lc.Status.Initializers) != 0 {
-		t.Errorf("initializers %v, want none", lc.Status.Initializers)
+	objs, err := Parse(raw)
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("%s.yaml: %d objects, %v", WorkspaceType, len(objs), err)
+	}
+	spec, _ := objs[0].Object["spec"].(map[string]any)
+	if spec["initializer"] != true {
+		t.Errorf("spec.initializer %v, want true", spec["initializer"])
+	}
+	if _, ok := spec["initializerPermissions"]; ok {
+		t.Error("spec.initializerPermissions is set")
 	}
 }
