@@ -46,6 +46,7 @@ logs=$work/logs
 certs=$work/certs
 rm -rf "$logs" "$certs" "$work/shim"
 mkdir -p "$work" "$logs" "$certs"
+chmod 700 "$certs" # kcp's CA keys, the shim's key and its requestheader CA's
 export KUBECONFIG=$work/kind.kubeconfig
 shim=$cluster-mountproxy
 started=$(date +%s)
@@ -259,12 +260,16 @@ step "chart smoke check passed: knotless-provider and knotless-mountproxy are Re
 # machine (the tenants the tests start listen on 127.0.0.1 here)
 step "the e2e suite (-run '$run'; logs/e2e.log)"
 quiet helm kubectl -n knotless scale deploy/knotless-provider --replicas 0
-mkdir -p "$work/shim"
+mkdir -p -m 700 "$work/shim"
 kubeconfig "$work/shim/kubeconfig" "$fp_url/clusters/root" "$certs/serving-ca.crt" kcp-admin
 cp "$certs/shim-serving.crt" "$certs/shim-serving.key" "$certs/shim-requestheader-ca.crt" "$work/shim/"
-chmod 644 "$work/shim/"*
+# kcp-admin's key and the shim's: readable by the shim's user alone (its
+# image's 65532 when this runs as root, else this user).
+chmod 600 "$work/shim/"*
+shim_user=$(id -u):$(id -g)
+if [ "$(id -u)" = 0 ]; then chown -R 65532:65532 "$work/shim" && shim_user=65532:65532; fi
 docker rm -f "$shim" >/dev/null 2>&1 || true
-docker run -d --name "$shim" --network host --read-only --cap-drop ALL --user 65532:65532 \
+docker run -d --name "$shim" --network host --read-only --cap-drop ALL --user "$shim_user" \
   -v "$work/shim:/etc/knotless:ro" knotless-mountproxy:dev \
   --kubeconfig=/etc/knotless/kubeconfig --workspace=root:knotless --bind-address=":$shim_port" \
   --tls-cert-file=/etc/knotless/shim-serving.crt --tls-private-key-file=/etc/knotless/shim-serving.key \

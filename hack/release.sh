@@ -104,9 +104,9 @@ if [ -n "$node_image" ]; then
 
 The kind driver (MarketBidder spec.driver: kind; docker on this machine; docs/compute.md#the-kind-driver):
   install -D -m 0755 bin/kind /usr/local/lib/knotless-agent/kind
-  gunzip -c knotless-node-$version.image.tar.gz | docker load
-  # in /etc/knotless-agent/agent.env:
-  KNOTLESS_AGENT_ARGS="--node-image=$node_image --kind=/usr/local/lib/knotless-agent/kind --kind-root=/var/lib/knotless-agent/kind"
+  gunzip -c knotless-node-$version.image.tar.gz | docker load   # beside this tarball in the release
+  # added to KNOTLESS_AGENT_ARGS in /etc/knotless-agent/agent.env:
+  --node-image=$node_image --kind=/usr/local/lib/knotless-agent/kind --kind-root=/var/lib/knotless-agent/kind
 TXT
 fi
 bin/cyclonedx-gomod bin -json -version "v$version" -output "$out/sbom/knotless-agent.cdx.json" "$pkg/bin/knotless-agent"
