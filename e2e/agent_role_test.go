@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
+
+	"github.com/knotless-dev/knotless/internal/bootstrap"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/controllers/bidderworkspace"
 	agentdeploy "github.com/knotless-dev/knotless/deploy/agent"
 	"github.com/knotless-dev/knotless/e2e/framework"
 )
@@ -36,7 +38,7 @@ func agentKubeconfig(ctx context.Context, t *testing.T, c client.Client, ws stri
 // in.
 func agentKubeconfigOn(ctx context.Context, t *testing.T, in *installation, c client.Client, ws string) string {
 	t.Helper()
-	objs, err := bidderworkspace.Parse(agentdeploy.RBAC)
+	objs, err := bootstrap.Decode(bytes.NewReader(agentdeploy.RBAC))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -282,7 +283,7 @@ func setupBidderWorkspaces(ctx context.Context, mgr mcmanager.Manager, shutdown 
 	if !review.Status.Allowed {
 		return fmt.Errorf("the provider may not initialize the WorkspaceType %s: give its identity the verb initialize on workspacetypes %s in the provider workspace (docs/install.md)", wst.Name, wst.Name)
 	}
-	objs, err := bidderworkspace.Parse(agent.RBAC)
+	objs, err := bootstrap.Decode(bytes.NewReader(agent.RBAC))
 	if err != nil {
 		return fmt.Errorf("deploy/agent/rbac.yaml: %w", err)
 	}

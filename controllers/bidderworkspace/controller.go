@@ -19,11 +19,8 @@
 package bidderworkspace
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"time"
 
@@ -31,7 +28,6 @@ import (
 	"github.com/kcp-dev/sdk/apis/tenancy/initialization"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -59,7 +55,8 @@ type Reconciler struct {
 	GetCluster func(ctx context.Context, name multicluster.ClusterName) (cluster.Cluster, error)
 	// Initializer is the WorkspaceType's (initialization.InitializerForType).
 	Initializer kcpcorev1alpha1.LogicalClusterInitializer
-	// Objects are applied to each new workspace (Parse).
+	// Objects are applied to each new workspace (bootstrap.Decode of
+	// deploy/agent/rbac.yaml).
 	Objects []*unstructured.Unstructured
 	// GiveUpAfter is how long after a workspace was created a refused
 	// apply is still tried again (default 2 minutes); Now is the clock.
@@ -74,23 +71,6 @@ func (r *Reconciler) giveUpAfter() time.Duration {
 		return r.GiveUpAfter
 	}
 	return 2 * time.Minute
-}
-
-// Parse reads the objects of a multi-document YAML manifest.
-func Parse(manifest []byte) ([]*unstructured.Unstructured, error) {
-	var objs []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			return objs, nil
-		} else if err != nil {
-			return nil, err
-		}
-		if len(obj.Object) > 0 {
-			objs = append(objs, obj)
-		}
-	}
 }
 
 // SetupWithManager registers the controller with the manager of the

@@ -1,11 +1,14 @@
 package bidderworkspace
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/knotless-dev/knotless/internal/bootstrap"
 
 	kcpcorev1alpha1 "github.com/kcp-dev/sdk/apis/core/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +54,7 @@ func setup(t *testing.T, initializers ...kcpcorev1alpha1.LogicalClusterInitializ
 	lc := &kcpcorev1alpha1.LogicalCluster{ObjectMeta: metav1.ObjectMeta{Name: kcpcorev1alpha1.LogicalClusterName, CreationTimestamp: metav1.NewTime(t0)},
 		Status: kcpcorev1alpha1.LogicalClusterStatus{Phase: kcpcorev1alpha1.LogicalClusterPhaseInitializing, Initializers: initializers}}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lc).WithStatusSubresource(lc).Build()
-	objs, err := Parse(agent.RBAC)
+	objs, err := bootstrap.Decode(bytes.NewReader(agent.RBAC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +78,7 @@ func reconcileOnce(t *testing.T, r *Reconciler) {
 // The shipped manifest is what the agent needs: its ServiceAccount, its
 // ClusterRole and their binding, nothing else.
 func TestManifestIsTheAgentsIdentity(t *testing.T) {
-	objs, err := Parse(agent.RBAC)
+	objs, err := bootstrap.Decode(bytes.NewReader(agent.RBAC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +228,7 @@ func TestWorkspaceTypeInitializesAsTheOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := Parse(raw)
+	objs, err := bootstrap.Decode(bytes.NewReader(raw))
 	if err != nil || len(objs) != 1 {
 		t.Fatalf("%s.yaml: %d objects, %v", WorkspaceType, len(objs), err)
 	}

@@ -495,23 +495,33 @@ func readDir(fsys fs.FS) ([]*unstructured.Unstructured, error) {
 		if err != nil {
 			return nil, err
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-		for {
-			obj := &unstructured.Unstructured{}
-			if err := dec.Decode(&obj.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				f.Close()
-				return nil, fmt.Errorf("%s: %w", n, err)
-			}
-			if len(obj.Object) == 0 {
-				continue
-			}
-			delete(obj.Object, "status")
-			out = append(out, obj)
-		}
+		objs, err := Decode(f)
 		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", n, err)
+		}
+		for _, obj := range objs {
+			delete(obj.Object, "status")
+		}
+		out = append(out, objs...)
 	}
 	return out, nil
+}
+
+// Decode reads every object of a multi-document YAML (or JSON) stream,
+// skipping empty documents.
+func Decode(r io.Reader) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
+			return out, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if len(obj.Object) > 0 {
+			out = append(out, obj)
+		}
+	}
 }
