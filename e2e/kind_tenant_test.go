@@ -239,13 +239,7 @@ func TestKindTenant(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := framework.Eventually(ctx, time.Minute, "the process tenant's ConfigMap in the kind tenant as alice", func(ctx context.Context) (bool, string, error) {
-		cm, err := cs.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		return cm.Data["currency"] == "EUR", fmt.Sprint(cm.Data), nil
-	}); err != nil {
+	if err := settingsRestored(ctx, cs, "the process tenant's ConfigMap in the kind tenant as alice"); err != nil {
 		t.Error(err)
 	}
 	t.Logf("FIGURE process tenant released with its export -> restored into a kind tenant, read through the mount: %s", time.Since(start).Round(time.Millisecond))
@@ -510,6 +504,18 @@ func processTenantReleased(ctx context.Context, t *testing.T, d *deal) string {
 		return cc.Name == rc.Name && cc.Status.Phase == marketv1alpha1.ContractCompleted && cc.Status.Reason == string(mdeal.ReplicasLowered)
 	})
 	return rc.Name
+}
+
+// settingsRestored waits up to a minute for the ConfigMap shop/settings
+// (currency EUR) that a restored snapshot brings into the tenant cs.
+func settingsRestored(ctx context.Context, cs kubernetes.Interface, what string) error {
+	return framework.Eventually(ctx, time.Minute, what, func(ctx context.Context) (bool, string, error) {
+		cm, err := cs.CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return cm.Data["currency"] == "EUR", fmt.Sprint(cm.Data), nil
+	})
 }
 
 // streams runs what kubectl exec and attach (WebSocket, and SPDY as older kubectls

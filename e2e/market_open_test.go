@@ -156,13 +156,7 @@ func TestMarketAcrossInstallations(t *testing.T) {
 	if rc2.Spec.BidderDID != d.accounts["beta"].DID {
 		t.Fatalf("the second contract went to %s, want beta", rc2.Spec.BidderDID)
 	}
-	if err := framework.Eventually(ctx, time.Minute, "the restored ConfigMap in beta's tenant as alice", func(ctx context.Context) (bool, string, error) {
-		cm, err := mountClientOn(t, a, "alice", d.appWS, rc2.Name).CoreV1().ConfigMaps("shop").Get(ctx, "settings", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		return cm.Data["currency"] == "EUR", fmt.Sprint(cm.Data), nil
-	}); err != nil {
+	if err := settingsRestored(ctx, mountClientOn(t, a, "alice", d.appWS, rc2.Name), "the restored ConfigMap in beta's tenant as alice"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("FIGURE across installations: wanted again with restoreFrom -> restored objects read on A: %s", time.Since(start).Round(time.Millisecond))
