@@ -89,6 +89,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if req.Name != kcpcorev1alpha1.LogicalClusterName {
+		return reconcile.Result{}, nil // a workspace has one LogicalCluster, "cluster"
+	}
 	c := cl.GetClient()
 	lc := &kcpcorev1alpha1.LogicalCluster{}
 	if err := c.Get(ctx, req.NamespacedName, lc); err != nil {
@@ -100,25 +103,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	logger := log.FromContext(ctx)
 	for _, o := range r.Objects {
 		err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o.DeepCopy()), client.FieldOwner(FieldManager), client.ForceOwnership)
+		// The namespace comes from another initializer (kcp's universal
+		// type), working beside this one; kcp admits the owner through a
+		// binding it makes beside the workspace, and its caches may lag
+		// a new workspace. Such refusals are tried again while the
+		// workspace is new; later, holding it Initializing would lock its
+		// owner out: it becomes Ready without the agent's identity, which
+		// its owner applies.
+		refused := apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || (apierrors.IsNotFound(err) && o.GetNamespace() != "")
 		switch {
 		case err == nil:
 			continue
-		case apierrors.IsNotFound(err) && o.GetNamespace() != "":
-			// The namespace comes from another initializer (kcp's
-			// universal type), working beside this one.
-			return reconcile.Result{RequeueAfter: time.Second}, nil
-		case (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && r.now().Before(lc.CreationTimestamp.Add(r.giveUpAfter())):
-			// kcp admits the owner through a binding it makes beside the
-			// workspace, and its caches may lag a new workspace: a
-			// refusal this early is tried again.
+		case refused && r.now().Before(lc.CreationTimestamp.Add(r.giveUpAfter())):
 			logger.V(1).Info("refused while the workspace is new; trying again", "kind", o.GetKind(), "name", o.GetName(), "error", err.Error())
 			return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
-		case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
-			// The owner may not make it (kcp acts as the owner here):
-			// holding the workspace Initializing would lock its owner
-			// out. It becomes Ready without the agent's identity, which
-			// its owner applies.
-			logger.Error(err, "the workspace's owner may not make the agent's identity; the workspace goes on without it", "kind", o.GetKind(), "name", o.GetName())
+		case refused:
+			logger.Error(err, "the agent's identity cannot be made in the workspace; it goes on without it", "kind", o.GetKind(), "name", o.GetName())
 		default:
 			return reconcile.Result{}, fmt.Errorf("applying %s %s: %w", o.GetKind(), o.GetName(), err)
 		}
