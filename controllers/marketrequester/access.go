@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -16,16 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
-	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
-	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
+	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
 
 // accessRules are the rules of a role's ClusterRole on a tenant, after
@@ -235,38 +231,10 @@ func refusal(err error) string {
 }
 
 // tenantClient is TenantClient, by default a client through the
-// provider's address policy (tenantClient).
+// provider's address policy (tenantreach.Client).
 func (r *Reconciler) tenantClient(tn deal.Tenant, token string) (kubernetes.Interface, error) {
 	if r.TenantClient != nil {
 		return r.TenantClient(tn, token)
 	}
-	return tenantClient(tn, token, r.Policy)
-}
-
-// maxTenantResponse bounds what the requester's side reads of one answer
-// of a tenant (an RBAC object).
-const maxTenantResponse = 1 << 20
-
-// tenantClient is a client of the tenant tn as the bearer of token
-// (tenantConfig) that follows no redirect.
-func tenantClient(tn deal.Tenant, token string, policy *netpolicy.Policy) (kubernetes.Interface, error) {
-	cfg := tenantConfig(tn, token, policy)
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		return nil, err
-	}
-	hc.CheckRedirect = netpolicy.NoRedirects
-	return kubernetes.NewForConfigAndClient(cfg, hc)
-}
-
-// tenantConfig is the configuration of the tenant tn as the bearer of
-// token: it dials through policy only (no proxy from the environment,
-// whose address alone the policy would check), and reads at most
-// maxTenantResponse of an answer. Its clients must follow no redirect
-// (which would carry the token elsewhere): tenantClient's and statesync's
-// do not.
-func tenantConfig(tn deal.Tenant, token string, policy *netpolicy.Policy) *rest.Config {
-	return &rest.Config{Host: tn.Endpoint, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: tn.CA}, Timeout: 15 * time.Second,
-		Proxy: func(*http.Request) (*url.URL, error) { return nil, nil }, Dial: policy.Dialer(10 * time.Second).DialContext,
-		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return bodylimit.Transport(rt, maxTenantResponse) }}
+	return tenantreach.Client(tn, token, r.Policy)
 }

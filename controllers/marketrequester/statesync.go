@@ -31,6 +31,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/statesync"
 	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
 
 // A snapshot in the requester's workspace is named after the contract
@@ -341,12 +342,12 @@ func snapshotRefusal(err error) string {
 }
 
 // snapshotConfig is the configuration of tn for one export or import as
-// the bearer of token: tenantConfig's, with answers of at most
+// the bearer of token: tenantreach.Config's, with answers of at most
 // maxSnapshotAnswer, all of the job's read against one budget of
 // maxSnapshotRead, and a rate of 200 requests/s (an import applies
 // objects one by one).
 func (r *Reconciler) snapshotConfig(tn deal.Tenant, token string) *rest.Config {
-	cfg := tenantConfig(tn, token, r.Policy)
+	cfg := tenantreach.Config(tn, token, r.Policy, tenantreach.MaxAnswer)
 	cfg.Timeout, cfg.QPS, cfg.Burst = snapshotDeadline, 200, 400
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return bodylimit.Budget(bodylimit.Transport(rt, maxSnapshotAnswer), maxSnapshotRead)
