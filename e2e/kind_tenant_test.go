@@ -243,6 +243,9 @@ func TestKindTenant(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("FIGURE process tenant released with its export -> restored into a kind tenant, read through the mount: %s", time.Since(start).Round(time.Millisecond))
+	// A client certificate of the kind tenant; its renewal is checked
+	// after the subtests below, a minute later.
+	carol := certificateOnKindTenant(ctx, t, d.app, rc.Name)
 	idle := nodeRSS(ctx, node)
 	t.Logf("FIGURE kind node RSS idle: %d MiB (%d idle VMs in 24 GiB)", idle>>20, (int64(24)<<30)/max(idle, 1))
 
@@ -390,6 +393,10 @@ func TestKindTenant(t *testing.T) {
 		}
 	})
 
+	t.Run("the ClusterClientCertificate is renewed, then deleted with its binding", func(t *testing.T) {
+		certificateRenewed(ctx, t, d.app, cs, carol)
+	})
+
 	t.Run("a docker kill of the node: the VM is Lost", func(t *testing.T) {
 		if out, err := docker(ctx, "kill", node); err != nil {
 			t.Fatalf("docker kill: %v: %s", err, out)
@@ -485,6 +492,7 @@ func processTenantReleased(ctx context.Context, t *testing.T, d *deal) string {
 	if rc.Spec.BidderDID != d.accounts["beta"].DID {
 		t.Fatalf("the first contract went to %s, want beta (the process driver)", rc.Spec.BidderDID)
 	}
+	newCertificate(ctx, t, d.app, "unsigned", rc.Name, nil)
 	cs := mountClient(t, "alice", d.appWS, rc.Name)
 	if err := framework.Eventually(ctx, 2*time.Minute, "alice makes a namespace and a ConfigMap in the process tenant", func(ctx context.Context) (bool, string, error) {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -498,6 +506,7 @@ func processTenantReleased(ctx context.Context, t *testing.T, d *deal) string {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	certificateUnsupported(ctx, t, d.app, rc.Name)
 	mergePatch(ctx, t, d.bid, getMB(ctx, t, d.bid, "beta"), map[string]any{"offers": []marketv1alpha1.Offer{offerOf("small", 1000, 1024, 20, 0)}})
 	mergePatch(ctx, t, d.app, getMR(ctx, t, d.app, "vms"), map[string]any{"replicas": 0})
 	contractOf(ctx, t, d.app, "vms", "the process tenant released with its export", func(cc *marketv1alpha1.ComputeContract) bool {

@@ -51,6 +51,7 @@ import (
 	"github.com/knotless-dev/knotless/controllers/atprotorecordwatch"
 	"github.com/knotless-dev/knotless/controllers/atprotorepo"
 	"github.com/knotless-dev/knotless/controllers/bidderworkspace"
+	"github.com/knotless-dev/knotless/controllers/clientcertificate"
 	"github.com/knotless-dev/knotless/controllers/component"
 	"github.com/knotless-dev/knotless/controllers/marketbidder"
 	"github.com/knotless-dev/knotless/controllers/marketidentity"
@@ -69,6 +70,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/pds"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/internal/tenantreach"
 	"github.com/knotless-dev/knotless/internal/vault"
 	"github.com/knotless-dev/knotless/mountproxy"
 	"github.com/knotless-dev/knotless/workspacetypes"
@@ -495,11 +497,17 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketbidder controller: %w", err)
 	}
+	// The requester's side publishes how it reaches each mounted tenant for
+	// the controllers that act on that tenant as the requester.
+	reaches := &tenantreach.Registry{}
 	if err := (&marketrequester.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
-		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy, Mounts: mounts,
+		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy, Mounts: mounts, Reaches: reaches,
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketrequester controller: %w", err)
+	}
+	if err := (&clientcertificate.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme, Reaches: reaches, Policy: policy}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the clientcertificate controller: %w", err)
 	}
 	if err := (&marketpresence.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: resync}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketpresence controller: %w", err)

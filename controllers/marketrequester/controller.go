@@ -48,6 +48,7 @@ import (
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	kclock "github.com/knotless-dev/knotless/internal/clock"
@@ -64,6 +65,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/suspend"
 	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
 
 const (
@@ -129,6 +131,9 @@ type Reconciler struct {
 	// TenantState exports and imports a tenant's objects (default:
 	// package statesync's); tests replace it.
 	TenantState TenantState
+	// Reaches is where each mounted contract's tenant reach is published
+	// for the other controllers of the requester's side (nil: nowhere).
+	Reaches *tenantreach.Registry
 	// StepSeconds observes the requester's market steps (deadline_accept,
 	// lease_active) when set (market.NewStepSeconds).
 	StepSeconds *prometheus.HistogramVec
@@ -296,8 +301,10 @@ type session struct {
 	net  *marketv1alpha1.MarketNetwork
 	view market.Reader
 	inv  *market.Inventory
-	// pub is the requester's repo (its records, its service-auth tokens).
+	// pub is the requester's repo (its records, its service-auth tokens);
+	// repo is its AtprotoRepo.
 	pub     market.Publisher
+	repo    *atprotov1alpha1.AtprotoRepo
 	owner   string
 	network string
 	// stop is why no new request is made ("" when one may be); release
@@ -429,6 +436,7 @@ func (s *session) run() error {
 	if s.pub, err = market.Connect(s.ctx, s.r.Connect, s.r.Pool, s.c, s.lc, repo); err != nil {
 		return err
 	}
+	s.repo = repo
 	if s.inv, err = s.r.Inventories.Open(s.ctx, engage.Key(s.req), s.st.DID, s.owner, s.pub, lexicon.Request, lexicon.Accept, lexicon.Release); err != nil {
 		return err
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 	"github.com/knotless-dev/knotless/internal/tenant"
+	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
 
 // The objects a contract's tenant is mounted with, in the requester's
@@ -150,6 +151,7 @@ func (s *session) deliver(cc *marketv1alpha1.ComputeContract, lease *market.Rec)
 	if s.r.Mounts == nil {
 		return false, "", "", errNoMountStore
 	}
+	s.publishReach(cc, tn)
 	mt, current := s.mountToken(cc, tn)
 	if current && mt.fresh(s.now, tn.ServiceID, s.adminsKey()) {
 		// What a member changed of the mount in the workspace is put back;
@@ -465,5 +467,24 @@ func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 		}
 	}
 	s.r.minted.Delete(cc.UID)
+	s.r.Reaches.Delete(s.lc, cc.UID)
 	return nil
+}
+
+// publishReach tells the other controllers of the requester's side how
+// the tenant of cc is reached (tenantreach.Registry): at tn, which the
+// bidder's lease says and deal.TenantOf checked, with service-auth tokens
+// of the requester's DID that its repo mints when asked.
+func (s *session) publishReach(cc *marketv1alpha1.ComputeContract, tn deal.Tenant) {
+	if s.r.Reaches == nil {
+		return
+	}
+	connect, pool, c, lc, repo := s.r.Connect, s.r.Pool, s.c, s.lc, s.repo.DeepCopy()
+	s.r.Reaches.Put(s.lc, cc.UID, tenantreach.Reach{Tenant: tn, Token: func(ctx context.Context, exp time.Time) (string, error) {
+		pub, err := market.Connect(ctx, connect, pool, c, lc, repo)
+		if err != nil {
+			return "", err
+		}
+		return pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
+	}})
 }
