@@ -506,7 +506,7 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 	}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}
-	if err := (&clientcertificate.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme, Reaches: reaches, Policy: policy}).SetupWithManager(ctx, mgr); err != nil {
+	if err := (&clientcertificate.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme, Reaches: reaches}).SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the clientcertificate controller: %w", err)
 	}
 	if err := (&marketpresence.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: resync}).SetupWithManager(ctx, mgr); err != nil {

@@ -44,8 +44,6 @@ import (
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
 	"github.com/knotless-dev/knotless/internal/mapping"
-	"github.com/knotless-dev/knotless/internal/market/deal"
-	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
 	"github.com/knotless-dev/knotless/internal/tenantreach"
@@ -89,11 +87,6 @@ type Reconciler struct {
 	// Reaches is where the market requester controller publishes how each
 	// mounted contract's tenant is reached.
 	Reaches *tenantreach.Registry
-	// Policy is the address policy of connections to tenants (R18).
-	Policy *netpolicy.Policy
-	// TenantClient returns a client of a tenant bearing a token (default
-	// tenantreach.Client through Policy); tests replace it.
-	TenantClient func(tn deal.Tenant, token string) (kubernetes.Interface, error)
 	// SignWait bounds the wait for the tenant's signature (default 15s).
 	SignWait time.Duration
 	// Now is the clock (default time.Now).
@@ -408,16 +401,10 @@ func (s *syncer) signWait() time.Duration {
 	return 15 * time.Second
 }
 
-// tenantClient is a client of the tenant as the requester's DID.
+// tenantClient is a client of the tenant as the requester's DID, with a
+// token that lives tokenLife.
 func (s *syncer) tenantClient(ctx context.Context, reach tenantreach.Reach) (kubernetes.Interface, error) {
-	token, err := reach.Token(ctx, s.now.Add(tokenLife))
-	if err != nil {
-		return nil, fmt.Errorf("no service-auth token for the tenant: %w", err)
-	}
-	if s.r.TenantClient != nil {
-		return s.r.TenantClient(reach.Tenant, token)
-	}
-	return tenantreach.Client(reach.Tenant, token, s.r.Policy)
+	return reach.Client(ctx, s.now.Add(tokenLife))
 }
 
 // writeSecret writes data into the certificate's Secret (sec: as it is,

@@ -122,6 +122,8 @@ type fixture struct {
 	now    time.Time
 	tokens atomic.Int32
 	cc     *marketv1alpha1.ComputeContract
+	// unreachable makes the tenant's client fail.
+	unreachable bool
 }
 
 func newFixture(t *testing.T, objs ...client.Object) *fixture {
@@ -134,11 +136,16 @@ func newFixture(t *testing.T, objs ...client.Object) *fixture {
 	f.cl = clustertest.NewWithClient(clustertest.NewClientBuilder().WithObjects(append(objs, f.cc)...).Build())
 	reaches := &tenantreach.Registry{}
 	reaches.Put(ws, f.cc.UID, tenantreach.Reach{Tenant: deal.Tenant{Endpoint: "https://tenant.example:6443", CA: f.tn.caPEM, ServiceID: "did:plc:acme#knotless_tenant_x"},
-		Token: func(context.Context, time.Time) (string, error) { f.tokens.Add(1); return "token", nil }})
+		Client: func(context.Context, time.Time) (kubernetes.Interface, error) {
+			f.tokens.Add(1)
+			if f.unreachable {
+				return nil, errors.New("connection refused")
+			}
+			return f.tn.cs, nil
+		}})
 	f.r = &Reconciler{
 		GetCluster: clustertest.Getter(map[string]*clustertest.Cluster{ws: f.cl}), Scheme: f.cl.GetScheme(), Reaches: reaches,
-		TenantClient: func(deal.Tenant, string) (kubernetes.Interface, error) { return f.tn.cs, nil },
-		SignWait:     300 * time.Millisecond, Now: func() time.Time { return f.now },
+		SignWait: 300 * time.Millisecond, Now: func() time.Time { return f.now },
 	}
 	return f
 }
@@ -469,7 +476,7 @@ func TestDeleteRemovesTheBindingAndTheSecret(t *testing.T) {
 func TestDeleteGivesUpOnAnUnreachableTenant(t *testing.T) {
 	f := newFixture(t, certificate("carol", nil))
 	f.reconcile(t, "carol")
-	f.r.TenantClient = func(deal.Tenant, string) (kubernetes.Interface, error) { return nil, errors.New("connection refused") }
+	f.unreachable = true
 	c := f.get(t, "carol")
 	f.now = time.Now() // the fake client stamps the deletion with the wall clock
 	if err := f.cl.Client.Delete(t.Context(), c); err != nil {

@@ -473,18 +473,22 @@ func (s *session) undeliver(cc *marketv1alpha1.ComputeContract) error {
 
 // publishReach tells the other controllers of the requester's side how
 // the tenant of cc is reached (tenantreach.Registry): at tn, which the
-// bidder's lease says and deal.TenantOf checked, with service-auth tokens
-// of the requester's DID that its repo mints when asked.
+// bidder's lease says and deal.TenantOf checked, as the requester's DID,
+// with service-auth tokens its repo mints when asked.
 func (s *session) publishReach(cc *marketv1alpha1.ComputeContract, tn deal.Tenant) {
 	if s.r.Reaches == nil {
 		return
 	}
-	connect, pool, c, lc, repo := s.r.Connect, s.r.Pool, s.c, s.lc, s.repo.DeepCopy()
-	s.r.Reaches.Put(s.lc, cc.UID, tenantreach.Reach{Tenant: tn, Token: func(ctx context.Context, exp time.Time) (string, error) {
-		pub, err := market.Connect(ctx, connect, pool, c, lc, repo)
+	r, c, lc, repo := s.r, s.c, s.lc, s.repo.DeepCopy()
+	s.r.Reaches.Put(s.lc, cc.UID, tenantreach.Reach{Tenant: tn, Client: func(ctx context.Context, exp time.Time) (kubernetes.Interface, error) {
+		pub, err := market.Connect(ctx, r.Connect, r.Pool, c, lc, repo)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		return pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
+		token, err := pub.ServiceAuth(ctx, tn.ServiceID, serviceauth.Method, exp)
+		if err != nil {
+			return nil, fmt.Errorf("no service-auth token for the tenant: %w", err)
+		}
+		return r.tenantClient(tn, token)
 	}})
 }

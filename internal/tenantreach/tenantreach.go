@@ -61,9 +61,11 @@ type Reach struct {
 	// Tenant is what the bidder's lease says of the tenant, as checked by
 	// deal.TenantOf.
 	Tenant deal.Tenant
-	// Token mints a service-auth token of the requester's DID for the
-	// tenant, expiring at exp.
-	Token func(ctx context.Context, exp time.Time) (string, error)
+	// Client returns a client of the tenant as the requester's DID: it
+	// bears a service-auth token the requester's repo mints for the
+	// tenant, expiring at exp, and is a Client (the provider's address
+	// policy, no redirect, bounded answers).
+	Client func(ctx context.Context, exp time.Time) (kubernetes.Interface, error)
 }
 
 // Registry holds the Reach of every contract the requester's side has
