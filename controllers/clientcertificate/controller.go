@@ -235,8 +235,11 @@ func (s *syncer) current(w wanted, t tenantOf, sec *corev1.Secret) (lastIssue, b
 	last := lastIssue{key: s.st.Issued}
 	if v, ok := s.r.issued.Load(s.ccert.UID); ok && v.(lastIssue).key == key {
 		last = v.(lastIssue)
-	} else if s.st.RenewalTime != nil && s.st.NotAfter != nil {
-		last.renewal, last.notAfter = s.st.RenewalTime.Time, s.st.NotAfter.Time
+	} else if cert := leaf(sec.Data[corev1.TLSCertKey]); cert != nil && s.st.RenewalTime != nil {
+		// The status is the members' to write: the certificate in the
+		// Secret bounds when it is renewed.
+		last.notAfter = cert.NotAfter
+		last.renewal = minTime(s.st.RenewalTime.Time, cert.NotAfter.Add(-w.renewBefore))
 	}
 	return last, last.key == key && s.now.Before(last.renewal)
 }
@@ -385,6 +388,13 @@ func renewalOf(is *issued, w wanted, now time.Time) time.Time {
 		renewal = now.Add(life * 2 / 3)
 	}
 	return maxTime(renewal, now.Add(minValid))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func maxTime(a, b time.Time) time.Time {

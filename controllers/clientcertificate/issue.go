@@ -45,6 +45,24 @@ const (
 // ClusterClientCertificate: its UID.
 const LabelCertificate = "identity.knotless.dev/certificate-uid"
 
+// maxCertificate bounds the certificate a tenant's signer may issue (a
+// client certificate is about 1 KiB; the Secret it goes into must stay
+// far below kcp's 1 MiB).
+const maxCertificate = 64 << 10
+
+// leaf is the first certificate of a PEM bundle, nil when there is none.
+func leaf(bundle []byte) *x509.Certificate {
+	block, _ := pem.Decode(bundle)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil
+	}
+	return cert
+}
+
 // skew is how far a tenant's clock may be from the provider's.
 const skew = 5 * time.Minute
 
@@ -192,8 +210,10 @@ func bind(ctx context.Context, cs kubernetes.Interface, ccert *identityv1alpha1.
 		return name, err
 	case err != nil:
 		return "", err
-	case got.RoleRef != want.RoleRef:
-		// A binding's role cannot change: it is made again.
+	case got.RoleRef != want.RoleRef || got.Labels[LabelCertificate] != string(ccert.UID):
+		// A binding's role cannot change, and one of the name that is not
+		// labelled for this certificate (the tenant's own) is not taken
+		// over as it is: it is made again.
 		if err := unbind(ctx, cs, name); err != nil {
 			return "", err
 		}
@@ -263,6 +283,9 @@ func awaitSigned(ctx context.Context, csrs certificatesclient.CertificateSigning
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(signed) > maxCertificate {
+		return nil, nil, fmt.Errorf("the tenant's signer issued %d bytes, more than %d", len(signed), maxCertificate)
 	}
 	block, _ := pem.Decode(signed)
 	if block == nil || block.Type != "CERTIFICATE" {

@@ -86,6 +86,8 @@ func checkName(field, name string) error {
 	switch {
 	case strings.TrimSpace(name) == "" || len(name) > 253:
 		return fmt.Errorf("%s %q must be 1 to 253 characters", field, name)
+	case name != strings.TrimSpace(name):
+		return fmt.Errorf("%s %q starts or ends with a space", field, name)
 	case slices.ContainsFunc(reserved(), func(p string) bool { return strings.HasPrefix(name, p) }):
 		return fmt.Errorf("%s %q is reserved (names starting with %s are the system's, kubeadm's or knotless's own)", field, name, strings.Join(reserved(), ", "))
 	case strings.IndexFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
