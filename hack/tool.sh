@@ -5,8 +5,8 @@
 # hack/kind-e2e.sh) shares one cache: $KNOTLESS_TOOLS_CACHE, by default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools, outside the checkout so
 # that a second clone (CI's) reuses it too. A build lives in a folder keyed
-# by the module's go.mod and go.sum, so a binary is rebuilt only when its
-# pins change; `make clean` leaves the cache, `make clean-tools` removes it.
+# by the module's go.mod, go.sum and build-tags, so a binary is rebuilt
+# only when its pins change; `make clean` leaves the cache, `make clean-tools` removes it.
 # How long each build took on this machine is kept beside the cache
 # (.timings/) and printed before the next cold build of the same tool.
 #
@@ -14,6 +14,9 @@
 #        hack/tool.sh --plan <module>=<package>...   what a build would do
 # <module> is a folder name under hack/tools/ (or an absolute path to a
 # tool module, which the tests use).
+# A tool module's optional file build-tags holds the Go build tags its
+# binaries are built with (hack/tools/vault: minimal, the server without
+# the plugins and storage backends knotless never uses).
 # KNOTLESS_TOOL_STATIC=1 builds with CGO_ENABLED=0 into a cache folder of
 # its own (<module>-static-<key>) and links bin/static/<name>: binaries
 # for FROM-scratch images (hack/kind-e2e.sh's kcp image).
@@ -27,7 +30,7 @@ static=
 # Cold build times on a 2-core machine, for tools never built here.
 typical() {
   case $1 in
-    vault) echo "about 16 min" ;;
+    vault) echo "about 7 min" ;;
     kcp) echo "about 4 min" ;;
     kcp-front-proxy) echo "under a minute after kcp" ;;
     golangci-lint) echo "about 3 min" ;;
@@ -42,7 +45,7 @@ cachedir() {
   local dir key
   dir=$(moddir "$1")
   [ -f "$dir/go.mod" ] || { echo "hack/tool.sh: no tool module $dir" >&2; exit 1; }
-  key=$(cat "$dir/go.mod" "$dir/go.sum" 2>/dev/null | sha256sum | cut -c1-16)
+  key=$({ cat "$dir/go.mod" "$dir/go.sum" "$dir/build-tags" 2>/dev/null || true; } | sha256sum | cut -c1-16)
   echo "$cache_root/$(basename "$dir")${static:+-static}-$key"
 }
 
@@ -69,6 +72,8 @@ module=$1
 shift
 dir=$(moddir "$module")
 cache=$(cachedir "$module")
+tags=
+[ ! -f "$dir/build-tags" ] || tags=$(tr -s ' \n' ',' <"$dir/build-tags" | sed 's/^,//; s/,$//')
 bindir=$root/bin${static:+/static}
 mkdir -p "$cache" "$timings" "$bindir"
 # One build of a module at a time (two checkouts, or make and .ci/run, may
@@ -83,7 +88,7 @@ trap stop_ticker EXIT
 for pkg in "$@"; do
   name=$(basename "$pkg")
   if [ ! -x "$cache/$name" ]; then
-    echo "building $name from $pkg (pinned in ${dir#"$root"/}; $(last_time "$name")); cached in $cache for next time" >&2
+    echo "building $name from $pkg${tags:+ with tags $tags} (pinned in ${dir#"$root"/}; $(last_time "$name")); cached in $cache for next time" >&2
     start=$(date +%s)
     # Elapsed time every 30 s, so a long build shows it is alive.
     (
@@ -96,9 +101,9 @@ for pkg in "$@"; do
     ) &
     ticker=$!
     if [ -n "$static" ]; then
-      (cd "$dir" && CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+      (cd "$dir" && CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     else
-      (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -o "$cache/$name.tmp" "$pkg")
+      (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     fi
     stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"

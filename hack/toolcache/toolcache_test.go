@@ -208,3 +208,43 @@ func TestStaticBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildTags: a tool module's build-tags file is passed to go build
+// (hack/tools/vault builds the minimal server) and is part of the cache
+// key, so changing the tags builds again; a module without the file keeps
+// the key of its go.mod and go.sum alone.
+func TestBuildTags(t *testing.T) {
+	mod := toolModule(t)
+	files := map[string]string{
+		"main.go": "package main\n\nfunc main() { println(flavour) }\n",
+		"full.go": "//go:build !minimal\n\npackage main\n\nconst flavour = \"full\"\n",
+		"min.go":  "//go:build minimal\n\npackage main\n\nconst flavour = \"minimal\"\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(mod, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"HOME=" + t.TempDir()}
+	c := checkout(t)
+	flavour := func() string {
+		out, err := exec.Command(filepath.Join(c, "bin", "hello")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bin/hello: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run(t, c, env, mod, "example.com/hello")
+	if got := flavour(); got != "full" {
+		t.Fatalf("without build-tags the tool printed %q, want full", got)
+	}
+	if err := os.WriteFile(filepath.Join(mod, "build-tags"), []byte("minimal\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, c, env, mod, "example.com/hello"); !strings.Contains(out, "building hello") || !strings.Contains(out, "with tags minimal") {
+		t.Fatalf("after build-tags was written the build printed %q, want a new build that names its tags", out)
+	}
+	if got := flavour(); got != "minimal" {
+		t.Errorf("with build-tags minimal the tool printed %q, want minimal", got)
+	}
+}
