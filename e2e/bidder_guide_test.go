@@ -56,6 +56,7 @@ func fences(md string) []fence {
 // suite (the guide's acme). Cost: one
 // process VM (about 1.5 min in all).
 func TestBidderGuide(t *testing.T) {
+	runLast(t)
 	defer failWithLogs(t)
 	ctx := t.Context()
 	bobCfg, err := env.kcp.UserConfig("bob")

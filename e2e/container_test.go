@@ -41,7 +41,8 @@ type installed struct{ chart, tag string }
 // from the release only, as a new operator gets them: its SHA256SUMS are
 // checked, the images' tags are removed and loaded again from the saved
 // tarballs, and the chart is the packaged one (its default tag is the
-// version).
+// version). With KNOTLESS_E2E_DIST_BUILD=<file> too, the release is still
+// being built (CI builds it beside the suite): awaitRelease waits for it.
 func install(t *testing.T, root string) installed {
 	t.Helper()
 	required := os.Getenv("KNOTLESS_E2E_IMAGES") == "required"
@@ -60,6 +61,7 @@ func install(t *testing.T, root string) installed {
 	}
 	in := installed{chart: filepath.Join(root, deploy.Chart), tag: "dev"}
 	if dist := os.Getenv("KNOTLESS_E2E_DIST"); dist != "" {
+		awaitRelease(t, os.Getenv("KNOTLESS_E2E_DIST_BUILD"))
 		in = fromRelease(t, dist)
 	}
 	commit := strings.TrimPrefix(framework.LDFlags(t.Context(), root), "-X github.com/knotless-dev/knotless/cmd/internal/buildinfo.Commit=")
@@ -77,6 +79,34 @@ func install(t *testing.T, root string) installed {
 
 // fromRelease checks and loads the release in dir (make release's
 // dist/<version>).
+// awaitRelease waits until the build of the release that status names
+// has ended (nothing to wait for when status is empty): .ci/run builds it
+// in the background and writes status, "<exit code> <seconds>", when the
+// build ends; a failed build fails the test with its log's name.
+func awaitRelease(t *testing.T, status string) {
+	t.Helper()
+	if status == "" {
+		return
+	}
+	begin := time.Now()
+	for {
+		b, err := os.ReadFile(status)
+		if err == nil && len(strings.Fields(string(b))) == 2 {
+			rc, secs := strings.Fields(string(b))[0], strings.Fields(string(b))[1]
+			if rc != "0" {
+				t.Fatalf("the release's build failed (exit %s after %ss); its log is beside %s", rc, secs, status)
+			}
+			t.Logf("FIGURE waited for the release's build: %s (it took %ss)", time.Since(begin).Round(time.Second), secs)
+			return
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("the release's build did not end (no %s)", status)
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
 func fromRelease(t *testing.T, dir string) installed {
 	t.Helper()
 	version := filepath.Base(dir)
@@ -301,6 +331,7 @@ func (c *container) metrics(t *testing.T) string {
 // with the app password from Vault, and alice lists a tenant's namespaces
 // through kcp-front-proxy and the containerized shim.
 func TestContainerImages(t *testing.T) {
+	runLast(t)
 	defer failWithLogs(t)
 	repo, err := filepath.Abs("..")
 	if err != nil {

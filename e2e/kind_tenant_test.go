@@ -164,6 +164,7 @@ func nodeRSS(ctx context.Context, node string) int64 {
 // network. One kind VM serves every step. Figures: setup, VM created ->
 // Running, node RSS idle and with one pod, the test's cost.
 func TestKindTenant(t *testing.T) {
+	runLast(t)
 	defer failWithLogs(t)
 	ctx := t.Context()
 	begin := time.Now()

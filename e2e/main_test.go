@@ -55,12 +55,29 @@ type suite struct {
 
 var env *suite
 
+// runLast defers a test that needs the node image or the release
+// (TestKindTenant, TestBidderGuide, TestContainerImages) until every
+// other test of the suite has run: it calls t.Parallel, and the suite
+// runs its parallel tests one at a time (run sets -test.parallel 1).
+// CI builds the node image and the release in the background, at the
+// lowest priority, while the rest of the suite runs (.ci/run); a test
+// that needs one waits for its build (hack/node-image/build.sh's lock,
+// awaitRelease).
+func runLast(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) (code int) {
 	flag.Parse()
+	// The tests that runLast defers run one at a time, as every other.
+	if err := flag.Set("test.parallel", "1"); err != nil {
+		panic(err)
+	}
 	if testing.Short() {
 		fmt.Println("e2e: skipped in -short mode")
 		return 0
