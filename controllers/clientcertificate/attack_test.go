@@ -20,14 +20,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	identityv1alpha1 "github.com/knotless-dev/knotless/apis/identity/v1alpha1"
-	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 )
 
 // Names equal to privileged ones are refused; a control char too.
@@ -192,11 +188,12 @@ func TestAtkTenantChainSeveralBlocks(t *testing.T) {
 		return append(append(c, f.tn.caPEM...), []byte("-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n")...)
 	})
 	f.reconcile(t, "carol")
-	if c := ready(t, f.get(t, "carol")); c.Status == metav1.ConditionTrue {
-		s := f.secret(t, "carol-tls")
-		if bytes.Count(s.Data[corev1.TLSCertKey], []byte("BEGIN")) != 1 {
-			t.Fatalf("tls.crt holds extra blocks: %s", s.Data[corev1.TLSCertKey])
-		}
+	// The first block is the certificate; the rest is not kept.
+	if c := ready(t, f.get(t, "carol")); c.Status != metav1.ConditionTrue {
+		t.Fatalf("Ready %+v", c)
+	}
+	if s := f.secret(t, "carol-tls"); bytes.Count(s.Data[corev1.TLSCertKey], []byte("BEGIN")) != 1 {
+		t.Fatalf("tls.crt holds extra blocks: %s", s.Data[corev1.TLSCertKey])
 	}
 }
 
@@ -206,14 +203,12 @@ func TestAtkTenantHugeCertificate(t *testing.T) {
 		return forgeCert(t, req, req.Subject, []pkix.Extension{{Id: asn1.ObjectIdentifier{1, 2, 3, 4}, Value: bytes.Repeat([]byte{0}, 600<<10)}})
 	})
 	f.reconcile(t, "carol")
-	if c := ready(t, f.get(t, "carol")); c.Status == metav1.ConditionTrue {
-		n := 0
-		for _, v := range f.secret(t, "carol-tls").Data {
-			n += len(v)
-		}
-		if n > 1<<20 {
-			t.Fatalf("Secret of %d bytes (> 1MiB, kcp refuses it); Ready %+v", n, c)
-		}
+	// Over maxCertificate: refused, no Secret written.
+	if c := ready(t, f.get(t, "carol")); c.Reason != identityv1alpha1.ReasonTenantRefused {
+		t.Fatalf("Ready %+v", c)
+	}
+	if err := f.cl.Client.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "carol-tls"}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Secret was written for an oversized certificate (%v)", err)
 	}
 }
 
@@ -254,10 +249,4 @@ func TestAtkPreexistingBindingDifferentLabel(t *testing.T) {
 	if err == nil && len(crb.Subjects) > 0 && crb.Subjects[0].Name == "carol" {
 		t.Fatalf("binding left granting %s to carol after deletion: labels %v", crb.RoleRef.Name, crb.Labels)
 	}
-}
-
-var _ = marketv1alpha1.SideRequester
-
-func reqIn(ns, name string) mcreconcile.Request {
-	return mcreconcile.Request{ClusterName: ws, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 }

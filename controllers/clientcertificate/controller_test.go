@@ -160,9 +160,14 @@ func certificate(name string, mut func(*identityv1alpha1.ClusterClientCertificat
 	return c
 }
 
+// reqIn is the request of the certificate ns/name in the workspace.
+func reqIn(ns, name string) mcreconcile.Request {
+	return mcreconcile.Request{ClusterName: ws, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+}
+
 func (f *fixture) reconcile(t *testing.T, name string) reconcile.Result {
 	t.Helper()
-	res, err := f.r.Reconcile(t.Context(), mcreconcile.Request{ClusterName: ws, Request: reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: name}}})
+	res, err := f.r.Reconcile(t.Context(), reqIn("default", name))
 	if err != nil {
 		t.Fatal(err)
 	}
