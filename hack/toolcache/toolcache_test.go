@@ -24,12 +24,18 @@ func toolModule(t *testing.T) string {
 		"go.sum":  "",
 		"main.go": "package main\n\nfunc main() { println(\"hello\") }\n",
 	}
+	writeFiles(t, dir, files)
+	return dir
+}
+
+// writeFiles writes each file of files (name: body) into dir.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return dir
 }
 
 // checkout copies hack/tool.sh into a new folder, as a clone would have it.
@@ -220,11 +226,7 @@ func TestBuildTags(t *testing.T) {
 		"full.go": "//go:build !minimal\n\npackage main\n\nconst flavour = \"full\"\n",
 		"min.go":  "//go:build minimal\n\npackage main\n\nconst flavour = \"minimal\"\n",
 	}
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(mod, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFiles(t, mod, files)
 	env := []string{"HOME=" + t.TempDir()}
 	c := checkout(t)
 	flavour := func() string {
