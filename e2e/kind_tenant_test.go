@@ -247,6 +247,11 @@ func TestKindTenant(t *testing.T) {
 	// A client certificate of the kind tenant; its renewal is checked
 	// after the subtests below, a minute later.
 	carol := certificateOnKindTenant(ctx, t, d.app, rc.Name)
+	// A pod of the kind tenant reads the requester's workspace with its
+	// GuestIdentityGrant's kubeconfig, through kcp-front-proxy.
+	ga := guestIdentity(ctx, t, d, rc.Name, cs)
+	guestPod(ctx, t, d, cs, k.testImage)
+	guestGone(ctx, t, d, cs, ga)
 	idle := nodeRSS(ctx, node)
 	t.Logf("FIGURE kind node RSS idle: %d MiB (%d idle VMs in 24 GiB)", idle>>20, (int64(24)<<30)/max(idle, 1))
 

@@ -159,6 +159,17 @@ func run(m *testing.M) (code int) {
 		}
 		fmt.Printf("e2e: kcp-front-proxy ready in %s at %s\n", time.Since(start).Round(time.Millisecond), s.frontProxy.URL)
 		mountArgs = append(s.certs.MountProxyArgs(shimAddr, s.frontProxy.URL), "--tenant-probe-interval", "2s")
+		// GuestIdentityGrants: the webhook, and kcp-front-proxy as pods
+		// of kind tenants reach it.
+		guestServer, err := framework.GuestServer(ctx, s.frontProxy.URL)
+		if err != nil {
+			return fail(err)
+		}
+		guestArgs, err := s.certs.GuestArgs(guestServer)
+		if err != nil {
+			return fail(err)
+		}
+		mountArgs = append(mountArgs, guestArgs...)
 	}
 	if s.admin, err = s.kcp.Config(); err != nil {
 		return fail(err)

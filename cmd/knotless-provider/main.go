@@ -360,7 +360,11 @@ func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Opt
 	if err := (&atprotorecordwatch.Reconciler{GetCluster: mgr.GetCluster, Hub: hub, FlushInterval: o.WatchFlushInterval}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the atprotorecordwatch controller: %w", err)
 	}
-	return setupMarket(ctx, mgr, scheme, pool, hub, policy, mounts, o.AtprotoResync)
+	reaches, err := setupMarket(ctx, mgr, scheme, pool, hub, policy, mounts, o.AtprotoResync)
+	if err != nil {
+		return err
+	}
+	return setupGuests(ctx, mgr, o.Guest, mounts, reaches)
 }
 
 // setupTenantCluster registers the tenantcluster controller: its kcp
@@ -465,37 +469,37 @@ func newVault(cfg vault.Config, logger logr.Logger) (*vault.Client, error) {
 }
 
 // setupMarket registers the market controllers and their metric.
-func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, policy *netpolicy.Policy, mounts client.Client, resync time.Duration) error {
+func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.Scheme, pool *repoconn.Pool, hub *firehose.Hub, policy *netpolicy.Policy, mounts client.Client, resync time.Duration) (*tenantreach.Registry, error) {
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{
 		Name:        "knotless_market_invalid_records_total",
 		Help:        "Market records read from firehoses that did not match their lexicon and were ignored.",
 		ConstLabels: prometheus.Labels{"collection": lexicon.Association},
 	})
 	if err := metrics.Registry.Register(invalid); err != nil {
-		return err
+		return nil, err
 	}
 	steps := market.NewStepSeconds()
 	if err := metrics.Registry.Register(steps); err != nil {
-		return fmt.Errorf("registering the market step metrics: %w", err)
+		return nil, fmt.Errorf("registering the market step metrics: %w", err)
 	}
 	if err := (&marketnetwork.Reconciler{GetCluster: mgr.GetCluster}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the marketnetwork controller: %w", err)
+		return nil, fmt.Errorf("setting up the marketnetwork controller: %w", err)
 	}
 	if err := (&marketidentity.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Hub: hub, Resync: resync, Invalid: invalid}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the marketidentity controller: %w", err)
+		return nil, fmt.Errorf("setting up the marketidentity controller: %w", err)
 	}
 	feeds, err := market.NewFeeds(hub, market.FeedsOptions{Registry: metrics.Registry, Log: mgr.GetLogger().WithName("market-feeds")})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.GetLocalManager().Add(feeds); err != nil {
-		return err
+		return nil, err
 	}
 	if err := (&marketbidder.Reconciler{
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleBidder),
 		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps,
 	}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the marketbidder controller: %w", err)
+		return nil, fmt.Errorf("setting up the marketbidder controller: %w", err)
 	}
 	// The requester's side publishes how it reaches each mounted tenant for
 	// the controllers that act on that tenant as the requester.
@@ -504,15 +508,15 @@ func setupMarket(ctx context.Context, mgr mcmanager.Manager, scheme *k8sruntime.
 		GetCluster: mgr.GetCluster, Pool: pool, Market: feeds, Source: feeds.Source(market.RoleRequester), Scheme: scheme,
 		Inventories: &market.Inventories{TTL: resync}, Resync: resync, StepSeconds: steps, Policy: policy, Mounts: mounts, Reaches: reaches,
 	}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the marketrequester controller: %w", err)
+		return nil, fmt.Errorf("setting up the marketrequester controller: %w", err)
 	}
 	if err := (&clientcertificate.Reconciler{GetCluster: mgr.GetCluster, Scheme: scheme, Reaches: reaches}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the clientcertificate controller: %w", err)
+		return nil, fmt.Errorf("setting up the clientcertificate controller: %w", err)
 	}
 	if err := (&marketpresence.Reconciler{GetCluster: mgr.GetCluster, Pool: pool, Resync: resync}).SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the marketpresence controller: %w", err)
+		return nil, fmt.Errorf("setting up the marketpresence controller: %w", err)
 	}
-	return nil
+	return reaches, nil
 }
 
 // registerMetrics adds the engaged-workspace gauge and the provider

@@ -192,7 +192,7 @@ func (s *syncer) sync() (reconcile.Result, error) {
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if t.cc != nil && w.User == t.cc.Spec.RequesterDID {
+	if t.CC != nil && w.User == t.CC.Spec.RequesterDID {
 		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonInvalidSpec, fmt.Sprintf("spec.user %q is the requester's DID, the tenant's admin for the contract's whole life: a certificate for it could not be taken back", w.User))
 		return reconcile.Result{}, nil
 	}
@@ -200,8 +200,8 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		s.ready(metav1.ConditionTrue, identityv1alpha1.ReasonIssued, issuedMessage(w, last.notAfter))
 		return reconcile.Result{RequeueAfter: last.renewal.Sub(s.now)}, nil
 	}
-	if t.why != "" {
-		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonTenantNotReady, t.why)
+	if t.Why != "" {
+		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonTenantNotReady, t.Why)
 		return reconcile.Result{RequeueAfter: tenantWait}, nil
 	}
 	if wait := s.wait(); wait > 0 {
@@ -227,11 +227,11 @@ type lastIssue struct {
 // issue in memory), for the tenant's CA when the tenant is reached, and
 // its renewal time has not come. A contract that is gone has no current
 // certificate.
-func (s *syncer) current(w wanted, t tenantOf, sec *corev1.Secret) (lastIssue, bool) {
-	if sec == nil || t.cc == nil || t.gone || t.mounted && !bytes.Equal(sec.Data[KeyCA], t.reach.Tenant.CA) {
+func (s *syncer) current(w wanted, t tenantreach.Contract, sec *corev1.Secret) (lastIssue, bool) {
+	if sec == nil || t.CC == nil || t.Gone || t.Mounted && !bytes.Equal(sec.Data[KeyCA], t.Reach.Tenant.CA) {
 		return lastIssue{}, false
 	}
-	key := dataKey(w, t.cc.UID, sec.Data)
+	key := dataKey(w, t.CC.UID, sec.Data)
 	last := lastIssue{key: s.st.Issued}
 	if v, ok := s.r.issued.Load(s.ccert.UID); ok && v.(lastIssue).key == key {
 		last = v.(lastIssue)
@@ -254,45 +254,9 @@ func (s *syncer) secret() (*corev1.Secret, error) {
 	return sec, err
 }
 
-// tenantOf is the tenant of a certificate's contract: the contract (nil
-// when there is none), how its tenant is reached when it is mounted, and
-// else why not, and whether that is for good (no such contract of the
-// requester's side, or it is not Active: no tenant to reach).
-type tenantOf struct {
-	cc      *marketv1alpha1.ComputeContract
-	reach   tenantreach.Reach
-	mounted bool
-	why     string
-	gone    bool
-}
-
 // tenant returns the tenant of the certificate's contract.
-func (s *syncer) tenant(w wanted) (tenantOf, error) {
-	cc := &marketv1alpha1.ComputeContract{}
-	switch err := s.c.Get(s.ctx, client.ObjectKey{Namespace: s.ccert.Namespace, Name: w.ContractRef.Name}, cc); {
-	case apierrors.IsNotFound(err):
-		return tenantOf{why: fmt.Sprintf("ComputeContract %s: not found in this namespace", w.ContractRef.Name), gone: true}, nil
-	case err != nil:
-		return tenantOf{}, err
-	}
-	if cc.Spec.Side != marketv1alpha1.SideRequester {
-		return tenantOf{why: fmt.Sprintf("ComputeContract %s is the bidder's side of a deal: only the requester's own tenant issues certificates here", cc.Name), gone: true}, nil
-	}
-	if cc.Status.Phase != marketv1alpha1.ContractActive {
-		return tenantOf{cc: cc, why: fmt.Sprintf("ComputeContract %s is %s, not Active", cc.Name, phaseOf(cc)), gone: true}, nil
-	}
-	reach, ok := s.r.Reaches.Get(s.lc, cc.UID)
-	if !ok {
-		return tenantOf{cc: cc, why: fmt.Sprintf("the tenant of ComputeContract %s is not mounted yet", cc.Name)}, nil
-	}
-	return tenantOf{cc: cc, reach: reach, mounted: true}, nil
-}
-
-func phaseOf(cc *marketv1alpha1.ComputeContract) string {
-	if cc.Status.Phase == "" {
-		return "new"
-	}
-	return string(cc.Status.Phase)
+func (s *syncer) tenant(w wanted) (tenantreach.Contract, error) {
+	return s.r.Reaches.Lookup(s.ctx, s.c, s.lc, s.ccert.Namespace, w.ContractRef.Name)
 }
 
 // wait returns how long is left before the certificate may be issued
@@ -334,10 +298,10 @@ func (s *syncer) failed(unsupported bool) reconcile.Result {
 // issue has the tenant issue a new certificate, binds spec.clusterRole
 // to spec.user there, and writes the certificate into the Secret and the
 // status.
-func (s *syncer) issue(w wanted, t tenantOf, sec *corev1.Secret) (reconcile.Result, error) {
+func (s *syncer) issue(w wanted, t tenantreach.Contract, sec *corev1.Secret) (reconcile.Result, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
-	cs, err := s.tenantClient(ctx, t.reach)
+	cs, err := s.tenantClient(ctx, t.Reach)
 	var is *issued
 	if err == nil {
 		// The binding follows the certificate: a tenant that signs none
@@ -360,7 +324,7 @@ func (s *syncer) issue(w wanted, t tenantOf, sec *corev1.Secret) (reconcile.Resu
 		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonTenantRefused, "the tenant did not take the request (the provider's log says why); tried again in "+res.RequeueAfter.String())
 		return res, nil
 	}
-	data, err := secretData(t.reach.Tenant.Endpoint, t.reach.Tenant.CA, is, w.User)
+	data, err := secretData(t.Reach.Tenant.Endpoint, t.Reach.Tenant.CA, is, w.User)
 	if err == nil {
 		err = s.writeSecret(sec, data)
 	}
@@ -371,7 +335,7 @@ func (s *syncer) issue(w wanted, t tenantOf, sec *corev1.Secret) (reconcile.Resu
 		return reconcile.Result{}, err
 	}
 	s.r.fails.Delete(s.ccert.UID)
-	last := lastIssue{key: dataKey(w, t.cc.UID, data), at: s.now, renewal: renewalOf(is, w, s.now), notAfter: is.notAfter}
+	last := lastIssue{key: dataKey(w, t.CC.UID, data), at: s.now, renewal: renewalOf(is, w, s.now), notAfter: is.notAfter}
 	s.r.issued.Store(s.ccert.UID, last)
 	s.st.Issued = last.key
 	s.st.NotBefore, s.st.NotAfter, s.st.RenewalTime = &metav1.Time{Time: is.cert.NotBefore}, &metav1.Time{Time: is.notAfter}, &metav1.Time{Time: last.renewal}
@@ -476,14 +440,14 @@ func (s *syncer) unbind() error {
 	switch {
 	case err != nil:
 		return err
-	case t.gone:
+	case t.Gone:
 		return nil
-	case t.why != "":
-		return errors.New(t.why)
+	case t.Why != "":
+		return errors.New(t.Why)
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
-	cs, err := s.tenantClient(ctx, t.reach)
+	cs, err := s.tenantClient(ctx, t.Reach)
 	if err != nil {
 		return err
 	}

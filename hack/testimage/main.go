@@ -7,16 +7,23 @@
 // printing how far it got, then waits (a pod that allocates past its
 // node's memory). The server echoes every line of its stdin to stdout
 // ("stdin: <line>"), so kubectl attach can be seen to pass both ways (a
-// pod without stdin gets end of file at once).
+// pod without stdin gets end of file at once). `testimage kcp DIR PATH...`
+// is a guest of a GuestIdentityGrant: with the server, token, ca.crt and
+// tls-server-name files of its Secret mounted at DIR, it GETs each PATH
+// (under the server's workspace, or as given when it starts with
+// /clusters/), prints "kcp GET PATH: CODE" for each, then waits.
 package main
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"strconv"
@@ -62,6 +69,10 @@ func main() {
 		l := limits()
 		fmt.Printf("memory limit %s, cpu quota %s/%s\n", l.MemoryLimit, l.CPUQuota, l.CPUPeriod)
 		return
+	}
+	if len(os.Args) > 3 && os.Args[1] == "kcp" {
+		kcpGet(os.Args[2], os.Args[3:])
+		select {}
 	}
 	if len(os.Args) > 2 && os.Args[1] == "alloc" {
 		alloc(os.Args[2])
@@ -110,5 +121,38 @@ func alloc(mib string) {
 	for {
 		time.Sleep(time.Hour)
 		runtime.KeepAlive(held)
+	}
+}
+
+// kcpGet GETs each path from kcp with the grant's Secret mounted at dir,
+// trying a path again every 2 s for a minute while kcp is not reached.
+func kcpGet(dir string, paths []string) {
+	file := func(name string) string { b, _ := os.ReadFile(dir + "/" + name); return strings.TrimSpace(string(b)) }
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM([]byte(file("ca.crt")))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: file("tls-server-name"), MinVersion: tls.VersionTLS12}}}
+	server := file("server")
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatalf("kcp: server %q: %v", server, err)
+	}
+	for _, p := range paths {
+		target := server + p
+		if strings.HasPrefix(p, "/clusters/") {
+			target = u.Scheme + "://" + u.Host + p
+		}
+		for try := 0; try < 30; try++ {
+			req, _ := http.NewRequest(http.MethodGet, target, nil)
+			req.Header.Set("Authorization", "Bearer "+file("token"))
+			resp, err := hc.Do(req)
+			if err != nil {
+				fmt.Printf("kcp GET %s: %v\n", p, err)
+				time.Sleep(2 * time.Second)
+				continue
+			}
+			resp.Body.Close()
+			fmt.Printf("kcp GET %s: %d\n", p, resp.StatusCode)
+			break
+		}
 	}
 }

@@ -8,21 +8,25 @@
 // The requester's controller checks the lease and holds the repo that
 // mints the tokens; it publishes each mounted contract's Reach in a
 // Registry, which other controllers of the requester's side (the
-// ClusterClientCertificate controller) use rather than reading the lease
+// ClusterClientCertificate and GuestIdentityGrant controllers) use rather than reading the lease
 // or the repo again. Nothing in it comes from the bidder's workspace.
 package tenantreach
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/bodylimit"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
@@ -97,4 +101,44 @@ func (r *Registry) Delete(cluster string, uid types.UID) {
 	if r != nil {
 		r.m.Delete(key(cluster, uid))
 	}
+}
+
+// Contract is a requester's contract named by an object of its namespace
+// and how its tenant is reached: CC is nil when there is no such
+// contract; Reach is set when Mounted; else Why says why not, and Gone
+// whether that is for good (no such contract of the requester's side,
+// or it is not Active: no tenant to reach).
+type Contract struct {
+	CC      *marketv1alpha1.ComputeContract
+	Reach   Reach
+	Mounted bool
+	Why     string
+	Gone    bool
+}
+
+// Lookup returns the contract name of namespace ns in the workspace
+// cluster (read through c) and how its tenant is reached.
+func (r *Registry) Lookup(ctx context.Context, c client.Reader, cluster, ns, name string) (Contract, error) {
+	cc := &marketv1alpha1.ComputeContract{}
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cc); {
+	case apierrors.IsNotFound(err):
+		return Contract{Why: fmt.Sprintf("ComputeContract %s: not found in this namespace", name), Gone: true}, nil
+	case err != nil:
+		return Contract{}, err
+	}
+	if cc.Spec.Side != marketv1alpha1.SideRequester {
+		return Contract{Why: fmt.Sprintf("ComputeContract %s is the bidder's side of a deal: only the requester's own tenant is reached from here", cc.Name), Gone: true}, nil
+	}
+	if cc.Status.Phase != marketv1alpha1.ContractActive {
+		phase := string(cc.Status.Phase)
+		if phase == "" {
+			phase = "new"
+		}
+		return Contract{CC: cc, Why: fmt.Sprintf("ComputeContract %s is %s, not Active", cc.Name, phase), Gone: true}, nil
+	}
+	reach, ok := r.Get(cluster, cc.UID)
+	if !ok {
+		return Contract{CC: cc, Why: fmt.Sprintf("the tenant of ComputeContract %s is not mounted yet", cc.Name)}, nil
+	}
+	return Contract{CC: cc, Reach: reach, Mounted: true}, nil
 }

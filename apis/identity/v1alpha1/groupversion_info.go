@@ -19,6 +19,7 @@ var GroupVersion = schema.GroupVersion{Group: "identity.knotless.dev", Version: 
 func AddToScheme(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&ClusterClientCertificate{}, &ClusterClientCertificateList{},
+		&GuestIdentityGrant{}, &GuestIdentityGrantList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

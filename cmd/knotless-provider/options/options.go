@@ -67,6 +67,9 @@ type Options struct {
 	Vault vault.Config
 	// Mount configures the TenantCluster controller's view of the shim.
 	Mount MountOptions
+	// Guest configures GuestIdentityGrants: kcp-front-proxy as the
+	// tenants reach it and the admission webhook kcp calls.
+	Guest GuestOptions
 	// Logs are the --zap-* logging flags.
 	Logs zap.Options
 	// LeaderElection makes replicas take turns (--leader-elect).
@@ -103,6 +106,44 @@ type MountOptions struct {
 	ProbeInterval time.Duration
 }
 
+// GuestOptions configure GuestIdentityGrants (controllers/guestidentity
+// and its admission webhook, internal/guestadmission).
+type GuestOptions struct {
+	// Server is kcp-front-proxy's base URL as workloads in the tenants
+	// reach it (--guest-kcp-server); empty reports grants NotEnabled.
+	Server string
+	// CAFile verifies kcp-front-proxy; TLSServerName is the name its
+	// certificate is checked for, when Server's host is not in it.
+	CAFile, TLSServerName string
+	// WebhookBindAddress is where the admission webhook listens
+	// (host:port), with tls.crt and tls.key of WebhookCertDir.
+	WebhookBindAddress, WebhookCertDir string
+	// WebhookURL is the webhook's base URL as kcp reaches it, and
+	// WebhookCAFile the CA bundle kcp verifies it with.
+	WebhookURL, WebhookCAFile string
+}
+
+func (g GuestOptions) validate() []error {
+	if g.Server == "" {
+		if g.CAFile != "" || g.TLSServerName != "" || g.WebhookURL != "" || g.WebhookCertDir != "" || g.WebhookCAFile != "" {
+			return []error{errors.New("--guest-kcp-ca-file, --guest-kcp-tls-server-name and --admission-webhook-* need --guest-kcp-server")}
+		}
+		return nil
+	}
+	var errs []error
+	for flag, raw := range map[string]string{"--guest-kcp-server": g.Server, "--admission-webhook-url": g.WebhookURL} {
+		if u, err := flagcheck.URL(flag, raw); err != nil {
+			errs = append(errs, err)
+		} else if u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			errs = append(errs, fmt.Errorf("%s %q must be https://host:port", flag, raw))
+		}
+	}
+	if g.CAFile == "" || g.WebhookCertDir == "" || g.WebhookCAFile == "" {
+		errs = append(errs, errors.New("--guest-kcp-server needs --guest-kcp-ca-file, --admission-webhook-cert-dir and --admission-webhook-ca-file"))
+	}
+	return append(errs, flagcheck.HostPort("--admission-webhook-bind-address", g.WebhookBindAddress))
+}
+
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
@@ -120,6 +161,7 @@ func NewOptions() *Options {
 		WatchFlushInterval:     2 * time.Second,
 		Vault:                  vault.Config{AppRole: vault.AppRoleConfig{MountPath: vault.DefaultAppRoleMount}, Prefix: vault.DefaultPrefix, Timeout: vault.DefaultTimeout},
 		Mount:                  MountOptions{ProbeInterval: 30 * time.Second},
+		Guest:                  GuestOptions{WebhookBindAddress: "0.0.0.0:9443"},
 		LeaderElection: LeaderElectionOptions{
 			Namespace: "default", ID: "knotless-provider",
 			LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
@@ -152,6 +194,13 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Mount.UserHeader, "mountproxy-user-header", o.Mount.UserHeader, "the shim's user header (its --requestheader-username-headers); required with --mountproxy-url")
 	fs.StringVar(&o.Mount.GroupHeader, "mountproxy-group-header", o.Mount.GroupHeader, "the shim's group header (its --requestheader-group-headers); required with --mountproxy-url")
 	fs.DurationVar(&o.Mount.ProbeInterval, "tenant-probe-interval", o.Mount.ProbeInterval, "how often a TenantCluster's tenant is probed through the shim")
+	fs.StringVar(&o.Guest.Server, "guest-kcp-server", o.Guest.Server, "kcp-front-proxy's https://host:port as workloads in the tenants reach it, written into GuestIdentityGrants' kubeconfigs; empty reports grants NotEnabled")
+	fs.StringVar(&o.Guest.CAFile, "guest-kcp-ca-file", o.Guest.CAFile, "CA bundle that verifies kcp-front-proxy, written into GuestIdentityGrants' kubeconfigs")
+	fs.StringVar(&o.Guest.TLSServerName, "guest-kcp-tls-server-name", o.Guest.TLSServerName, "name kcp-front-proxy's certificate is checked for by the guests, when --guest-kcp-server's host is not in it")
+	fs.StringVar(&o.Guest.WebhookBindAddress, "admission-webhook-bind-address", o.Guest.WebhookBindAddress, "address of the GuestIdentityGrant admission webhook (https)")
+	fs.StringVar(&o.Guest.WebhookCertDir, "admission-webhook-cert-dir", o.Guest.WebhookCertDir, "directory with the webhook's serving tls.crt and tls.key (reloaded on change)")
+	fs.StringVar(&o.Guest.WebhookURL, "admission-webhook-url", o.Guest.WebhookURL, "https://host:port where kcp reaches the webhook")
+	fs.StringVar(&o.Guest.WebhookCAFile, "admission-webhook-ca-file", o.Guest.WebhookCAFile, "CA bundle kcp verifies the webhook's certificate with")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) that PDS and firehose connections may reach, and where plain http may carry credentials; empty allows public addresses only (link-local and metadata addresses, kcp's and the mount proxy's are never reached)")
 	fs.StringVar(&o.FirehoseMetricSources, "firehose-metric-sources", o.FirehoseMetricSources, "comma-separated host or host:port of firehose sources whose metrics carry their own source label; every other source is labelled \"other\" (metric labels come from a bounded set)")
 	fs.BoolVar(&o.LeaderElection.Enabled, "leader-elect", o.LeaderElection.Enabled, "take turns with other replicas through a Lease in the provider workspace; only the holder reconciles")
@@ -192,6 +241,7 @@ func (o *Options) Validate() error {
 		flagcheck.Positive("--watch-flush-interval", o.WatchFlushInterval),
 	)
 	errs = append(errs, o.Mount.validate()...)
+	errs = append(errs, o.Guest.validate()...)
 	if _, err := netpolicy.ParsePrefixes(o.AllowPrivateNetworks); err != nil {
 		errs = append(errs, fmt.Errorf("--allow-private-networks: %w", err))
 	}

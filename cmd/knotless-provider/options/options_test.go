@@ -70,8 +70,10 @@ func TestFlags(t *testing.T) {
 		}
 	})
 	want := []string{
+		"admission-webhook-bind-address", "admission-webhook-ca-file", "admission-webhook-cert-dir", "admission-webhook-url",
 		"allow-private-networks", "atproto-max-batch", "atproto-resync", "atproto-workers", "bootstrap-only",
-		"connect-timeout", "context", "firehose-metric-sources", "health-probe-bind-address", "kubeconfig",
+		"connect-timeout", "context", "firehose-metric-sources", "guest-kcp-ca-file", "guest-kcp-server",
+		"guest-kcp-tls-server-name", "health-probe-bind-address", "kubeconfig",
 		"leader-elect", "leader-election-id", "leader-election-lease-duration", "leader-election-namespace",
 		"leader-election-renew-deadline", "leader-election-retry-period",
 		"metrics-bind-address", "mount-url", "mountproxy-ca-file", "mountproxy-client-cert-file",
@@ -143,6 +145,10 @@ func TestValidate(t *testing.T) {
 	withVault := func(o *Options) {
 		o.Vault.Address = "https://vault.example:8200"
 		o.Vault.TokenFile = tokenFile
+	}
+	withGuests := func(o *Options) {
+		o.Guest = GuestOptions{Server: "https://10.0.0.1:6443", CAFile: "/fp-ca.crt", WebhookBindAddress: "0.0.0.0:9443", WebhookCertDir: "/certs",
+			WebhookURL: "https://10.0.0.2:9443", WebhookCAFile: "/webhook-ca.crt"}
 	}
 	withMount := func(o *Options) {
 		o.Mount.ProxyURL = "https://127.0.0.1:9443"
@@ -242,6 +248,12 @@ func TestValidate(t *testing.T) {
 		{name: "guessable mount proxy group header", change: func(o *Options) { withMount(o); o.Mount.GroupHeader = "X-Group" }, want: []string{"--mountproxy-group-header", "shorter than"}},
 		{name: "mount proxy header without random part", change: func(o *Options) { withMount(o); o.Mount.GroupHeader = "X-Knotless-Probe-Group-Header" }, want: []string{"--mountproxy-group-header", "no run of 16 hex digits"}},
 		{name: "one header for user and group", change: func(o *Options) { withMount(o); o.Mount.GroupHeader = strings.ToLower(userHeader) }, want: []string{"--mountproxy-user-header and --mountproxy-group-header must differ"}},
+		{name: "guests", change: withGuests},
+		{name: "guests over http", change: func(o *Options) { withGuests(o); o.Guest.Server = "http://10.0.0.1:6443" }, want: []string{`--guest-kcp-server "http://10.0.0.1:6443" must be https://host:port`}},
+		{name: "guests without the webhook's files", change: func(o *Options) { withGuests(o); o.Guest.WebhookCAFile = "" }, want: []string{"--guest-kcp-server needs --guest-kcp-ca-file, --admission-webhook-cert-dir and --admission-webhook-ca-file"}},
+		{name: "webhook URL with a path", change: func(o *Options) { withGuests(o); o.Guest.WebhookURL = "https://10.0.0.2:9443/admit" }, want: []string{"--admission-webhook-url", "must be https://host:port"}},
+		{name: "webhook files without guests", change: func(o *Options) { o.Guest.WebhookCertDir = "/certs" }, want: []string{"need --guest-kcp-server"}},
+		{name: "webhook bind address", change: func(o *Options) { withGuests(o); o.Guest.WebhookBindAddress = "9443" }, want: []string{`--admission-webhook-bind-address "9443" must be host:port`}},
 		{name: "no probe interval", change: func(o *Options) { o.Mount.ProbeInterval = 0 }, want: []string{"--tenant-probe-interval must be positive"}},
 		{name: "mount URL over ftp", change: func(o *Options) { o.Mount.MountURL = "ftp://front-proxy.example" }, want: []string{`--mount-url "ftp://front-proxy.example" must be an https:// (or http://) URL`}},
 		{name: "mount URL without a host", change: func(o *Options) { o.Mount.MountURL = "front-proxy.example:8443" }, want: []string{"--mount-url"}},

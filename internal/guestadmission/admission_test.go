@@ -1,0 +1,141 @@
+package guestadmission
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kcp-dev/logicalcluster/v3"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	identityv1alpha1 "github.com/knotless-dev/knotless/apis/identity/v1alpha1"
+)
+
+var key = []byte("0123456789abcdef0123456789abcdef")
+
+func grant(cluster string, mut func(*identityv1alpha1.GuestIdentityGrant)) *identityv1alpha1.GuestIdentityGrant {
+	g := &identityv1alpha1.GuestIdentityGrant{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "reader",
+		Annotations: map[string]string{logicalcluster.AnnotationKey: cluster}},
+		Spec: identityv1alpha1.GuestIdentityGrantSpec{ContractRef: identityv1alpha1.ContractRef{Name: "web-0"},
+			Guest: identityv1alpha1.Guest{Namespace: "guests", ServiceAccount: "reader"}, SecretName: "kcp",
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"apps.knotless.dev"}, Resources: []string{"applications"}, Verbs: []string{"get"}}}}}
+	if mut != nil {
+		mut(g)
+	}
+	return g
+}
+
+func request(op admissionv1.Operation, user string, obj, old *identityv1alpha1.GuestIdentityGrant) admission.Request {
+	raw := func(g *identityv1alpha1.GuestIdentityGrant) runtime.RawExtension {
+		if g == nil {
+			return runtime.RawExtension{}
+		}
+		b, _ := json.Marshal(g)
+		return runtime.RawExtension{Raw: b}
+	}
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "default", Name: "reader",
+		UserInfo: authenticationv1.UserInfo{Username: user}, Object: raw(obj), OldObject: raw(old)}}
+}
+
+// stamped applies the response's patch's stamp to g.
+func stamped(t *testing.T, g *identityv1alpha1.GuestIdentityGrant, resp admission.Response) *identityv1alpha1.GuestIdentityGrant {
+	t.Helper()
+	g = g.DeepCopy()
+	for _, p := range resp.Patches {
+		if strings.HasSuffix(p.Path, "admitted") {
+			g.Annotations[identityv1alpha1.AnnotationAdmitted] = p.Value.(string)
+		} else if p.Path == "/metadata/annotations" {
+			for k, v := range p.Value.(map[string]any) {
+				g.Annotations[k] = v.(string)
+			}
+		}
+	}
+	return g
+}
+
+func TestHandler(t *testing.T) {
+	var asked []string
+	h := &Handler{Key: key, Check: func(_ context.Context, cluster, ns string, user authenticationv1.UserInfo, spec *identityv1alpha1.GuestIdentityGrantSpec) error {
+		asked = append(asked, cluster+"/"+ns+"/"+user.Username)
+		if user.Username == "mallory" {
+			return errors.New(`it gives more than you may give in namespace default: roles.rbac.authorization.k8s.io is forbidden: user "mallory" is attempting to grant RBAC permissions not currently held`)
+		}
+		return nil
+	}}
+	ctx := context.Background()
+
+	// bob may give what he asks: admitted and stamped for this workspace.
+	g := grant("ws1", nil)
+	resp := h.Handle(ctx, request(admissionv1.Create, "bob", g, nil))
+	if !resp.Allowed {
+		t.Fatalf("bob's grant refused: %v", resp.Result)
+	}
+	admitted := stamped(t, g, resp)
+	if !Admitted(key, "ws1", admitted) {
+		t.Fatal("the admitted grant does not carry its stamp")
+	}
+	if Admitted(key, "ws2", admitted) {
+		t.Error("the stamp of workspace ws1 is valid in ws2")
+	}
+	if Admitted([]byte("another key of thirty-two bytes!"), "ws1", admitted) {
+		t.Error("the stamp is valid under another key")
+	}
+	changed := admitted.DeepCopy()
+	changed.Spec.Rules[0].Verbs = []string{"*"}
+	if Admitted(key, "ws1", changed) {
+		t.Error("a stamp stays valid for a changed spec")
+	}
+	if len(asked) != 1 || asked[0] != "ws1/default/bob" {
+		t.Errorf("checked %v, want bob in ws1/default", asked)
+	}
+
+	// mallory may not: refused with kcp's reason, nothing stamped.
+	resp = h.Handle(ctx, request(admissionv1.Create, "mallory", g, nil))
+	if resp.Allowed || !strings.Contains(resp.Result.Message, "gives more than you may give") || !strings.Contains(resp.Result.Message, "not currently held") {
+		t.Errorf("mallory's grant: allowed %v, %v", resp.Allowed, resp.Result)
+	}
+
+	// A change that keeps an admitted spec (the controller's finalizer)
+	// is not checked again, whoever makes it.
+	asked = nil
+	withFinalizer := admitted.DeepCopy()
+	withFinalizer.Finalizers = []string{"x"}
+	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", withFinalizer, admitted)); !resp.Allowed || len(asked) != 0 {
+		t.Errorf("a finalizer on an admitted grant: allowed %v, checked %v", resp.Allowed, asked)
+	}
+	// mallory's change of the spec is checked as mallory.
+	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", changed, admitted)); resp.Allowed {
+		t.Error("mallory changed bob's admitted grant's rules")
+	}
+	// A forged stamp on an unchanged spec is checked.
+	forged := g.DeepCopy()
+	forged.Annotations[identityv1alpha1.AnnotationAdmitted] = "forged"
+	asked = nil
+	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", forged, forged)); resp.Allowed || len(asked) != 1 {
+		t.Errorf("an unchanged spec with a forged stamp: allowed %v, checked %v", resp.Allowed, asked)
+	}
+
+	// Bad specs are refused before kcp is asked.
+	for name, mut := range map[string]func(*identityv1alpha1.GuestIdentityGrant){
+		"neither": func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.Rules = nil },
+		"both":    func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.ClusterRole = "view" },
+		"urls":    func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.Rules[0].NonResourceURLs = []string{"/healthz"} },
+		"verbs":   func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.Rules[0].Verbs = nil },
+	} {
+		asked = nil
+		if resp = h.Handle(ctx, request(admissionv1.Create, "bob", grant("ws1", mut), nil)); resp.Allowed || len(asked) != 0 {
+			t.Errorf("%s: allowed %v, checked %v", name, resp.Allowed, asked)
+		}
+	}
+	// No workspace annotation: refused.
+	if resp = h.Handle(ctx, request(admissionv1.Create, "bob", grant("", nil), nil)); resp.Allowed {
+		t.Error("a grant naming no workspace was admitted")
+	}
+}
