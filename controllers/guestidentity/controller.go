@@ -128,6 +128,9 @@ type Reconciler struct {
 	Base *rest.Config
 	// Guest is kcp-front-proxy as the guests reach it.
 	Guest KCP
+	// Workspace, when set, returns the client of a workspace (by logical
+	// cluster) instead of Base (tests).
+	Workspace func(cluster string) (kubernetes.Interface, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -143,7 +146,7 @@ type lastIssue struct {
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager) error {
-	if r.Guest.Server != "" {
+	if r.Guest.Server != "" && r.Workspace == nil {
 		hc, err := rest.HTTPClientFor(r.Base)
 		if err != nil {
 			return err
@@ -237,7 +240,7 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		return reconcile.Result{}, nil
 	}
 	if !guestadmission.Admitted(s.r.Key, s.lc, s.g) {
-		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonNotAdmitted, "the spec was not checked against its author's rights by knotless's admission webhook: apply a change to the spec to have it checked")
+		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonNotAdmitted, "the spec was not checked against its author's rights by knotless's admission webhook: apply it again to have it checked")
 		return reconcile.Result{}, nil
 	}
 	t, err := s.r.Reaches.Lookup(s.ctx, s.c, s.lc, s.g.Namespace, s.g.Spec.ContractRef.Name)
@@ -273,7 +276,7 @@ func grantedMessage(g *identityv1alpha1.GuestIdentityGrant, exp time.Time) strin
 // issueKey identifies what a token is written for: the grant's spec and
 // generation and its contract.
 func issueKey(g *identityv1alpha1.GuestIdentityGrant, contract types.UID) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "%d\x00%v\x00%s", g.Generation, contract, g.Annotations[identityv1alpha1.AnnotationAdmitted]))
+	h := sha256.Sum256(fmt.Appendf(nil, "%d\x00%v\x00%s", g.Generation, contract, g.Spec.AdmissionStamp))
 	return hex.EncodeToString(h[:8])
 }
 
@@ -286,6 +289,9 @@ func ServiceAccountName(g *identityv1alpha1.GuestIdentityGrant) string {
 
 // workspace is a client of the grant's workspace as the provider.
 func (s *syncer) workspace() (kubernetes.Interface, error) {
+	if s.r.Workspace != nil {
+		return s.r.Workspace(s.lc)
+	}
 	cfg := rest.CopyConfig(s.r.Base)
 	cfg.Host += logicalcluster.Name(s.lc).Path().RequestPath()
 	return kubernetes.NewForConfigAndClient(cfg, s.r.hc)

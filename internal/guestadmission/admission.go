@@ -16,10 +16,11 @@ Licensed under the Apache License, Version 2.0.
 // the grant's rules, or a RoleBinding of its ClusterRole, in the grant's
 // namespace. kcp's RBAC escalation check applies as it would to the
 // author's own request; its refusal is the webhook's answer. An admitted
-// spec is stamped (AnnotationAdmitted: a MAC, keyed by a secret of the
-// provider, of the workspace, namespace, name and spec); the controller
+// spec is stamped (spec.admissionStamp: a MAC, keyed by a secret of the
+// provider, of the workspace, namespace, name and the rest of the
+// spec); the controller
 // serves only grants whose stamp matches, so a grant made while no
-// webhook was installed, or whose annotation was edited, is not served.
+// webhook was installed, or whose stamp was edited, is not served.
 package guestadmission
 
 import (
@@ -54,9 +55,12 @@ import (
 const Path = "/admit/guestidentitygrants"
 
 // Stamp is the admission stamp of spec for the grant name of namespace
-// ns in the workspace cluster: base64 of HMAC-SHA256 under key.
+// ns in the workspace cluster: base64 of HMAC-SHA256 under key of all of
+// spec but its stamp.
 func Stamp(key []byte, cluster, ns, name string, spec *identityv1alpha1.GuestIdentityGrantSpec) string {
-	b, err := json.Marshal(spec)
+	unstamped := *spec
+	unstamped.AdmissionStamp = ""
+	b, err := json.Marshal(&unstamped)
 	if err != nil {
 		// A spec of plain fields always marshals.
 		panic(err)
@@ -73,9 +77,8 @@ func Stamp(key []byte, cluster, ns, name string, spec *identityv1alpha1.GuestIde
 // Admitted reports whether g, in the workspace cluster, carries the stamp
 // of its current spec.
 func Admitted(key []byte, cluster string, g *identityv1alpha1.GuestIdentityGrant) bool {
-	got := g.Annotations[identityv1alpha1.AnnotationAdmitted]
 	want := Stamp(key, cluster, g.Namespace, g.Name, &g.Spec)
-	return hmac.Equal([]byte(got), []byte(want))
+	return hmac.Equal([]byte(g.Spec.AdmissionStamp), []byte(want))
 }
 
 // CheckSpec returns what makes spec unservable, nil if nothing: exactly
@@ -179,7 +182,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	// label) is not checked again.
 	if req.Operation == admissionv1.Update {
 		old := &identityv1alpha1.GuestIdentityGrant{}
-		if err := json.Unmarshal(req.OldObject.Raw, old); err == nil && apiequality.Semantic.DeepEqual(old.Spec, g.Spec) && Admitted(h.Key, cluster, old) {
+		if err := json.Unmarshal(req.OldObject.Raw, old); err == nil && sameSpec(&old.Spec, &g.Spec) && Admitted(h.Key, cluster, old) {
 			return h.stamp(req, cluster, ns, g)
 		}
 	}
@@ -195,13 +198,16 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	return h.stamp(req, cluster, ns, g)
 }
 
-// stamp answers with g's stamp written into its annotations.
+// sameSpec reports whether a and b are equal but for their stamps.
+func sameSpec(a, b *identityv1alpha1.GuestIdentityGrantSpec) bool {
+	x, y := *a, *b
+	x.AdmissionStamp, y.AdmissionStamp = "", ""
+	return apiequality.Semantic.DeepEqual(x, y)
+}
+
+// stamp answers with g's stamp written into its spec.
 func (h *Handler) stamp(req admission.Request, cluster, ns string, g *identityv1alpha1.GuestIdentityGrant) admission.Response {
-	if g.Annotations == nil {
-		g.Annotations = map[string]string{}
-	}
-	g.Annotations[identityv1alpha1.AnnotationAdmitted] = Stamp(h.Key, cluster, ns, g.Name, &g.Spec)
-	// The workspace annotation is kcp's: it added it for the webhook only.
+	g.Spec.AdmissionStamp = Stamp(h.Key, cluster, ns, g.Name, &g.Spec)
 	raw, err := json.Marshal(g)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)

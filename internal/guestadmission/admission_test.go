@@ -44,17 +44,13 @@ func request(op admissionv1.Operation, user string, obj, old *identityv1alpha1.G
 		UserInfo: authenticationv1.UserInfo{Username: user}, Object: raw(obj), OldObject: raw(old)}}
 }
 
-// stamped applies the response's patch's stamp to g.
+// stamped applies the response's patch of the stamp to g.
 func stamped(t *testing.T, g *identityv1alpha1.GuestIdentityGrant, resp admission.Response) *identityv1alpha1.GuestIdentityGrant {
 	t.Helper()
 	g = g.DeepCopy()
 	for _, p := range resp.Patches {
-		if strings.HasSuffix(p.Path, "admitted") {
-			g.Annotations[identityv1alpha1.AnnotationAdmitted] = p.Value.(string)
-		} else if p.Path == "/metadata/annotations" {
-			for k, v := range p.Value.(map[string]any) {
-				g.Annotations[k] = v.(string)
-			}
+		if p.Path == "/spec/admissionStamp" {
+			g.Spec.AdmissionStamp = p.Value.(string)
 		}
 	}
 	return g
@@ -116,7 +112,7 @@ func TestHandler(t *testing.T) {
 	}
 	// A forged stamp on an unchanged spec is checked.
 	forged := g.DeepCopy()
-	forged.Annotations[identityv1alpha1.AnnotationAdmitted] = "forged"
+	forged.Spec.AdmissionStamp = "forged"
 	asked = nil
 	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", forged, forged)); resp.Allowed || len(asked) != 1 {
 		t.Errorf("an unchanged spec with a forged stamp: allowed %v, checked %v", resp.Allowed, asked)

@@ -20,20 +20,14 @@ const (
 	MaxTokenDuration     = 60 * 60
 )
 
-// Annotation and reasons of a GuestIdentityGrant.
+// Reasons of a GuestIdentityGrant.
 const (
-	// AnnotationAdmitted is written by knotless's admission webhook on
-	// every create and update whose spec it checked against its author's
-	// rights: a MAC of the workspace, namespace, name and spec. A grant
-	// without a valid one is not served (ReasonNotAdmitted).
-	AnnotationAdmitted = "identity.knotless.dev/admitted"
-
 	// ReasonGranted: the guest's Secret holds a current token.
 	ReasonGranted = "Granted"
 	// ReasonNotAdmitted: the grant's spec was not checked by knotless's
-	// admission webhook (made before it was installed, or the annotation
-	// was changed); change the spec, or apply it again, to have it
-	// checked.
+	// admission webhook (made before it was installed, or its
+	// spec.admissionStamp was changed behind it); apply the spec again to
+	// have it checked.
 	ReasonNotAdmitted = "NotAdmitted"
 	// ReasonGuestNotFound: the guest's namespace or ServiceAccount does
 	// not exist in the tenant; looked at again every minute.
@@ -87,6 +81,14 @@ type GuestIdentityGrantSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	SecretName string `json:"secretName"`
+	// AdmissionStamp is written by knotless's admission webhook on every
+	// create and update it admits, having checked the rest of the spec
+	// against its author's rights: a MAC of the workspace, namespace,
+	// name and spec. Whatever else is written here is replaced; a grant
+	// without a valid stamp is not served (NotAdmitted).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	AdmissionStamp string `json:"admissionStamp,omitempty"`
 }
 
 // GuestIdentityGrantStatus is what was granted.
