@@ -57,7 +57,7 @@ func TestProviderLeaderElection(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		p, err := framework.StartProvider(ctx, env.group, main.Bin, dir, main.Kubeconfig, main.Workspace, append(slices.Clone(main.Args), leaderArgs...)...)
+		p, err := framework.StartProvider(ctx, env.group, main.Bin, dir, main.Kubeconfig, main.Workspace, ownWebhookPort(t, append(slices.Clone(main.Args), leaderArgs...))...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,4 +131,23 @@ func TestProviderLeaderElection(t *testing.T) {
 	if len(list.Records) != len(want)+1 { // and "one" of the first Application
 		t.Errorf("the PDS holds %d records of the collection, want %d", len(list.Records), len(want)+1)
 	}
+}
+
+// ownWebhookPort gives a replica's admission webhook a port of its own:
+// replicas of one machine cannot share the suite's provider's.
+func ownWebhookPort(t *testing.T, args []string) []string {
+	t.Helper()
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "--admission-webhook-bind-address":
+			args[i+1] = fmt.Sprintf("127.0.0.1:%d", port)
+		case "--admission-webhook-url":
+			args[i+1] = fmt.Sprintf("https://127.0.0.1:%d", port)
+		}
+	}
+	return args
 }
