@@ -118,8 +118,12 @@ func TestMarketTenantMounted(t *testing.T) {
 	}
 	total := time.Since(start)
 	notTenantAdminRefused(ctx, t, d, rc.Name)
-	// A guest's identity in the requester's workspace (GuestIdentityGrant).
-	guestGone(ctx, t, d, cs, guestIdentity(ctx, t, d, rc.Name, cs))
+	// A guest's identity in the requester's workspace (GuestIdentityGrant):
+	// the suite's own provider serves grants; an existing installation's
+	// (hack/kind-e2e.sh) is not given the webhook's flags.
+	if env.kcp.Process != nil {
+		guestGone(ctx, t, d, cs, guestIdentity(ctx, t, d, rc.Name, cs))
+	}
 	t.Logf("FIGURE MarketRequester created -> kubectl get namespaces through the mount: %s (market %s, provisioning %s, mount %s, first list %s)",
 		total.Round(time.Millisecond), market_.Round(time.Millisecond), (provisioned - market_).Round(time.Millisecond),
 		(mounted - provisioned).Round(time.Millisecond), (total - mounted).Round(time.Millisecond))
