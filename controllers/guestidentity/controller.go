@@ -476,6 +476,7 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		return reconcile.Result{}, nil
 	}
+	log.FromContext(s.ctx).Info("GuestIdentityGrant deleted: removing its ServiceAccount and its Secret in the tenant", "since", s.now.Sub(s.g.DeletionTimestamp.Time).String())
 	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
 	ws, err := s.workspace()
