@@ -604,3 +604,42 @@ func TestChartPrometheusRule(t *testing.T) {
 		t.Error("a PrometheusRule by default")
 	}
 }
+
+// TestChartGuests: with provider.guests.kcpServer, the provider serves
+// the GuestIdentityGrant webhook behind a Service of its own, with a
+// serving certificate the chart makes for that Service (its CA in the
+// same Secret, which the provider hands kcp), and the binary accepts the
+// arguments; without kcpServer nothing of it is rendered; kcpServer
+// without the CA that verifies it fails.
+func TestChartGuests(t *testing.T) {
+	root := repoRoot(t)
+	guests := map[string]any{"provider": map[string]any{"guests": map[string]any{"kcpServer": "https://kcp.example.com:8443", "kcpCASecret": map[string]any{"name": "fp-ca"}}}}
+	ws, objs, s := renderAll(t, root, guests, ciValues(root, "default-values"))
+	if !slices.Contains(names(objs, "Service"), "knotless-provider-webhook") {
+		t.Errorf("Services %v lack knotless-provider-webhook", names(objs, "Service"))
+	}
+	if got := names(objs, "Secret"); !slices.Equal(got, []string{"knotless-provider-webhook"}) {
+		t.Errorf("Secrets %v, want the webhook's only", got)
+	}
+	verify(t, s, "knotless-provider-webhook", "knotless-provider-webhook", x509.ExtKeyUsageServerAuth, "knotless-provider-webhook.knotless-system.svc")
+	p := ws["knotless-provider"]
+	for _, want := range []string{"--guest-kcp-server=https://kcp.example.com:8443", "--admission-webhook-url=https://knotless-provider-webhook.knotless-system.svc:443", "--admission-webhook-bind-address=:9443"} {
+		if !slices.Contains(p.Container.Args, want) {
+			t.Errorf("provider arguments %q lack %s", p.Container.Args, want)
+		}
+	}
+	if err := validate(t, p, s); err != nil {
+		t.Errorf("the provider refuses the chart's guest arguments: %v", err)
+	}
+	if _, objs, _ := renderAll(t, root, nil, ciValues(root, "default-values")); slices.Contains(names(objs, "Service"), "knotless-provider-webhook") {
+		t.Error("a webhook Service without provider.guests.kcpServer")
+	}
+	noCA := map[string]any{"provider": map[string]any{"guests": map[string]any{"kcpServer": "https://kcp.example.com:8443"}}}
+	if _, err := deploy.Render(t.Context(), root, noCA, ciValues(root, "default-values")); err == nil || !strings.Contains(err.Error(), "provider.guests.kcpCASecret.name") {
+		t.Errorf("kcpServer without its CA: %v", err)
+	}
+	plain := map[string]any{"provider": map[string]any{"guests": map[string]any{"kcpServer": "http://kcp.example.com:8080", "kcpCASecret": map[string]any{"name": "fp-ca"}}}}
+	if _, err := deploy.Render(t.Context(), root, plain, ciValues(root, "default-values")); err == nil {
+		t.Error("a plain-http kcpServer was rendered")
+	}
+}

@@ -208,3 +208,16 @@ topologySpreadConstraints:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* The provider's GuestIdentityGrant webhook: its Service's name, the
+URL kcp calls (provider.guests.webhook.url or the Service) and its
+certificate's Secret (certSecret.name or the one the chart makes). */}}
+{{- define "knotless.guestWebhookService" -}}
+{{- printf "%s-provider-webhook" (include "knotless.fullname" .) -}}
+{{- end -}}
+{{- define "knotless.guestWebhookURL" -}}
+{{- default (printf "https://%s.%s.svc:443" (include "knotless.guestWebhookService" .) (include "knotless.namespace" .)) .Values.provider.guests.webhook.url -}}
+{{- end -}}
+{{- define "knotless.guestWebhookSecret" -}}
+{{- default (include "knotless.guestWebhookService" .) .Values.provider.guests.webhook.certSecret.name -}}
+{{- end -}}
