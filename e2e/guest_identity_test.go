@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	identityv1alpha1 "github.com/knotless-dev/knotless/apis/identity/v1alpha1"
 	"github.com/knotless-dev/knotless/controllers/guestidentity"
 	"github.com/knotless-dev/knotless/e2e/framework"
+	"github.com/knotless-dev/knotless/internal/guestadmission"
 )
 
 // The guest of the tests: ServiceAccount reader of namespace guests in
@@ -66,14 +69,16 @@ func grantReady(ctx context.Context, t *testing.T, c client.Client, name, reason
 }
 
 // grantAuthor is bob in the requester's workspace: he may enter it, make
-// GuestIdentityGrants and Roles, and read Applications, no more.
+// GuestIdentityGrants, read Applications, and escalate and bind any Role
+// or ClusterRole, which lets him make RBAC he does not hold, but no grant
+// of it.
 func grantAuthor(ctx context.Context, t *testing.T, d *deal) client.Client {
 	t.Helper()
 	create(ctx, t, d.app,
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "grant-author"}, Rules: []rbacv1.PolicyRule{
 			{NonResourceURLs: []string{"/"}, Verbs: []string{"access"}},
 			{APIGroups: []string{identityv1alpha1.GroupVersion.Group}, Resources: []string{"guestidentitygrants"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
-			{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"roles", "rolebindings"}, Verbs: []string{"create"}},
+			{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"roles", "clusterroles"}, Verbs: []string{"create", "escalate", "bind"}},
 			readApplications[0],
 		}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "grant-author-bob"},
@@ -143,21 +148,24 @@ func guestPaths(d *deal) (own, kind, other string) {
 // the guest's access; guestGone deletes it.
 func guestIdentity(ctx context.Context, t *testing.T, d *deal, contract string, tenant kubernetes.Interface) guestAccess {
 	t.Helper()
+	webhookRefusesStrangers(ctx, t)
 	bob := grantAuthor(ctx, t, d)
 	create(ctx, t, d.app, &appsv1alpha1.Application{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "guestapp"}})
 
-	// A grant its author could not make as a Role: refused by kcp's own
-	// RBAC escalation check, run as bob, with a message saying so.
+	// A grant of what its author does not hold: refused (kcp answers a
+	// SubjectAccessReview as bob for each permission), with a message
+	// naming the first permission missing, although bob may escalate and
+	// bind.
 	err := newGrant(ctx, bob, "escalates", contract, func(s *identityv1alpha1.GuestIdentityGrantSpec) {
 		s.Rules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}
 	})
-	if err == nil || !strings.Contains(err.Error(), "gives more than you may give") {
+	if err == nil || !strings.Contains(err.Error(), "you may not get secrets") {
 		t.Fatalf("bob's grant of Secrets he cannot read: %v, want refused as an escalation", err)
 	}
 	t.Logf("bob's escalating grant: %v", err)
 	create(ctx, t, d.app, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "secret-reader"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list"}}}})
-	if err := newGrant(ctx, bob, "secrets", contract, func(s *identityv1alpha1.GuestIdentityGrantSpec) { s.Rules, s.ClusterRole = nil, "secret-reader" }); err == nil || !strings.Contains(err.Error(), "gives more than you may give") {
+	if err := newGrant(ctx, bob, "secrets", contract, func(s *identityv1alpha1.GuestIdentityGrantSpec) { s.Rules, s.ClusterRole = nil, "secret-reader" }); err == nil || !strings.Contains(err.Error(), "you may not get secrets") {
 		t.Fatalf("bob's grant of the ClusterRole secret-reader: %v, want refused as an escalation", err)
 	}
 	if err := newGrant(ctx, bob, "missing", contract, func(s *identityv1alpha1.GuestIdentityGrantSpec) { s.Rules, s.ClusterRole = nil, "no-such-role" }); err == nil || !strings.Contains(err.Error(), "ClusterRole no-such-role does not exist") {
@@ -276,4 +284,38 @@ func guestPod(ctx context.Context, t *testing.T, d *deal, tenant kubernetes.Inte
 		t.Error(err)
 	}
 	t.Logf("FIGURE guest pod created -> its three answers from kcp: %s", time.Since(start).Round(time.Millisecond))
+}
+
+// webhookRefusesStrangers: the provider's admission webhook answers on
+// a secret path only (the one its configuration in the provider
+// workspace gives kcp): a caller who does not know it gets 404, so it
+// cannot ask what a user holds in a workspace.
+func webhookRefusesStrangers(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var base string
+	for i, a := range env.provider.Args {
+		if a == "--admission-webhook-url" && i+1 < len(env.provider.Args) {
+			base = env.provider.Args[i+1]
+		}
+	}
+	if base == "" {
+		t.Fatal("the suite's provider has no --admission-webhook-url")
+	}
+	review := `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","userInfo":{"username":"alice"},"object":{}}}`
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the server's certificate is not what is tested
+	for _, path := range []string{"/admit/guestidentitygrants", guestadmission.PathPrefix, guestadmission.PathPrefix + "guess", "/"} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(review))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("the webhook answered POST %s without its secret path: %s", path, resp.Status)
+		}
+	}
 }

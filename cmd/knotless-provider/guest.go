@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +27,6 @@ import (
 	"github.com/knotless-dev/knotless/controllers/guestidentity"
 	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/guestadmission"
-	"github.com/knotless-dev/knotless/internal/tenant"
 	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
 
@@ -49,7 +49,10 @@ func setupGuests(ctx context.Context, mgr mcmanager.Manager, o options.GuestOpti
 		}
 		r.Base = rest.CopyConfig(cfg)
 		r.Base.Host = base
-		if r.Key, err = guestadmission.LoadKey(ctx, mounts, tenant.MarketNamespace); err != nil {
+		if err := bootstrap.EnsureNamespace(ctx, cfg, guestadmission.KeyNamespace); err != nil {
+			return fmt.Errorf("the namespace %s of the GuestIdentityGrant admission key: %w", guestadmission.KeyNamespace, err)
+		}
+		if r.Key, err = guestadmission.LoadKey(ctx, mounts, guestadmission.KeyNamespace); err != nil {
 			return fmt.Errorf("the key of the GuestIdentityGrant admission stamps: %w", err)
 		}
 		r.Guest = guestidentity.KCP{Server: o.Server, TLSServerName: o.TLSServerName}
@@ -77,8 +80,13 @@ func serveAdmission(ctx context.Context, mgr mcmanager.Manager, o options.GuestO
 	if err != nil {
 		return fmt.Errorf("--admission-webhook-bind-address: %w", err)
 	}
-	srv := webhook.NewServer(webhook.Options{Host: host, Port: p, CertDir: o.WebhookCertDir})
-	srv.Register(guestadmission.Path, &webhook.Admission{Handler: &guestadmission.Handler{Key: key, Check: guestadmission.DryRunChecker(base)}})
+	wo := webhook.Options{Host: host, Port: p, CertDir: o.WebhookCertDir}
+	srv := webhook.NewServer(wo)
+	// kcp v0.28.1 presents no client certificate to webhooks: the path
+	// holds a secret of the deployment (derived from the stamps' key), so
+	// that only who reads the webhook's configuration can call it.
+	path := guestadmission.PathFor(key)
+	srv.Register(path, &webhook.Admission{Handler: &guestadmission.Handler{Key: key, Check: guestadmission.SARChecker(base)}})
 	if err := mgr.GetLocalManager().Add(srv); err != nil {
 		return err
 	}
@@ -94,7 +102,7 @@ func serveAdmission(ctx context.Context, mgr mcmanager.Manager, o options.GuestO
 		ObjectMeta: metav1.ObjectMeta{Name: WebhookConfiguration},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    "guestidentitygrants.identity.knotless.dev",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(o.WebhookURL + guestadmission.Path), CABundle: ca},
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To(strings.TrimSuffix(o.WebhookURL, "/") + path), CABundle: ca},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{"identity.knotless.dev"}, APIVersions: []string{"*"}, Resources: []string{"guestidentitygrants"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}},
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),

@@ -241,7 +241,8 @@ func (s *syncer) sync() (reconcile.Result, error) {
 	}
 	if !guestadmission.Admitted(s.r.Key, s.lc, s.g) {
 		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonNotAdmitted, "the spec was not checked against its author's rights by knotless's admission webhook: apply it again to have it checked")
-		return reconcile.Result{}, nil
+		// What an earlier spec was granted goes: its tokens stop.
+		return reconcile.Result{}, s.revoke()
 	}
 	t, err := s.r.Reaches.Lookup(s.ctx, s.c, s.lc, s.g.Namespace, s.g.Spec.ContractRef.Name)
 	if err != nil {
@@ -306,7 +307,10 @@ func (s *syncer) grant(t tenantreach.Contract, key string, life time.Duration) (
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := s.ensureRBAC(ctx, ws); err != nil {
+	if err := s.ensureRBAC(ctx, ws); errors.Is(err, errNameTaken) {
+		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonNameTaken, fmt.Sprintf("a ServiceAccount, Role or RoleBinding %s exists in this namespace that knotless did not make for this grant; nothing is granted until it is gone", ServiceAccountName(s.g)))
+		return reconcile.Result{RequeueAfter: guestWait}, nil
+	} else if err != nil {
 		return reconcile.Result{}, fmt.Errorf("the grant's ServiceAccount and RBAC in the workspace: %w", err)
 	}
 	s.st.ServiceAccount = ServiceAccountName(s.g)
@@ -352,46 +356,79 @@ func (s *syncer) grant(t tenantreach.Contract, key string, life time.Duration) (
 }
 
 // ensureRBAC makes the grant's ServiceAccount, its Role (for rules) and
-// its RoleBinding in the grant's namespace, owned by the grant, and
-// brings them to the spec.
+// its RoleBinding in the grant's namespace, labelled with and owned by
+// the grant, and brings them to the spec. An object of their name that
+// the grant did not make is errNameTaken.
 func (s *syncer) ensureRBAC(ctx context.Context, ws kubernetes.Interface) error {
 	name, ns := ServiceAccountName(s.g), s.g.Namespace
 	meta := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{LabelGrant: string(s.g.UID)},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: identityv1alpha1.GroupVersion.String(), Kind: "GuestIdentityGrant", Name: s.g.Name, UID: s.g.UID}}}
-	if _, err := ws.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: meta}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := ws.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: meta}, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		sa, err := ws.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := s.mine(sa); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return err
 	}
 	ref := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: s.g.Spec.ClusterRole}
 	if len(s.g.Spec.Rules) > 0 {
 		ref = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}
-		role, err := ws.RbacV1().Roles(ns).Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			_, err = ws.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: meta, Rules: s.g.Spec.Rules}, metav1.CreateOptions{})
-		case err == nil && !apiequality.Semantic.DeepEqual(role.Rules, s.g.Spec.Rules):
-			role.Rules = s.g.Spec.Rules
-			_, err = ws.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{})
-		}
-		if err != nil {
+		if err := s.ensureRole(ctx, ws, meta); err != nil {
 			return err
 		}
 	} else if err := ws.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	want := &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}}
-	rb, err := ws.RbacV1().RoleBindings(ns).Get(ctx, name, metav1.GetOptions{})
-	if err == nil && rb.RoleRef == ref {
-		return nil
+	return s.ensureBinding(ctx, ws, &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}})
+}
+
+// mine is nil when o carries the grant's label, else errNameTaken.
+func (s *syncer) mine(o metav1.Object) error {
+	if o.GetLabels()[LabelGrant] != string(s.g.UID) {
+		return errNameTaken
 	}
-	if err == nil {
-		// A RoleBinding's roleRef cannot change.
-		if err := ws.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	return nil
+}
+
+// ensureRole makes or updates the Role of the grant's rules.
+func (s *syncer) ensureRole(ctx context.Context, ws kubernetes.Interface, meta metav1.ObjectMeta) error {
+	role, err := ws.RbacV1().Roles(meta.Namespace).Get(ctx, meta.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = ws.RbacV1().Roles(meta.Namespace).Create(ctx, &rbacv1.Role{ObjectMeta: meta, Rules: s.g.Spec.Rules}, metav1.CreateOptions{})
+	case err == nil && s.mine(role) != nil:
+		err = errNameTaken
+	case err == nil && !apiequality.Semantic.DeepEqual(role.Rules, s.g.Spec.Rules):
+		role.Rules = s.g.Spec.Rules
+		_, err = ws.RbacV1().Roles(meta.Namespace).Update(ctx, role, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+// ensureBinding makes want, replacing a RoleBinding of the grant's that
+// differs (a roleRef cannot change; its subjects are the grant's
+// ServiceAccount only).
+func (s *syncer) ensureBinding(ctx context.Context, ws kubernetes.Interface, want *rbacv1.RoleBinding) error {
+	api := ws.RbacV1().RoleBindings(want.Namespace)
+	rb, err := api.Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return err
+	case s.mine(rb) != nil:
+		return errNameTaken
+	case rb.RoleRef == want.RoleRef && apiequality.Semantic.DeepEqual(rb.Subjects, want.Subjects):
+		return nil
+	default:
+		if err := api.Delete(ctx, want.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return err
 	}
-	_, err = ws.RbacV1().RoleBindings(ns).Create(ctx, want, metav1.CreateOptions{})
+	_, err = api.Create(ctx, want, metav1.CreateOptions{})
 	return err
 }
 
@@ -400,7 +437,10 @@ type guestMissing struct{ what string }
 
 func (e *guestMissing) Error() string { return e.what }
 
-var errSecretTaken = errors.New("the Secret's name is taken")
+var (
+	errSecretTaken = errors.New("the Secret's name is taken")
+	errNameTaken   = errors.New("the ServiceAccount's name is taken")
+)
 
 // guestThere checks that the guest's namespace and ServiceAccount exist
 // in the tenant and that a Secret of spec.secretName there, if any, is
@@ -468,7 +508,7 @@ func (s *syncer) writeSecret(ctx context.Context, tc kubernetes.Interface, data 
 }
 
 // finalize deletes the grant's ServiceAccount, Role and RoleBinding in
-// the workspace (the tokens stop working at once), then its Secret in
+// the workspace (kcp refuses the tokens within its 10 s cache), then its Secret in
 // the tenant, then the finalizer. A tenant that cannot be reached for
 // giveUpAfter is let go with the Secret left there (its token is already
 // refused; logged).
@@ -477,22 +517,11 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 		return reconcile.Result{}, nil
 	}
 	log.FromContext(s.ctx).Info("GuestIdentityGrant deleted: removing its ServiceAccount and its Secret in the tenant", "since", s.now.Sub(s.g.DeletionTimestamp.Time).String())
-	ctx, cancel := context.WithTimeout(s.ctx, deadline)
-	defer cancel()
-	ws, err := s.workspace()
-	if err != nil {
+	if err := s.revoke(); err != nil {
 		return reconcile.Result{}, err
 	}
-	name, ns := ServiceAccountName(s.g), s.g.Namespace
-	for _, del := range []func() error{
-		func() error { return ws.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
-		func() error { return ws.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
-		func() error { return ws.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
-	} {
-		if err := del(); err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, err
-		}
-	}
+	ctx, cancel := context.WithTimeout(s.ctx, deadline)
+	defer cancel()
 	if err := s.removeSecret(ctx); err != nil {
 		if s.now.Sub(s.g.DeletionTimestamp.Time) < giveUpAfter {
 			log.FromContext(ctx).Info("the guest's Secret is not removed from the tenant yet", "error", err.Error())
@@ -500,8 +529,35 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 		}
 		log.FromContext(ctx).Info("letting a GuestIdentityGrant go with its Secret in the tenant (its token is refused already)", "error", err.Error())
 	}
-	s.r.issued.Delete(s.g.UID)
 	return reconcile.Result{}, ssa.RemoveFinalizer(s.ctx, s.c, s.g, Finalizer)
+}
+
+// revoke deletes the grant's ServiceAccount (kcp refuses its tokens from
+// then on), RoleBinding and Role, and forgets the last token. A grant
+// that never had the finalizer made none.
+func (s *syncer) revoke() error {
+	s.r.issued.Delete(s.g.UID)
+	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, deadline)
+	defer cancel()
+	ws, err := s.workspace()
+	if err != nil {
+		return err
+	}
+	// The names hold the grant's UID: they are the grant's.
+	name, ns := ServiceAccountName(s.g), s.g.Namespace
+	for _, del := range []func() error{
+		func() error { return ws.CoreV1().ServiceAccounts(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
+		func() error { return ws.RbacV1().RoleBindings(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
+		func() error { return ws.RbacV1().Roles(ns).Delete(ctx, name, metav1.DeleteOptions{}) },
+	} {
+		if err := del(); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
 }
 
 // removeSecret deletes the guest's Secret in the tenant, if it is the

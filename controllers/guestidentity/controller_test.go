@@ -207,6 +207,9 @@ func TestBadGrantsGetAConditionAndNothingElse(t *testing.T) {
 		server string
 		reason string
 		msg    string
+		// squatter: a ServiceAccount of the grant's name that knotless
+		// did not make is in the workspace.
+		squatter bool
 	}{
 		"unstamped": {grant: unadmitted(func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.AdmissionStamp = "" }), reason: identityv1alpha1.ReasonNotAdmitted},
 		"edited":    {grant: unadmitted(func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.Rules[0].Verbs = []string{"*"} }), reason: identityv1alpha1.ReasonNotAdmitted},
@@ -228,6 +231,9 @@ func TestBadGrantsGetAConditionAndNothingElse(t *testing.T) {
 		"secret taken": {grant: grant("g", nil), tenant: []runtime.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "guests", Name: "kcp-access"}}},
 			reason: identityv1alpha1.ReasonSecretNameTaken},
 		"not enabled": {grant: grant("g", nil), server: "-", reason: identityv1alpha1.ReasonNotEnabled},
+		"kube namespace": {grant: grant("g", func(g *identityv1alpha1.GuestIdentityGrant) { g.Spec.Guest.Namespace = "kube-system" }),
+			reason: identityv1alpha1.ReasonInvalidSpec, msg: "kube-*"},
+		"name squatted": {grant: grant("g", nil), squatter: true, reason: identityv1alpha1.ReasonNameTaken},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if c.grant.Name != "g" {
@@ -236,6 +242,11 @@ func TestBadGrantsGetAConditionAndNothingElse(t *testing.T) {
 			f := newFixture(t, []client.Object{c.grant}, c.tenant...)
 			if c.server == "-" {
 				f.r.Guest.Server = ""
+			}
+			if c.squatter {
+				if _, err := f.ws.CoreV1().ServiceAccounts("default").Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "knotless-guest-g-uid"}}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			f.reconcile(t, "g")
 			cond := f.ready(t, "g")
@@ -251,5 +262,30 @@ func TestBadGrantsGetAConditionAndNothingElse(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGrantNoLongerAdmittedIsRevoked: a granted grant whose stamp stops
+// matching (its spec changed behind the webhook) loses its
+// ServiceAccount, so its tokens stop.
+func TestGrantNoLongerAdmittedIsRevoked(t *testing.T) {
+	f := newFixture(t, []client.Object{grant("reader", nil)})
+	f.reconcile(t, "reader")
+	ctx := t.Context()
+	g := &identityv1alpha1.GuestIdentityGrant{}
+	if err := f.cl.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "reader"}, g); err != nil {
+		t.Fatal(err)
+	}
+	g.Spec.Rules[0].Verbs = []string{"*"}
+	g.Generation++
+	if err := f.cl.Client.Update(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t, "reader")
+	if c := f.ready(t, "reader"); c.Reason != identityv1alpha1.ReasonNotAdmitted {
+		t.Errorf("Ready %s: %s", c.Reason, c.Message)
+	}
+	if _, err := f.ws.CoreV1().ServiceAccounts("default").Get(ctx, "knotless-guest-reader-uid", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the ServiceAccount of a grant no longer admitted: %v", err)
 	}
 }

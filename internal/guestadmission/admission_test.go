@@ -50,7 +50,8 @@ func stamped(t *testing.T, g *identityv1alpha1.GuestIdentityGrant, resp admissio
 	g = g.DeepCopy()
 	for _, p := range resp.Patches {
 		if p.Path == "/spec/admissionStamp" {
-			g.Spec.AdmissionStamp = p.Value.(string)
+			v, _ := p.Value.(string) // a remove has no value
+			g.Spec.AdmissionStamp = v
 		}
 	}
 	return g
@@ -110,12 +111,31 @@ func TestHandler(t *testing.T) {
 	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", changed, admitted)); resp.Allowed {
 		t.Error("mallory changed bob's admitted grant's rules")
 	}
-	// A forged stamp on an unchanged spec is checked.
-	forged := g.DeepCopy()
+	// An update that changes nothing but the stamp keeps the stored one:
+	// a forged stamp does not stick, and a grant without a valid stamp
+	// stays without one (the controller does not serve it).
+	forged := admitted.DeepCopy()
 	forged.Spec.AdmissionStamp = "forged"
 	asked = nil
-	if resp = h.Handle(ctx, request(admissionv1.Update, "mallory", forged, forged)); resp.Allowed || len(asked) != 1 {
-		t.Errorf("an unchanged spec with a forged stamp: allowed %v, checked %v", resp.Allowed, asked)
+	resp = h.Handle(ctx, request(admissionv1.Update, "mallory", forged, admitted))
+	if !resp.Allowed || len(asked) != 0 || !Admitted(key, "ws1", stamped(t, forged, resp)) {
+		t.Errorf("a forged stamp over an admitted one: allowed %v, checked %v, admitted after %v", resp.Allowed, asked, Admitted(key, "ws1", stamped(t, forged, resp)))
+	}
+	unstamped := g.DeepCopy()
+	resp = h.Handle(ctx, request(admissionv1.Update, "mallory", forged, unstamped))
+	if !resp.Allowed || Admitted(key, "ws1", stamped(t, forged, resp)) {
+		t.Errorf("a forged stamp on a grant that had none: allowed %v, admitted after %v", resp.Allowed, Admitted(key, "ws1", stamped(t, forged, resp)))
+	}
+	// The workspace is the stored object's.
+	moved := admitted.DeepCopy()
+	moved.Annotations[logicalcluster.AnnotationKey] = "ws2"
+	moved.Spec.Rules[0].Verbs = []string{"list"}
+	if resp = h.Handle(ctx, request(admissionv1.Update, "bob", moved, admitted)); resp.Allowed {
+		t.Error("an update moved the grant's workspace annotation")
+	}
+	// A generated name cannot be stamped.
+	if resp = h.Handle(ctx, request(admissionv1.Create, "bob", grant("ws1", func(g *identityv1alpha1.GuestIdentityGrant) { g.Name, g.GenerateName = "", "r-" }), nil)); resp.Allowed {
+		t.Error("a grant with generateName was admitted")
 	}
 
 	// Bad specs are refused before kcp is asked.
@@ -133,5 +153,47 @@ func TestHandler(t *testing.T) {
 	// No workspace annotation: refused.
 	if resp = h.Handle(ctx, request(admissionv1.Create, "bob", grant("", nil), nil)); resp.Allowed {
 		t.Error("a grant naming no workspace was admitted")
+	}
+	if resp = h.Handle(ctx, request(admissionv1.Create, "bob", grant("../ws2", nil), nil)); resp.Allowed {
+		t.Error("a grant naming a workspace that is no logical cluster was admitted")
+	}
+}
+
+func TestPermissions(t *testing.T) {
+	got, err := Permissions("default", []rbacv1.PolicyRule{
+		{APIGroups: []string{"", "apps"}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"*"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: []string{"a"}},
+		{NonResourceURLs: []string{"/healthz"}, Verbs: []string{"get"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range got {
+		names = append(names, describe(p))
+	}
+	want := []string{"get pods/log", "get pods.apps/log", "* *.*", "get configmaps named a", "update configmaps named a"}
+	if strings.Join(names, ", ") != strings.Join(want, ", ") {
+		t.Errorf("permissions %q, want %q", names, want)
+	}
+	for _, p := range got {
+		if p.Namespace != "default" {
+			t.Errorf("%s in namespace %q", describe(p), p.Namespace)
+		}
+	}
+	many := rbacv1.PolicyRule{APIGroups: []string{"a", "b", "c", "d"}, Resources: []string{"r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "escalate"}}
+	if _, err := Permissions("default", []rbacv1.PolicyRule{many}); err == nil || !strings.Contains(err.Error(), "more than 256") {
+		t.Errorf("288 permissions: %v", err)
+	}
+}
+
+func TestPathFor(t *testing.T) {
+	p := PathFor(key)
+	if !strings.HasPrefix(p, PathPrefix) || len(p) < len(PathPrefix)+40 || p != PathFor(append([]byte(nil), key...)) {
+		t.Errorf("path %q: want the prefix and a secret of 43 characters, the same for the same key", p)
+	}
+	if PathFor([]byte("another key of thirty-two bytes!")) == p {
+		t.Error("two keys give one path")
 	}
 }

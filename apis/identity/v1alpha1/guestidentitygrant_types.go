@@ -32,6 +32,10 @@ const (
 	// ReasonGuestNotFound: the guest's namespace or ServiceAccount does
 	// not exist in the tenant; looked at again every minute.
 	ReasonGuestNotFound = "GuestNotFound"
+	// ReasonNameTaken: a ServiceAccount, Role or RoleBinding of the
+	// grant's name (knotless-guest-<uid>) exists in the namespace that
+	// knotless did not make for it; nothing is granted.
+	ReasonNameTaken = "NameTaken"
 	// ReasonNotEnabled: this installation of knotless serves no
 	// GuestIdentityGrants (its provider has no --guest-kcp-server).
 	ReasonNotEnabled = "NotEnabled"
