@@ -248,9 +248,15 @@ func (s *syncer) sync() (reconcile.Result, error) {
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if t.Gone && t.CC == nil {
-		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonContractNotFound, t.Why)
-		return reconcile.Result{}, nil
+	if t.Gone {
+		// No tenant (the contract is not Active, or not the requester's):
+		// what was granted goes, the contract's changes wake the grant.
+		reason := identityv1alpha1.ReasonTenantNotReady
+		if t.CC == nil {
+			reason = identityv1alpha1.ReasonContractNotFound
+		}
+		s.ready(metav1.ConditionFalse, reason, t.Why)
+		return reconcile.Result{}, s.revoke()
 	}
 	if !t.Mounted {
 		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonTenantNotReady, t.Why)

@@ -289,3 +289,29 @@ func TestGrantNoLongerAdmittedIsRevoked(t *testing.T) {
 		t.Errorf("the ServiceAccount of a grant no longer admitted: %v", err)
 	}
 }
+
+// TestContractEndedRevokes: a granted grant whose contract ends (its
+// tenant is released) loses its ServiceAccount, so a copy of its token
+// stops working.
+func TestContractEndedRevokes(t *testing.T) {
+	f := newFixture(t, []client.Object{grant("reader", nil)})
+	f.reconcile(t, "reader")
+	ctx := t.Context()
+	cc := &marketv1alpha1.ComputeContract{}
+	if err := f.cl.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "web-0"}, cc); err != nil {
+		t.Fatal(err)
+	}
+	cc.Status.Phase = marketv1alpha1.ContractCompleted
+	if err := f.cl.Client.Status().Update(ctx, cc); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.reconcile(t, "reader"); res.RequeueAfter != 0 {
+		t.Errorf("a grant of an ended contract is looked at again in %s, want on the contract's changes only", res.RequeueAfter)
+	}
+	if c := f.ready(t, "reader"); c.Reason != identityv1alpha1.ReasonTenantNotReady || !strings.Contains(c.Message, "not Active") {
+		t.Errorf("Ready %s: %s", c.Reason, c.Message)
+	}
+	if _, err := f.ws.CoreV1().ServiceAccounts("default").Get(ctx, "knotless-guest-reader-uid", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the ServiceAccount of a grant whose contract ended: %v", err)
+	}
+}
