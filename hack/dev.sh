@@ -161,7 +161,7 @@ bin/knotless-provider --kubeconfig "$kubeconfig" --workspace "${KNOTLESS_WORKSPA
   --metrics-bind-address "127.0.0.1:$metrics_port" --health-probe-bind-address "127.0.0.1:$probe_port" \
   --vault-address "$vault_addr" --vault-approle-role-id "$role_id" \
   --vault-approle-secret-id-file "$dev/vault-secret-id" --vault-prefix knotless \
-  --plc-url "http://127.0.0.1:$plc_port" --allow-private-networks 127.0.0.1/32 "${provider_mount_args[@]}" \
+  --plc-url "http://127.0.0.1:$plc_port" --allow-private-networks 127.0.0.1/32 "${provider_mount_args[@]}" "${provider_guest_args[@]}" \
   >>"$dev/provider.log" 2>&1 &
 started knotless-provider "$dev/provider.log"
 wait_until knotless-provider 120 port_busy "$probe_port"

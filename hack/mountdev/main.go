@@ -6,8 +6,9 @@
 //	mountdev certs DIR FRONT_PROXY_URL SHIM_ADDR
 //	    new certificates and header names in DIR (certs.json), a kubeconfig
 //	    DIR/admin.kubeconfig that reaches kcp through the front proxy as
-//	    kcp-admin (client certificate); prints shard_args, shim_args and
-//	    provider_mount_args.
+//	    kcp-admin (client certificate); prints shard_args, shim_args,
+//	    provider_mount_args and provider_guest_args (GuestIdentityGrants:
+//	    the admission webhook, and kcp-front-proxy for the guests).
 //	mountdev front-proxy DIR KCP_KUBECONFIG KCP_URL SHIM_ADDR
 //	    kcp-front-proxy's mapping and root kubeconfig in DIR/front-proxy;
 //	    prints front_proxy_args.
@@ -51,6 +52,11 @@ func run(args []string) error {
 		printArray("shard_args", m.ShardArgs())
 		printArray("shim_args", m.ShimArgs(shimAddr, fpURL))
 		printArray("provider_mount_args", m.MountProxyArgs(shimAddr, fpURL))
+		guest, err := m.GuestArgs(fpURL)
+		if err != nil {
+			return err
+		}
+		printArray("provider_guest_args", guest)
 		return nil
 	case len(args) == 5 && args[0] == "front-proxy":
 		dir, kubeconfig, kcpURL, shimAddr := args[1], args[2], args[3], args[4]
