@@ -197,3 +197,41 @@ func TestPathFor(t *testing.T) {
 		t.Error("two keys give one path")
 	}
 }
+
+// TestHandlerMalformed: what a hostile or broken caller sends is refused
+// with an error or a denial, never a panic and never a stamp.
+func TestHandlerMalformed(t *testing.T) {
+	h := &Handler{Key: key, Check: func(context.Context, string, string, authenticationv1.UserInfo, *identityv1alpha1.GuestIdentityGrantSpec) error {
+		return nil
+	}}
+	good, _ := json.Marshal(grant("ws1", nil))
+	noAnn, _ := json.Marshal(grant("ws1", func(g *identityv1alpha1.GuestIdentityGrant) { g.Annotations = nil }))
+	badCluster, _ := json.Marshal(grant("../ws1", nil))
+	for name, tc := range map[string]struct {
+		op       admissionv1.Operation
+		obj, old []byte
+	}{
+		"no object":              {op: admissionv1.Create},
+		"garbage object":         {op: admissionv1.Create, obj: []byte("{not json")},
+		"a JSON array":           {op: admissionv1.Create, obj: []byte(`[1,2]`)},
+		"null":                   {op: admissionv1.Create, obj: []byte(`null`)},
+		"spec of the wrong type": {op: admissionv1.Create, obj: []byte(`{"metadata":{"name":"x"},"spec":"all"}`)},
+		"no annotations":         {op: admissionv1.Create, obj: noAnn},
+		"an invalid workspace":   {op: admissionv1.Create, obj: badCluster},
+		"garbage old object":     {op: admissionv1.Update, obj: good, old: []byte("\x00\xff")},
+		"no old object":          {op: admissionv1.Update, obj: good},
+		"old without workspace":  {op: admissionv1.Update, obj: good, old: noAnn},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: tc.op, Namespace: "default", Name: "reader",
+				UserInfo: authenticationv1.UserInfo{Username: "bob"}, Object: runtime.RawExtension{Raw: tc.obj}, OldObject: runtime.RawExtension{Raw: tc.old}}}
+			resp := h.Handle(context.Background(), req)
+			if resp.Allowed {
+				t.Fatalf("allowed (patches %v)", resp.Patches)
+			}
+			if resp.Result == nil || resp.Result.Message == "" {
+				t.Fatal("refused without saying why")
+			}
+		})
+	}
+}
