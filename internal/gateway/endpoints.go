@@ -1,0 +1,104 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// Endpoint is a ready pod behind a Service and the port to dial on it.
+type Endpoint struct {
+	Namespace, Pod string
+	Port           int32
+}
+
+// Why a Service has no endpoint to forward to: the reasons a Gateway's
+// condition and the gateway's 503 give.
+const (
+	ReasonServiceNotFound   = "ServiceNotFound"
+	ReasonPortNotFound      = "PortNotFound"
+	ReasonNoReadyEndpoint   = "NoReadyEndpoint"
+	ReasonNoRoute           = "NoRoute"
+	ReasonUpstreamFailed    = "UpstreamUnreachable"
+	ReasonTenantUnreachable = "TenantUnreachable"
+)
+
+// maxSlices bounds the EndpointSlices read of one Service (R21): a
+// Service has one per 100 endpoints.
+const maxSlices = 16
+
+// NoEndpoints is why a Service has no ready endpoint (Reason is one of
+// the Reason constants).
+type NoEndpoints struct{ Reason, Message string }
+
+func (e *NoEndpoints) Error() string { return e.Message }
+
+// ReadyEndpoints are the ready pods of Service ns/name for its port
+// (the Service's port, not the target port), from its EndpointSlices. No
+// ready endpoint is a *NoEndpoints error.
+func ReadyEndpoints(ctx context.Context, cs kubernetes.Interface, ns, name string, port int32) ([]Endpoint, error) {
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, &NoEndpoints{ReasonServiceNotFound, fmt.Sprintf("service %s/%s does not exist in the tenant", ns, name)}
+	}
+	if err != nil {
+		return nil, err
+	}
+	sp := tcpPort(svc, port)
+	if sp == nil {
+		return nil, &NoEndpoints{ReasonPortNotFound, fmt.Sprintf("service %s/%s has no TCP port %d", ns, name, port)}
+	}
+	slices, err := cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=" + name, Limit: maxSlices,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []Endpoint
+	for _, s := range slices.Items {
+		out = append(out, readyIn(&s, ns, sp.Name)...)
+	}
+	if len(out) == 0 {
+		return nil, &NoEndpoints{ReasonNoReadyEndpoint, fmt.Sprintf("service %s/%s has no ready endpoint", ns, name)}
+	}
+	return out, nil
+}
+
+// tcpPort is svc's TCP port numbered port, or nil.
+func tcpPort(svc *corev1.Service, port int32) *corev1.ServicePort {
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		if p.Port == port && p.Protocol != corev1.ProtocolUDP && p.Protocol != corev1.ProtocolSCTP {
+			return p
+		}
+	}
+	return nil
+}
+
+// readyIn are the ready pods of one EndpointSlice for the Service port
+// named portName ("" when the Service has one unnamed port).
+func readyIn(s *discoveryv1.EndpointSlice, ns, portName string) []Endpoint {
+	target := int32(-1)
+	for _, p := range s.Ports {
+		if p.Port != nil && ptr.Deref(p.Name, "") == portName {
+			target = *p.Port
+		}
+	}
+	if target < 1 {
+		return nil
+	}
+	var out []Endpoint
+	for _, e := range s.Endpoints {
+		if !ptr.Deref(e.Conditions.Ready, true) || e.TargetRef == nil || e.TargetRef.Kind != "Pod" {
+			continue
+		}
+		out = append(out, Endpoint{Namespace: ns, Pod: e.TargetRef.Name, Port: target})
+	}
+	return out
+}
