@@ -23,6 +23,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/mount"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/promutil"
+	"github.com/knotless-dev/knotless/internal/tlsfiles"
 )
 
 // Options configure a Server.
@@ -168,7 +169,7 @@ func (h Headers) identityHeader(c string) bool {
 type Server struct {
 	opts   Options
 	log    logr.Logger
-	certs  *reloader
+	certs  *tlsfiles.Reloader
 	prefix string
 	proxy  *httputil.ReverseProxy
 	// requests counts requests by outcome: Forwarded or the reason the
@@ -302,7 +303,7 @@ func New(o Options) (*Server, error) {
 }
 
 // TLSConfig is the listener's TLS configuration (hot-reloaded material).
-func (s *Server) TLSConfig() *tls.Config { return s.certs.TLSConfig() }
+func (s *Server) TLSConfig() *tls.Config { return serverTLS(s.certs) }
 
 // Serve serves HTTPS on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
@@ -334,7 +335,7 @@ func (s *Server) authenticate(r *http.Request) (c *Caller, probe bool, code int,
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return nil, false, http.StatusUnauthorized, ReasonNoClientCertificate, "the mount proxy accepts requests from kcp-front-proxy only"
 	}
-	_, pool := s.certs.current()
+	_, pool := s.certs.Current()
 	leaf := r.TLS.PeerCertificates[0]
 	inter := x509.NewCertPool()
 	for _, c := range r.TLS.PeerCertificates[1:] {
