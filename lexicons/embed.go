@@ -15,5 +15,5 @@ import "embed"
 // lexicon.BaseCatalog.LoadEmbedFS. Use internal/lexicon rather than loading
 // it again.
 //
-//go:embed com/atproto/repo/*.json dev/knotless/market/*.json
+//go:embed com/atproto/repo/*.json dev/knotless/market/*.json dev/knotless/gateway/*.json
 var FS embed.FS

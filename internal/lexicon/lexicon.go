@@ -32,6 +32,20 @@ import (
 // Namespace is the NSID prefix of every market lexicon.
 const Namespace = "dev.knotless.market"
 
+// GatewayNamespace is the NSID prefix of the gateway lexicons: records a
+// requester publishes for the gateways of its bidders.
+const GatewayNamespace = "dev.knotless.gateway"
+
+// GatewayAssociation is the NSID of a requester's claim of a hostname
+// for a Service of its tenant, served by the bidder's gateway.
+const GatewayAssociation = GatewayNamespace + ".association"
+
+// ours reports whether collection is in a namespace knotless has record
+// lexicons for.
+func ours(collection string) bool {
+	return strings.HasPrefix(collection, Namespace+".") || strings.HasPrefix(collection, GatewayNamespace+".")
+}
+
 // The NSIDs (collections) of the market's record types.
 const (
 	Presence    = Namespace + ".presence"
@@ -103,10 +117,11 @@ func Catalog() lex.Catalog {
 	return c
 }
 
-// Known reports whether collection is a record type of the market, that is
-// an NSID in Namespace with a record lexicon in Catalog().
+// Known reports whether collection is a record type of knotless, that is
+// an NSID in Namespace or GatewayNamespace with a record lexicon in
+// Catalog().
 func Known(collection string) bool {
-	if !strings.HasPrefix(collection, Namespace+".") {
+	if !ours(collection) {
 		return false
 	}
 	s, err := Catalog().Resolve(collection)
@@ -118,7 +133,7 @@ func Known(collection string) bool {
 }
 
 // ValidateRecord checks that value, the JSON of a record, matches the
-// lexicon of collection, one of the market's record NSIDs. value may carry
+// lexicon of collection, one of knotless's record NSIDs. value may carry
 // "$type"; if it does, it must equal collection. Numbers must be integers
 // in ±(2^53-1) written without a fraction or exponent (ATProto data has no
 // floats). Errors are *Error.
@@ -133,8 +148,8 @@ func ValidateRecord(collection string, value json.RawMessage) error {
 	if _, err := syntax.ParseNSID(collection); err != nil {
 		return newError(collection, "collection is not an NSID")
 	}
-	if !strings.HasPrefix(collection, Namespace+".") {
-		return newError(collection, "not a knotless market collection (outside "+Namespace+")")
+	if !ours(collection) {
+		return newError(collection, "not a knotless collection (outside "+Namespace+" and "+GatewayNamespace+")")
 	}
 	if !Known(collection) {
 		return newError(collection, "no record lexicon for this collection")

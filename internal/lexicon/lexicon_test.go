@@ -22,7 +22,7 @@ import (
 )
 
 // records lists every record NSID constant.
-var records = []string{Presence, Association, Request, Bid, Accept, Lease, Release, Reclaim}
+var records = []string{Presence, Association, Request, Bid, Accept, Lease, Release, Reclaim, GatewayAssociation}
 
 const (
 	defsNSID      = Namespace + ".defs"
@@ -269,6 +269,12 @@ func goodRecords() map[string]map[string]any {
 		Association: {
 			"subject":   testDID,
 			"roles":     []any{"bidder", "requester"},
+			"createdAt": testTime,
+		},
+		GatewayAssociation: {
+			"hostname":  "shop.example.com",
+			"lease":     strongRef(Lease),
+			"service":   map[string]any{"namespace": "web", "name": "shop", "port": 80},
 			"createdAt": testTime,
 		},
 		Request: {
