@@ -4,7 +4,8 @@
 // import their tenants' objects, through a driver (the process driver:
 // each VM a tenant apiserver process on this machine; with --node-image
 // also the kind driver: each VM a single-node Kubernetes cluster in a
-// docker container) and nothing else.
+// docker container) and nothing else; with --gateway-address it also
+// serves the requesters' Gateway hostnames to their tenants' Services.
 package main
 
 import (
@@ -23,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/go-logr/logr"
 	"golang.org/x/net/netutil"
 	corev1 "k8s.io/api/core/v1"
@@ -106,7 +108,10 @@ func run(ctx context.Context, o *options.Options) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	grants := &serviceauth.Grants{}
-	webhook, err := serveWebhook(ctx, mgr, o, grants)
+	allowed, _ := netpolicy.ParsePrefixes(o.AllowPrivateNetworks) // Validate checked it
+	policy := netpolicy.New(allowed, nil)
+	dir := pds.NewDirectory(o.PLCURL, policy, 10*time.Second, serviceauth.DocumentTTL)
+	webhook, err := serveWebhook(ctx, mgr, o, grants, dir)
 	if err != nil {
 		return err
 	}
@@ -126,6 +131,11 @@ func run(ctx context.Context, o *options.Options) error {
 	}
 	if err := (&statesync.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(statesync.Name)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the statesync controller: %w", err)
+	}
+	if o.GatewayAddress != "" {
+		if err := serveGateway(ctx, mgr, o, drivers, dir, policy); err != nil {
+			return err
+		}
 	}
 	if o.HealthProbeBindAddress != "0" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -168,7 +178,7 @@ const uidIndex = "metadata.uid"
 // and the DIDs it lets in (spec.adminDIDs, and those its tenant's RBAC
 // names: grants), as the agent's cache has it; DIDs resolve through --plc-url, within
 // the address policy of --allow-private-networks.
-func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, grants *serviceauth.Grants) (*driver.Webhook, error) {
+func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, grants *serviceauth.Grants, dir identity.Directory) (*driver.Webhook, error) {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &computev1alpha1.ComputeVM{}, uidIndex, func(obj client.Object) []string {
 		return []string{string(obj.GetUID())}
 	}); err != nil {
@@ -179,9 +189,8 @@ func serveWebhook(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	if err != nil {
 		return nil, fmt.Errorf("--webhook-dir: %w", err)
 	}
-	allowed, _ := netpolicy.ParsePrefixes(o.AllowPrivateNetworks) // Validate checked it
 	hook := &serviceauth.Webhook{
-		Validator: serviceauth.NewValidator(pds.NewDirectory(o.PLCURL, netpolicy.New(allowed, nil), 10*time.Second, serviceauth.DocumentTTL)),
+		Validator: serviceauth.NewValidator(dir),
 		Log:       ctrl.Log.WithName("webhook"),
 		Tenant: func(ctx context.Context, id string) (string, []string, error) {
 			var vms computev1alpha1.ComputeVMList

@@ -13,6 +13,7 @@ import (
 	"errors"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
@@ -129,4 +130,13 @@ type Driver interface {
 	// namespaces and the kinds in allowed, and returns how many objects
 	// it applied.
 	Import(ctx context.Context, vm VM, snapshot []byte, allowed []schema.GroupResource) (int, error)
+}
+
+// Workloads is what a driver whose tenants run pods (kind) offers beside
+// Driver: the tenant's admin configuration, which the agent's gateway
+// uses to reach the tenant's Services (port-forward, EndpointSlices).
+// It never leaves the agent.
+type Workloads interface {
+	// TenantAdmin is the running VM's tenant admin configuration.
+	TenantAdmin(ctx context.Context, vm VM) (*rest.Config, error)
 }

@@ -2,13 +2,17 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 )
 
@@ -101,4 +105,67 @@ func readyIn(s *discoveryv1.EndpointSlice, ns, portName string) []Endpoint {
 		out = append(out, Endpoint{Namespace: ns, Pod: e.TargetRef.Name, Port: target})
 	}
 	return out
+}
+
+// KubeBackend reaches one tenant's Services with its admin configuration:
+// endpoints from its API (remembered for endpointsTTL), connections
+// through its port-forward subresource.
+type KubeBackend struct {
+	*PodDialer
+	cs kubernetes.Interface
+
+	mu   sync.Mutex
+	seen map[string]seenEndpoints
+}
+
+// seenEndpoints are a Service port's endpoints (or why it has none) as
+// read at a time.
+type seenEndpoints struct {
+	at  time.Time
+	eps []Endpoint
+	err error
+}
+
+// endpointsTTL is how long a Service's endpoints are used before they are
+// read again: a pod that went ready or away is seen within it.
+const endpointsTTL = time.Second
+
+// maxSeen bounds the Service ports remembered per tenant.
+const maxSeen = 256
+
+// NewKubeBackend reaches the tenant cfg (its admin) names.
+func NewKubeBackend(cfg *rest.Config) (*KubeBackend, error) {
+	d, err := NewPodDialer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(d.cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &KubeBackend{PodDialer: d, cs: cs, seen: map[string]seenEndpoints{}}, nil
+}
+
+// Endpoints implements Backend.
+func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32) ([]Endpoint, error) {
+	k := fmt.Sprintf("%s/%s:%d", ns, name, port)
+	b.mu.Lock()
+	s, ok := b.seen[k]
+	b.mu.Unlock()
+	if ok && time.Since(s.at) < endpointsTTL {
+		return s.eps, s.err
+	}
+	eps, err := ReadyEndpoints(ctx, b.cs, ns, name, port)
+	var none *NoEndpoints
+	if err != nil && !errors.As(err, &none) {
+		// The tenant's API did not answer: not remembered.
+		return nil, err
+	}
+	b.mu.Lock()
+	if len(b.seen) >= maxSeen {
+		clear(b.seen)
+	}
+	b.seen[k] = seenEndpoints{at: time.Now(), eps: eps, err: err}
+	b.mu.Unlock()
+	return eps, err
 }

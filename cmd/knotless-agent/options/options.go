@@ -63,6 +63,13 @@ type Options struct {
 	// AllowPrivateNetworks are the comma-separated loopback/private
 	// ranges DID resolution may reach (did:web hosts, the PLC).
 	AllowPrivateNetworks string
+	// GatewayAddress is the host:port the gateway serves Gateway
+	// hostnames on (TLS, SNI); empty: no gateway.
+	GatewayAddress string
+	// GatewayCertFile and GatewayKeyFile are the gateway's certificate
+	// (for the bidder's domain, e.g. *.gw.example.com) and key, read
+	// again when they change (R08); it serves only hostnames they cover.
+	GatewayCertFile, GatewayKeyFile string
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables).
 	MetricsBindAddress, HealthProbeBindAddress string
 	Logs                                       zap.Options
@@ -103,6 +110,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.WebhookDir, "webhook-dir", o.WebhookDir, "directory that keeps the webhook's serving certificate and CA (absolute)")
 	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves the DIDs of service-auth tokens")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) DID resolution may reach; empty allows public addresses only")
+	fs.StringVar(&o.GatewayAddress, "gateway-address", o.GatewayAddress, "host:port the gateway serves the requesters' hostnames on, over TLS (dev.knotless.gateway.association records of live leases); empty: no gateway")
+	fs.StringVar(&o.GatewayCertFile, "gateway-cert-file", o.GatewayCertFile, "the gateway's TLS certificate (PEM, with its chain), for the bidder's domain: only hostnames it covers are served; read again when it changes")
+	fs.StringVar(&o.GatewayKeyFile, "gateway-key-file", o.GatewayKeyFile, "the key of --gateway-cert-file")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "host:port of the metrics endpoint (0 disables)")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "host:port of /healthz and /readyz (0 disables)")
 	o.Logs.BindFlags(fs)
@@ -139,6 +149,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--tenant-host: %q is not an IP address", o.TenantHost))
 	}
 	errs = append(errs, o.validateServiceAuth()...)
+	errs = append(errs, o.validateGateway()...)
 	errs = append(errs, flagcheck.BindAddress("--metrics-bind-address", o.MetricsBindAddress),
 		flagcheck.BindAddress("--health-probe-bind-address", o.HealthProbeBindAddress))
 	return flagcheck.Join(errs...)
@@ -161,6 +172,24 @@ func (o *Options) validateServiceAuth() []error {
 	}
 	if _, err := netpolicy.ParsePrefixes(o.AllowPrivateNetworks); err != nil {
 		errs = append(errs, fmt.Errorf("--allow-private-networks: %w", err))
+	}
+	return errs
+}
+
+// validateGateway checks the gateway's flags: all or none.
+func (o *Options) validateGateway() []error {
+	if o.GatewayAddress == "" {
+		if o.GatewayCertFile != "" || o.GatewayKeyFile != "" {
+			return []error{errors.New("--gateway-cert-file, --gateway-key-file: the agent has no gateway (--gateway-address)")}
+		}
+		return nil
+	}
+	var errs []error
+	if _, port, err := net.SplitHostPort(o.GatewayAddress); err != nil || port == "" {
+		errs = append(errs, fmt.Errorf("--gateway-address: %q is not a host:port", o.GatewayAddress))
+	}
+	if o.GatewayCertFile == "" || o.GatewayKeyFile == "" {
+		errs = append(errs, errors.New("--gateway-address: --gateway-cert-file and --gateway-key-file are required"))
 	}
 	return errs
 }

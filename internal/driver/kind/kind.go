@@ -600,6 +600,13 @@ func (d *Driver) Credential(ctx context.Context, vm driver.VM) (string, error) {
 	return string(sec.Data[corev1.ServiceAccountTokenKey]), nil
 }
 
+// TenantAdmin implements driver.Workloads.
+func (d *Driver) TenantAdmin(_ context.Context, vm driver.VM) (*rest.Config, error) {
+	return d.running(vm)
+}
+
+var _ driver.Workloads = (*Driver)(nil)
+
 // running is the admin config of a VM that was provisioned.
 func (d *Driver) running(vm driver.VM) (*rest.Config, error) {
 	dir, err := d.dir(vm)

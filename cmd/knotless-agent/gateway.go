@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/bluesky-social/indigo/atproto/identity"
+	"golang.org/x/net/netutil"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	"github.com/knotless-dev/knotless/cmd/knotless-agent/options"
+	"github.com/knotless-dev/knotless/controllers/gatewayroute"
+	"github.com/knotless-dev/knotless/internal/driver"
+	"github.com/knotless-dev/knotless/internal/firehose"
+	"github.com/knotless-dev/knotless/internal/gateway"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/tlsfiles"
+)
+
+// gatewayConns bounds the gateway's connections at once.
+const gatewayConns = 1024
+
+// serveGateway adds the gateway to mgr: the server on --gateway-address
+// with the certificate of --gateway-cert-file, the firehose hub that
+// follows the requesters' association records, and the gatewayroute
+// controller that turns them into routes.
+func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, drivers map[string]driver.Driver, dir identity.Directory, policy *netpolicy.Policy) error {
+	certs, err := tlsfiles.New(o.GatewayCertFile, o.GatewayKeyFile, "", 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("--gateway-cert-file: %w", err)
+	}
+	hub, err := firehose.NewHub(firehose.Options{Directory: dir, Policy: policy, Log: ctrl.Log.WithName("gateway-records")})
+	if err != nil {
+		return err
+	}
+	records := gatewayroute.NewHubRecords(hub, dir)
+	if err := mgr.Add(hub); err != nil {
+		return err
+	}
+	if err := mgr.Add(records); err != nil {
+		return err
+	}
+	routes := &gateway.Routes{}
+	if err := (&gatewayroute.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Records: records, Routes: routes,
+		Covers: func(host string) bool { return covers(certs, host) }, Wake: records.Wake()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the gatewayroute controller: %w", err)
+	}
+	tenants := &tenantBackends{client: mgr.GetClient(), drivers: drivers}
+	srv := &http.Server{
+		Handler: &gateway.Server{Routes: routes, Tenant: tenants.get},
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate,
+			NextProtos: []string{"h2", "http/1.1"}},
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	ln, err := net.Listen("tcp", o.GatewayAddress)
+	if err != nil {
+		return fmt.Errorf("--gateway-address: %w", err)
+	}
+	ln = netutil.LimitListener(ln, gatewayConns)
+	log := ctrl.Log.WithName("gateway")
+	log.Info("serving Gateway hostnames", "address", ln.Addr().String())
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		stop := context.AfterFunc(ctx, func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if srv.Shutdown(sctx) != nil {
+				_ = srv.Close()
+			}
+		})
+		defer stop()
+		err := srv.ServeTLS(ln, "", "")
+		tenants.closeAll()
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}))
+}
+
+// covers says whether the gateway's current certificate is valid for
+// host.
+func covers(certs *tlsfiles.Reloader, host string) bool {
+	c, _ := certs.Current()
+	if c == nil || len(c.Certificate) == 0 {
+		return false
+	}
+	leaf := c.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return false
+		}
+	}
+	return leaf.VerifyHostname(host) == nil
+}
+
+// maxBackends bounds the tenants whose connections are kept.
+const maxBackends = 256
+
+// tenantBackends are the backends of the VMs the gateway routes to, by
+// VM UID (a route's tenant), made from the VM's tenant admin.
+type tenantBackends struct {
+	client  client.Client
+	drivers map[string]driver.Driver
+
+	mu    sync.Mutex
+	byUID map[types.UID]*gateway.KubeBackend
+}
+
+func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backend, error) {
+	uid := types.UID(tenant)
+	t.mu.Lock()
+	b := t.byUID[uid]
+	t.mu.Unlock()
+	if b != nil {
+		return b, nil
+	}
+	var vms computev1alpha1.ComputeVMList
+	if err := t.client.List(ctx, &vms, client.MatchingFields{uidIndex: tenant}); err != nil || len(vms.Items) != 1 {
+		return nil, fmt.Errorf("no VM %s", tenant)
+	}
+	w, ok := t.drivers[vms.Items[0].Spec.Driver].(driver.Workloads)
+	if !ok {
+		return nil, errors.New("the VM's driver runs no pods")
+	}
+	cfg, err := w.TenantAdmin(ctx, driver.VMOf(&vms.Items[0]))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 10 * time.Second
+	nb, err := gateway.NewKubeBackend(cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b := t.byUID[uid]; b != nil {
+		_ = nb.Close()
+		return b, nil
+	}
+	if t.byUID == nil || len(t.byUID) >= maxBackends {
+		for _, old := range t.byUID {
+			_ = old.Close()
+		}
+		t.byUID = map[types.UID]*gateway.KubeBackend{}
+	}
+	t.byUID[uid] = nb
+	return nb, nil
+}
+
+func (t *tenantBackends) closeAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, b := range t.byUID {
+		_ = b.Close()
+	}
+	t.byUID = nil
+}
