@@ -155,7 +155,9 @@ func nodeRSS(ctx context.Context, node string) int64 {
 // logs its cgroup limits, and a pod asking more CPU than the shape stays
 // Pending with the scheduler's reason; a pod allocating past the shape is
 // killed while the node and the API stay up; kubectl exec, attach and port-forward work
-// through the mount. The ComputeVM shows the shape the node container is
+// through the mount; a hostname the requester associates in its repo with
+// a Service of the Deployment is served by the bidder's gateway
+// (gateway_test.go). The ComputeVM shows the shape the node container is
 // held to (docker) and the node's allocatable. A kill -9 of the agent
 // while the VM provisions, and again while it runs, leaves the cluster
 // as it is and the agent adopts it (one cluster, provisioned once, the
@@ -172,7 +174,8 @@ func TestKindTenant(t *testing.T) {
 	t.Logf("FIGURE kind setup (node image, kind, test image, from the cache when warm): %s", time.Since(begin).Round(time.Millisecond))
 
 	args, kroot := kindAgent(t, k)
-	d, a, _ := tenantDealWith(ctx, t, "kind", args, "beta", "acme")
+	gwArgs, gw := gatewayAgent(t)
+	d, a, _ := tenantDealWith(ctx, t, "kind", append(args, gwArgs...), "beta", "acme")
 	d.bidderWith(ctx, t, "acme", marketv1alpha1.DriverKind, offerOf("small", 1000, 1024, 30, 1))
 	first := processTenantReleased(ctx, t, d)
 
@@ -269,6 +272,10 @@ func TestKindTenant(t *testing.T) {
 			t.Error(err)
 		}
 		t.Logf("FIGURE kind node RSS with one pod: %d MiB", nodeRSS(ctx, node)>>20)
+	})
+
+	t.Run("a hostname the requester associates with a Service is served by the bidder's gateway", func(t *testing.T) {
+		gatewayOnKindTenant(ctx, t, d, rc, cs, node, gw)
 	})
 
 	t.Run("kubectl exec, attach and port-forward through the mount", func(t *testing.T) {
