@@ -65,7 +65,8 @@ func gatewayAgent(t *testing.T) ([]string, gatewayParts) {
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	return []string{"--gateway-address", addr, "--gateway-cert-file", certFile, "--gateway-key-file", keyFile}, gatewayParts{addr: addr, pool: pool}
+	return []string{"--gateway-address", addr, "--gateway-cert-file", certFile, "--gateway-key-file", keyFile,
+		"--gateway-dir", filepath.Join(dir, "state")}, gatewayParts{addr: addr, pool: pool}
 }
 
 // client reaches any hostname at the gateway's address (curl --resolve),

@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,8 +31,48 @@ import (
 	"github.com/knotless-dev/knotless/internal/tlsfiles"
 )
 
-// gatewayConns bounds the gateway's connections at once.
-const gatewayConns = 1024
+// Bounds of the gateway's clients: connections at once, from one
+// address, and HTTP/2 streams at once on one connection.
+const (
+	gatewayConns      = 1024
+	gatewayConnsPerIP = 32
+	gatewayStreams    = 32
+)
+
+// holdersFile keeps the hostnames' holders in --gateway-dir.
+const holdersFile = "holders.json"
+
+// holdersIn is a route table whose holders are kept in dir: read now,
+// written (atomically) whenever they change.
+func holdersIn(dir string) (*gateway.Routes, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("--gateway-dir: %w", err)
+	}
+	path := filepath.Join(dir, holdersFile)
+	routes := &gateway.Routes{}
+	if b, err := os.ReadFile(path); err == nil {
+		var h map[string]string
+		if err := json.Unmarshal(b, &h); err != nil {
+			return nil, fmt.Errorf("--gateway-dir: %s: %w", path, err)
+		}
+		routes.Restore(h)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("--gateway-dir: %w", err)
+	}
+	log := ctrl.Log.WithName("gateway")
+	routes.Saved = func(h map[string]string) {
+		b, _ := json.Marshal(h)
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			log.Error(err, "keeping the hostnames' holders")
+			return
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			log.Error(err, "keeping the hostnames' holders")
+		}
+	}
+	return routes, nil
+}
 
 // serveGateway adds the gateway to mgr: the server on --gateway-address
 // with the certificate of --gateway-cert-file, the firehose hub that
@@ -51,7 +94,10 @@ func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	if err := mgr.Add(records); err != nil {
 		return err
 	}
-	routes := &gateway.Routes{}
+	routes, err := holdersIn(o.GatewayDir)
+	if err != nil {
+		return err
+	}
 	if err := (&gatewayroute.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Records: records, Routes: routes,
 		Covers: func(host string) bool { return covers(certs, host) }, Wake: records.Wake()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the gatewayroute controller: %w", err)
@@ -64,12 +110,15 @@ func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, 
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
+		// A client's streams at once on one connection (each may hold an
+		// upstream connection).
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: gatewayStreams},
 	}
 	ln, err := net.Listen("tcp", o.GatewayAddress)
 	if err != nil {
 		return fmt.Errorf("--gateway-address: %w", err)
 	}
-	ln = netutil.LimitListener(ln, gatewayConns)
+	ln = gateway.LimitPerIP(netutil.LimitListener(ln, gatewayConns), gatewayConnsPerIP)
 	log := ctrl.Log.WithName("gateway")
 	log.Info("serving Gateway hostnames", "address", ln.Addr().String())
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {

@@ -2,11 +2,11 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +37,10 @@ const (
 // Service has one per 100 endpoints.
 const maxSlices = 16
 
+// maxPerSlice bounds the endpoints read of one EndpointSlice (Kubernetes
+// puts at most 1000 in one).
+const maxPerSlice = 1000
+
 // NoEndpoints is why a Service has no ready endpoint (Reason is one of
 // the Reason constants).
 type NoEndpoints struct{ Reason, Message string }
@@ -65,7 +69,8 @@ func ReadyEndpoints(ctx context.Context, cs kubernetes.Interface, ns, name strin
 		return nil, err
 	}
 	var out []Endpoint
-	for _, s := range slices.Items {
+	// The limit is only asked of the tenant's API server: it is kept here.
+	for _, s := range slices.Items[:min(len(slices.Items), maxSlices)] {
 		out = append(out, readyIn(&s, ns, sp.Name)...)
 	}
 	if len(out) == 0 {
@@ -98,7 +103,7 @@ func readyIn(s *discoveryv1.EndpointSlice, ns, portName string) []Endpoint {
 		return nil
 	}
 	var out []Endpoint
-	for _, e := range s.Endpoints {
+	for _, e := range s.Endpoints[:min(len(s.Endpoints), maxPerSlice)] {
 		if !ptr.Deref(e.Conditions.Ready, true) || e.TargetRef == nil || e.TargetRef.Kind != "Pod" {
 			continue
 		}
@@ -114,8 +119,9 @@ type KubeBackend struct {
 	*PodDialer
 	cs kubernetes.Interface
 
-	mu   sync.Mutex
-	seen map[string]seenEndpoints
+	reads singleflight.Group // one read of a Service port at a time
+	mu    sync.Mutex
+	seen  map[string]seenEndpoints
 }
 
 // seenEndpoints are a Service port's endpoints (or why it has none) as
@@ -146,7 +152,9 @@ func NewKubeBackend(cfg *rest.Config) (*KubeBackend, error) {
 	return &KubeBackend{PodDialer: d, cs: cs, seen: map[string]seenEndpoints{}}, nil
 }
 
-// Endpoints implements Backend.
+// Endpoints implements Backend. What the tenant's API answered, even an
+// error, is kept for endpointsTTL, and one read of a Service port runs at
+// a time, however many requests wait for it.
 func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32) ([]Endpoint, error) {
 	k := fmt.Sprintf("%s/%s:%d", ns, name, port)
 	b.mu.Lock()
@@ -155,17 +163,17 @@ func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32
 	if ok && time.Since(s.at) < endpointsTTL {
 		return s.eps, s.err
 	}
-	eps, err := ReadyEndpoints(ctx, b.cs, ns, name, port)
-	var none *NoEndpoints
-	if err != nil && !errors.As(err, &none) {
-		// The tenant's API did not answer: not remembered.
-		return nil, err
-	}
-	b.mu.Lock()
-	if len(b.seen) >= maxSeen {
-		clear(b.seen)
-	}
-	b.seen[k] = seenEndpoints{at: time.Now(), eps: eps, err: err}
-	b.mu.Unlock()
-	return eps, err
+	v, _, _ := b.reads.Do(k, func() (any, error) {
+		eps, err := ReadyEndpoints(context.WithoutCancel(ctx), b.cs, ns, name, port)
+		seen := seenEndpoints{at: time.Now(), eps: eps, err: err}
+		b.mu.Lock()
+		if len(b.seen) >= maxSeen {
+			clear(b.seen)
+		}
+		b.seen[k] = seen
+		b.mu.Unlock()
+		return seen, nil
+	})
+	seen := v.(seenEndpoints)
+	return seen.eps, seen.err
 }

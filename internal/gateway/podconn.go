@@ -12,7 +12,9 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -24,11 +26,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
+
+	"github.com/knotless-dev/knotless/internal/bodylimit"
 )
 
 // maxRemoteError bounds what is read of a stream's error message: it is
@@ -47,15 +52,25 @@ type PodDialer struct {
 	// field so that tests of the stream handling can count the upgrades.
 	upgrade func(u string) (streamhttp.Connection, error)
 
-	mu    sync.Mutex
-	links map[types.NamespacedName]*podLink
+	mu     sync.Mutex
+	links  map[types.NamespacedName]*podLink
+	closed bool
 }
 
-// podLink is the upgraded connection of one pod and the next request id
-// of its stream pairs.
+// maxLinks bounds the pods of one tenant with a connection kept: past
+// it, the one used longest ago is closed (pod names are the tenant's).
+const maxLinks = 64
+
+// maxAnswer bounds what is read of one answer of the tenant's API server
+// (a refused upgrade, a Service, a list of EndpointSlices: R21).
+const maxAnswer = 4 << 20
+
+// podLink is the upgraded connection of one pod, the next request id of
+// its stream pairs, and when it was last dialled.
 type podLink struct {
 	conn   streamhttp.Connection
 	nextID atomic.Int64
+	used   atomic.Int64 // unix nanoseconds
 }
 
 // NewPodDialer dials through the API server cfg names, with cfg's
@@ -63,6 +78,13 @@ type podLink struct {
 // Timeout, when set, bounds each upgrade.
 func NewPodDialer(cfg *rest.Config) (*PodDialer, error) {
 	cfg = rest.CopyConfig(cfg)
+	wrap := cfg.WrapTransport
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		if wrap != nil {
+			rt = wrap(rt)
+		}
+		return bodylimit.Transport(rt, maxAnswer)
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("the tenant's API client: %w", err)
@@ -92,37 +114,62 @@ func (d *PodDialer) spdyUpgrade(u string) (streamhttp.Connection, error) {
 // the port when the streams open: a closed port shows as an error from
 // the first Read.
 func (d *PodDialer) DialPod(ctx context.Context, ns, pod string, port int32) (net.Conn, error) {
+	if len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(pod)) > 0 || port < 1 || port > 65535 {
+		return nil, errors.New("not a pod's port")
+	}
 	k := types.NamespacedName{Namespace: ns, Name: pod}
 	link, err := d.link(ctx, k)
 	if err != nil {
 		return nil, err
 	}
 	c, err := link.open(k, port)
-	if err != nil {
-		// The pod's connection broke (the pod went, the API server
-		// restarted): forget it, and try once on a new one.
-		d.drop(k, link)
-		if link, err = d.link(ctx, k); err != nil {
-			return nil, err
-		}
-		if c, err = link.open(k, port); err != nil {
+	if err == nil {
+		return c, nil
+	}
+	if !link.broken() {
+		// The streams were refused (a port the pod does not listen on
+		// may be reset at once): the pod's connection stays.
+		return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ns, pod, err)
+	}
+	// The pod's connection broke (the pod went, the API server
+	// restarted): forget it, and try once on a new one.
+	d.drop(k, link)
+	if link, err = d.link(ctx, k); err != nil {
+		return nil, err
+	}
+	if c, err = link.open(k, port); err != nil {
+		if link.broken() {
 			d.drop(k, link)
-			return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ns, pod, err)
 		}
+		return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ns, pod, err)
 	}
 	return c, nil
+}
+
+// broken reports whether the pod's connection has closed.
+func (l *podLink) broken() bool {
+	select {
+	case <-l.conn.CloseChan():
+		return true
+	default:
+		return false
+	}
 }
 
 // link is the pod's upgraded connection, made when there is none.
 func (d *PodDialer) link(ctx context.Context, k types.NamespacedName) (*podLink, error) {
 	d.mu.Lock()
-	l := d.links[k]
+	l, closed := d.links[k], d.closed
 	d.mu.Unlock()
+	if closed {
+		return nil, errors.New("the tenant's dialer is closed")
+	}
 	if l != nil {
 		select {
 		case <-l.conn.CloseChan():
 			d.drop(k, l)
 		default:
+			l.used.Store(time.Now().UnixNano())
 			return l, nil
 		}
 	}
@@ -156,15 +203,38 @@ func (d *PodDialer) link(ctx context.Context, k types.NamespacedName) (*podLink,
 	// connection go.
 	r.conn.SetIdleTimeout(linkIdle)
 	l = &podLink{conn: r.conn}
+	l.used.Store(time.Now().UnixNano())
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		_ = r.conn.Close()
+		return nil, errors.New("the tenant's dialer is closed")
+	}
 	if old := d.links[k]; old != nil {
 		// Another dial made one meanwhile: keep one.
 		_ = r.conn.Close()
 		return old, nil
 	}
+	if len(d.links) >= maxLinks {
+		d.evictLocked()
+	}
 	d.links[k] = l
 	return l, nil
+}
+
+// evictLocked closes the connection used longest ago.
+func (d *PodDialer) evictLocked() {
+	var oldest types.NamespacedName
+	var at int64
+	for k, l := range d.links {
+		if u := l.used.Load(); at == 0 || u < at {
+			oldest, at = k, u
+		}
+	}
+	if l := d.links[oldest]; l != nil {
+		delete(d.links, oldest)
+		_ = l.conn.Close()
+	}
 }
 
 // drop closes l and forgets it if it is still k's.
@@ -181,7 +251,7 @@ func (d *PodDialer) drop(k types.NamespacedName, l *podLink) {
 func (d *PodDialer) Close() error {
 	d.mu.Lock()
 	links := d.links
-	d.links = map[types.NamespacedName]*podLink{}
+	d.links, d.closed = map[types.NamespacedName]*podLink{}, true
 	d.mu.Unlock()
 	for _, l := range links {
 		_ = l.conn.Close()
@@ -210,6 +280,7 @@ func (l *podLink) open(k types.NamespacedName, port int32) (*podConn, error) {
 	}
 	c := &podConn{link: l, data: data, errs: errs, remote: make(chan error, 1),
 		addr: podAddr(fmt.Sprintf("%s:%d", k, port))}
+	c.cond = sync.NewCond(&c.bmu)
 	go func() {
 		msg, err := io.ReadAll(io.LimitReader(errs, maxRemoteError))
 		switch {
@@ -220,11 +291,17 @@ func (l *podLink) open(k types.NamespacedName, port int32) (*podConn, error) {
 		}
 		close(c.remote)
 	}()
+	go c.pump()
 	return c, nil
 }
 
 // podConn is one connection to a pod's port: a net.Conn over a data
 // stream, whose error stream says why it ended, if it failed.
+//
+// A stream has no flow control: what the pod sends is queued in the agent
+// whether it is read or not. So the data stream is always read, into a
+// buffer of at most maxBuffered bytes; a connection whose reader falls
+// that far behind is reset (R21).
 type podConn struct {
 	link       *podLink
 	data, errs streamhttp.Stream
@@ -234,8 +311,43 @@ type podConn struct {
 	closed     sync.Once
 	addr       podAddr
 
+	bmu    sync.Mutex
+	cond   *sync.Cond
+	buf    bytes.Buffer
+	end    error // the data stream's end (io.EOF or its error)
+	isShut bool  // Close was called
+
 	mu       sync.Mutex
 	deadline *time.Timer
+}
+
+// maxBuffered bounds what is held of a connection's unread data.
+const maxBuffered = 4 << 20
+
+// errBehind ends a connection whose reader fell maxBuffered behind.
+var errBehind = errors.New("the pod sent more than the client read")
+
+// pump reads the data stream into the buffer until it ends.
+func (c *podConn) pump() {
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := c.data.Read(chunk)
+		c.bmu.Lock()
+		if n > 0 && c.buf.Len()+n > maxBuffered {
+			err = errBehind
+			_ = c.data.Reset()
+		} else if n > 0 {
+			c.buf.Write(chunk[:n])
+		}
+		if err != nil && c.end == nil {
+			c.end = err
+		}
+		c.cond.Broadcast()
+		c.bmu.Unlock()
+		if err != nil {
+			return
+		}
+	}
 }
 
 // errWait is how long a Read that met the data stream's end waits for the
@@ -243,14 +355,27 @@ type podConn struct {
 const errWait = 2 * time.Second
 
 func (c *podConn) Read(p []byte) (int, error) {
-	n, err := c.data.Read(p)
-	if err == nil {
+	c.bmu.Lock()
+	for c.buf.Len() == 0 && c.end == nil && !c.isShut {
+		c.cond.Wait()
+	}
+	if c.buf.Len() > 0 {
+		n, _ := c.buf.Read(p)
+		c.bmu.Unlock()
 		return n, nil
 	}
-	if remote := c.remoteErr(); remote != nil {
-		return n, remote
+	end, shut := c.end, c.isShut
+	c.bmu.Unlock()
+	if shut {
+		return 0, net.ErrClosed
 	}
-	return n, err
+	if remote := c.remoteErr(); remote != nil {
+		return 0, remote
+	}
+	if errors.Is(end, io.EOF) {
+		return 0, io.EOF
+	}
+	return 0, end
 }
 
 // remoteErr is the error stream's message, if it has one, waiting for it
@@ -275,7 +400,13 @@ func (c *podConn) CloseWrite() error { return c.data.Close() }
 // Close resets the streams and lets the connection forget them.
 func (c *podConn) Close() error {
 	c.closed.Do(func() {
+		c.bmu.Lock()
+		c.isShut = true
+		c.buf.Reset()
+		c.cond.Broadcast()
+		c.bmu.Unlock()
 		_ = c.data.Reset()
+		_ = c.errs.Reset()
 		c.link.conn.RemoveStreams(c.data, c.errs)
 		c.mu.Lock()
 		if c.deadline != nil {

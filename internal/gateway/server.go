@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -26,16 +28,40 @@ type Route struct {
 	Tenant             string
 	Namespace, Service string
 	Port               int32
-	// Rank orders claims of one hostname from several tenants: the lowest
-	// holds it (the controller gives the age of the bidder's contract, so
-	// a later lease cannot take a hostname an earlier one serves).
+	// Rank orders the claims of a hostname that nobody holds: the lowest
+	// takes it (the controller gives the age of the bidder's contract).
 	Rank int64
 }
 
 // Routes is the gateway's table of routes, set per tenant.
+//
+// A hostname claimed by several tenants is served for one of them, its
+// holder, until the holder no longer claims it: a later claim never takes
+// a hostname that is served, whatever its rank. Holders are kept across
+// restarts (Saved, Restore): a restored holder keeps its hostname, unserved,
+// until its tenant's routes are set again or RestoreGrace has passed.
 type Routes struct {
-	mu     sync.RWMutex
-	byHost map[string][]Route
+	// Saved, if set, is called with a copy of the holders after they
+	// change (with the table's lock held: it must not call back).
+	Saved func(holders map[string]string)
+
+	mu       sync.RWMutex
+	byHost   map[string][]Route
+	holders  map[string]string // hostname → tenant
+	seen     map[string]bool   // tenants set since Restore
+	restored time.Time
+}
+
+// RestoreGrace is how long restored holders wait for their tenant.
+const RestoreGrace = 10 * time.Minute
+
+// Restore sets the holders kept before a restart.
+func (t *Routes) Restore(holders map[string]string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.holders = maps.Clone(holders)
+	t.seen = map[string]bool{}
+	t.restored = time.Now()
 }
 
 // Set replaces tenant's routes with routes (none: the tenant has no
@@ -46,8 +72,19 @@ func (t *Routes) Set(tenant string, routes []Route) {
 	if t.byHost == nil {
 		t.byHost = map[string][]Route{}
 	}
+	if t.holders == nil {
+		t.holders = map[string]string{}
+	}
+	if t.seen != nil {
+		t.seen[tenant] = true
+	}
+	touched := map[string]bool{}
 	for h, rs := range t.byHost {
+		n := len(rs)
 		rs = slices.DeleteFunc(rs, func(r Route) bool { return r.Tenant == tenant })
+		if len(rs) != n {
+			touched[h] = true
+		}
 		if len(rs) == 0 {
 			delete(t.byHost, h)
 		} else {
@@ -58,24 +95,63 @@ func (t *Routes) Set(tenant string, routes []Route) {
 		r.Tenant = tenant
 		h := strings.ToLower(r.Hostname)
 		t.byHost[h] = append(t.byHost[h], r)
+		touched[h] = true
+	}
+	for h, holder := range t.holders {
+		if holder == tenant {
+			touched[h] = true
+		}
+	}
+	changed := false
+	for h := range touched {
+		changed = t.settle(h) || changed
+	}
+	if changed && t.Saved != nil {
+		t.Saved(maps.Clone(t.holders))
 	}
 }
 
-// Get is the route that holds host: of its claims, the lowest rank (then
-// the lowest tenant name).
+// settle gives h a holder if it has none that claims it, and reports
+// whether the holder changed.
+func (t *Routes) settle(h string) bool {
+	rs := t.byHost[h]
+	holder, held := t.holders[h]
+	if held && slices.ContainsFunc(rs, func(r Route) bool { return r.Tenant == holder }) {
+		return false
+	}
+	if held && t.seen != nil && !t.seen[holder] && time.Since(t.restored) < RestoreGrace {
+		// Held before the restart by a tenant not looked at yet.
+		return false
+	}
+	if len(rs) == 0 {
+		delete(t.holders, h)
+		return held
+	}
+	best := slices.MinFunc(rs, func(a, b Route) int {
+		if a.Rank != b.Rank {
+			return cmp.Compare(a.Rank, b.Rank)
+		}
+		return strings.Compare(a.Tenant, b.Tenant)
+	})
+	t.holders[h] = best.Tenant
+	return !held || holder != best.Tenant
+}
+
+// Get is the route of host's holder.
 func (t *Routes) Get(host string) (Route, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	rs := t.byHost[strings.ToLower(host)]
-	if len(rs) == 0 {
+	host = strings.ToLower(host)
+	holder, ok := t.holders[host]
+	if !ok {
 		return Route{}, false
 	}
-	return slices.MinFunc(rs, func(a, b Route) int {
-		if a.Rank != b.Rank {
-			return int(min(max(a.Rank-b.Rank, -1), 1))
+	for _, r := range t.byHost[host] {
+		if r.Tenant == holder {
+			return r, true
 		}
-		return strings.Compare(a.Tenant, b.Tenant)
-	}), true
+	}
+	return Route{}, false
 }
 
 // Backend reaches one tenant's Services.
@@ -99,61 +175,54 @@ type Server struct {
 
 	once      sync.Once
 	transport *http.Transport
-	mu        sync.Mutex
-	targets   map[string]target // synthetic host → target
 }
 
-// maxTargets bounds the upstreams remembered (pods come and go): past it
-// the table starts again, and a dial of a forgotten one fails once (502).
-const maxTargets = 4096
-
-func (s *Server) remember(host string, t target) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.targets) >= maxTargets {
-		s.targets = nil
-	}
-	if s.targets == nil {
-		s.targets = map[string]target{}
-	}
-	s.targets[host] = t
-}
-
-func (s *Server) lookup(host string) (target, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.targets[host]
-	return t, ok
-}
-
-// target is what a synthetic upstream host stands for.
+// target is what an upstream request is dialled to: it rides in the
+// request's context to the transport's dial.
 type target struct {
 	backend Backend
 	ep      Endpoint
 }
 
+type targetKey struct{}
+
+// Bounds of the upstream connections (R21): per pod, in all, and what is
+// read of a pod's answer's headers.
+const (
+	maxConnsPerPod     = 32
+	maxIdleConns       = 256
+	maxUpstreamHeaders = 64 << 10
+)
+
 func (s *Server) init() {
 	s.once.Do(func() {
 		s.transport = &http.Transport{
-			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-				host, _, _ := net.SplitHostPort(addr)
-				t, ok := s.lookup(host)
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				t, ok := ctx.Value(targetKey{}).(target)
 				if !ok {
-					return nil, errors.New("no such upstream")
+					return nil, errors.New("no upstream")
 				}
 				return t.backend.DialPod(ctx, t.ep.Namespace, t.ep.Pod, t.ep.Port)
 			},
-			MaxIdleConnsPerHost:   8,
-			IdleConnTimeout:       90 * time.Second,
-			ResponseHeaderTimeout: 60 * time.Second,
+			MaxIdleConnsPerHost:    8,
+			MaxConnsPerHost:        maxConnsPerPod,
+			MaxIdleConns:           maxIdleConns,
+			IdleConnTimeout:        90 * time.Second,
+			ResponseHeaderTimeout:  60 * time.Second,
+			MaxResponseHeaderBytes: maxUpstreamHeaders,
+			// The pod's answer goes as it came: no gzip added and undone
+			// in the agent.
+			DisableCompression: true,
 		}
 	})
 }
 
-// refuse answers with the gateway's own status and reason.
-func refuse(w http.ResponseWriter, code int, reason, msg string) {
+// refuse answers with the gateway's own status and reason; the body says
+// the reason only (the tenant's namespaces and Services are not the
+// public's business, R17).
+func refuse(w http.ResponseWriter, code int, reason string) {
 	w.Header().Set(ReasonHeader, reason)
-	http.Error(w, msg, code)
+	http.Error(w, reason, code)
 }
 
 // hostOf is the request's hostname, lowercased, without a port.
@@ -171,12 +240,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	host := hostOf(r)
 	if r.TLS != nil && !strings.EqualFold(strings.TrimSuffix(r.TLS.ServerName, "."), host) {
 		// A connection made for one name is not used for another.
-		refuse(w, http.StatusMisdirectedRequest, "Misdirected", "this connection was made for another host")
+		refuse(w, http.StatusMisdirectedRequest, "Misdirected")
 		return
 	}
 	route, ok := s.Routes.Get(host)
 	if !ok {
-		refuse(w, http.StatusNotFound, ReasonNoRoute, "no gateway route for this host")
+		refuse(w, http.StatusNotFound, ReasonNoRoute)
 		return
 	}
 	if r.URL.Path == "/.well-known/atproto-did" {
@@ -186,27 +255,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	backend, err := s.Tenant(r.Context(), route.Tenant)
 	if err != nil {
-		refuse(w, http.StatusServiceUnavailable, ReasonTenantUnreachable, "the tenant cannot be reached")
+		refuse(w, http.StatusServiceUnavailable, ReasonTenantUnreachable)
 		return
 	}
 	eps, err := backend.Endpoints(r.Context(), route.Namespace, route.Service, route.Port)
 	var none *NoEndpoints
 	switch {
 	case errors.As(err, &none):
-		refuse(w, http.StatusServiceUnavailable, none.Reason, none.Message)
+		refuse(w, http.StatusServiceUnavailable, none.Reason)
 		return
 	case err != nil:
-		refuse(w, http.StatusServiceUnavailable, ReasonTenantUnreachable, "the tenant's endpoints cannot be read")
+		refuse(w, http.StatusServiceUnavailable, ReasonTenantUnreachable)
 		return
 	}
 	ep := eps[rand.IntN(len(eps))] //nolint:gosec // load spreading, not security
 	// One synthetic upstream host per tenant and endpoint, so that the
 	// transport pools connections per pod.
 	up := fmt.Sprintf("%s.%s.%s.%d.upstream", hexName(route.Tenant), ep.Pod, ep.Namespace, ep.Port)
-	s.remember(up, target{backend: backend, ep: ep})
+	tg := target{backend: backend, ep: ep}
 	rp := &httputil.ReverseProxy{
 		Transport: s.transport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), targetKey{}, tg))
 			pr.SetXForwarded()
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = net.JoinHostPort(up, strconv.Itoa(int(ep.Port)))
@@ -217,11 +287,49 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) {
-			refuse(w, http.StatusBadGateway, ReasonUpstreamFailed, "the service's pod did not answer")
+			if sw, ok := w.(*stripping); ok {
+				w = sw.ResponseWriter // the gateway's own answer keeps its reason
+			}
+			refuse(w, http.StatusBadGateway, ReasonUpstreamFailed)
 		},
 	}
-	rp.ServeHTTP(w, r)
+	sw := &stripping{ResponseWriter: w}
+	rp.ServeHTTP(sw, r)
+	// Trailers are written after the handler returns.
+	sw.strip()
 }
+
+// stripping removes the gateway's reason header from everything a pod's
+// answer carries: 1xx answers and trailers too (ModifyResponse sees only
+// the final header).
+type stripping struct{ http.ResponseWriter }
+
+func (s *stripping) strip() {
+	h := s.Header()
+	h.Del(ReasonHeader)
+	h.Del(http.TrailerPrefix + ReasonHeader)
+	if t := h.Values("Trailer"); len(t) > 0 {
+		h.Del("Trailer")
+		for _, v := range t {
+			for _, name := range strings.Split(v, ",") {
+				if name = strings.TrimSpace(name); name != "" && !strings.EqualFold(name, ReasonHeader) {
+					h.Add("Trailer", name)
+				}
+			}
+		}
+	}
+}
+
+func (s *stripping) WriteHeader(code int) {
+	s.strip()
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *stripping) Write(b []byte) (int, error) { return s.ResponseWriter.Write(b) }
+
+// Unwrap lets http.ResponseController reach the connection (flush,
+// hijack for upgrades).
+func (s *stripping) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // hexName makes a tenant name fit a DNS label of the synthetic host.
 func hexName(s string) string { return fmt.Sprintf("%x", s) }

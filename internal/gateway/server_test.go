@@ -206,19 +206,45 @@ func TestServerUpgrade(t *testing.T) {
 	}
 }
 
-func TestRoutesRank(t *testing.T) {
-	var r Routes
+// TestRoutesHolders: a served hostname stays with its holder whatever
+// claims come later; when the holder lets it go, the lowest rank takes
+// it; holders survive a restart, and a restored holder keeps its hostname
+// (unserved) until its tenant is set again, or for RestoreGrace.
+func TestRoutesHolders(t *testing.T) {
+	var saved map[string]string
+	r := Routes{Saved: func(h map[string]string) { saved = h }}
 	r.Set("vm-new", []Route{{Hostname: "a.example.test", DID: "did:plc:bob", Rank: 20}})
 	r.Set("vm-old", []Route{{Hostname: "a.example.test", DID: "did:plc:alice", Rank: 10}})
-	if got, _ := r.Get("A.example.test"); got.DID != "did:plc:alice" {
-		t.Fatalf("the earlier claim does not hold the host: %+v", got)
+	r.Set("vm-mid", []Route{{Hostname: "A.example.test", DID: "did:plc:carol", Rank: 15}})
+	if got, _ := r.Get("A.example.test"); got.DID != "did:plc:bob" {
+		t.Fatalf("a later claim took a served hostname: %+v", got)
 	}
-	r.Set("vm-old", nil)
-	if got, _ := r.Get("a.example.test"); got.DID != "did:plc:bob" {
-		t.Fatalf("the remaining claim: %+v", got)
+	if saved["a.example.test"] != "vm-new" {
+		t.Fatalf("saved holders %v", saved)
 	}
 	r.Set("vm-new", nil)
-	if _, ok := r.Get("a.example.test"); ok {
+	if got, _ := r.Get("a.example.test"); got.DID != "did:plc:alice" {
+		t.Fatalf("after the holder left, the lowest rank: %+v", got)
+	}
+
+	// A restart: vm-old held it; vm-mid is set first, and waits.
+	var r2 Routes
+	r2.Restore(saved)
+	r2.Restore(map[string]string{"a.example.test": "vm-old"})
+	r2.Set("vm-mid", []Route{{Hostname: "a.example.test", DID: "did:plc:carol", Rank: 15}})
+	if got, ok := r2.Get("a.example.test"); ok {
+		t.Fatalf("a restored holder's hostname went to another tenant: %+v", got)
+	}
+	r2.Set("vm-old", []Route{{Hostname: "a.example.test", DID: "did:plc:alice", Rank: 10}})
+	if got, _ := r2.Get("a.example.test"); got.DID != "did:plc:alice" {
+		t.Fatalf("the restored holder: %+v", got)
+	}
+	r2.Set("vm-old", nil)
+	if got, _ := r2.Get("a.example.test"); got.DID != "did:plc:carol" {
+		t.Fatalf("the remaining claim: %+v", got)
+	}
+	r2.Set("vm-mid", nil)
+	if _, ok := r2.Get("a.example.test"); ok {
 		t.Fatal("a route without claims")
 	}
 }

@@ -70,6 +70,8 @@ type Options struct {
 	// (for the bidder's domain, e.g. *.gw.example.com) and key, read
 	// again when they change (R08); it serves only hostnames they cover.
 	GatewayCertFile, GatewayKeyFile string
+	// GatewayDir keeps which lease holds each hostname, across restarts.
+	GatewayDir string
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables).
 	MetricsBindAddress, HealthProbeBindAddress string
 	Logs                                       zap.Options
@@ -90,6 +92,7 @@ func NewOptions() *Options {
 		HealthProbeBindAddress: "127.0.0.1:8093",
 		WebhookAddress:         "127.0.0.1:8094",
 		WebhookDir:             "/var/lib/knotless-agent-webhook",
+		GatewayDir:             "/var/lib/knotless-agent-gateway",
 		PLCURL:                 "https://plc.directory",
 	}
 }
@@ -113,6 +116,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GatewayAddress, "gateway-address", o.GatewayAddress, "host:port the gateway serves the requesters' hostnames on, over TLS (dev.knotless.gateway.association records of live leases); empty: no gateway")
 	fs.StringVar(&o.GatewayCertFile, "gateway-cert-file", o.GatewayCertFile, "the gateway's TLS certificate (PEM, with its chain), for the bidder's domain: only hostnames it covers are served; read again when it changes")
 	fs.StringVar(&o.GatewayKeyFile, "gateway-key-file", o.GatewayKeyFile, "the key of --gateway-cert-file")
+	fs.StringVar(&o.GatewayDir, "gateway-dir", o.GatewayDir, "directory that keeps which lease holds each hostname the gateway serves, so that a restart gives none to another lease (absolute)")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "host:port of the metrics endpoint (0 disables)")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "host:port of /healthz and /readyz (0 disables)")
 	o.Logs.BindFlags(fs)
@@ -187,6 +191,9 @@ func (o *Options) validateGateway() []error {
 	var errs []error
 	if _, port, err := net.SplitHostPort(o.GatewayAddress); err != nil || port == "" {
 		errs = append(errs, fmt.Errorf("--gateway-address: %q is not a host:port", o.GatewayAddress))
+	}
+	if !filepath.IsAbs(o.GatewayDir) {
+		errs = append(errs, fmt.Errorf("--gateway-dir: %q is not an absolute path", o.GatewayDir))
 	}
 	if o.GatewayCertFile == "" || o.GatewayKeyFile == "" {
 		errs = append(errs, errors.New("--gateway-address: --gateway-cert-file and --gateway-key-file are required"))

@@ -1,0 +1,64 @@
+package gateway
+
+import (
+	"net"
+	"sync"
+)
+
+// LimitPerIP wraps l so that one remote address holds at most n of its
+// connections at once: a further one is closed as it is accepted. One
+// client cannot take every connection the gateway allows (a slow
+// client's request holds its connection).
+func LimitPerIP(l net.Listener, n int) net.Listener {
+	return &perIP{Listener: l, n: n, open: map[string]int{}}
+}
+
+type perIP struct {
+	net.Listener
+	n    int
+	mu   sync.Mutex
+	open map[string]int
+}
+
+func (l *perIP) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := c.RemoteAddr().String()
+		if h, _, err := net.SplitHostPort(ip); err == nil {
+			ip = h
+		}
+		l.mu.Lock()
+		if l.open[ip] >= l.n {
+			l.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		l.open[ip]++
+		l.mu.Unlock()
+		return &countedConn{Conn: c, release: func() { l.release(ip) }}, nil
+	}
+}
+
+func (l *perIP) release(ip string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[ip]--; l.open[ip] <= 0 {
+		delete(l.open, ip)
+	}
+}
+
+// countedConn gives its place back once, when it is closed.
+type countedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
