@@ -1,8 +1,8 @@
 package gatewayroute
 
-// Adversarial tests of the routes a requester's records make. TestAtk*
-// tests expose a hole (they fail until it is fixed); TestHolds* tests show
-// a defence that holds.
+// Adversarial tests of the routes a requester's records make, from a
+// review: TestAtk* are attacks that found a hole (fixed since; they guard
+// it), TestHolds* show a defence that held.
 
 import (
 	"context"
