@@ -14,13 +14,9 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/syntax"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
-	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/driver/drivertest"
@@ -29,22 +25,6 @@ import (
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
-
-// contractFor is a running kind VM of the bidder's Active contract name,
-// whose requester is did, created at created, with lease l.
-func contractFor(name, did, l string, created time.Time) (*computev1alpha1.ComputeVM, *marketv1alpha1.ComputeContract) {
-	cc := &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: name, UID: types.UID("cc-" + name),
-		CreationTimestamp: metav1.NewTime(created)},
-		Spec: marketv1alpha1.ComputeContractSpec{Side: marketv1alpha1.SideBidder, RequesterDID: did},
-		Status: marketv1alpha1.ComputeContractStatus{Phase: marketv1alpha1.ContractActive,
-			Records: marketv1alpha1.ContractRecords{Lease: &marketv1alpha1.RecordRef{URI: l}}}}
-	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: name, UID: types.UID("vm-" + name),
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "ComputeContract",
-			Name: cc.Name, UID: cc.UID, Controller: ptr.To(true)}}},
-		Spec:   computev1alpha1.ComputeVMSpec{ContractName: cc.Name, Driver: "kind", CPUMillis: 1, MemoryMiB: 1},
-		Status: computev1alpha1.ComputeVMStatus{Phase: computev1alpha1.VMRunning}}
-	return vm, cc
-}
 
 // TestAtkOlderLeaseTakesServedHostname: bob's lease serves
 // bob.gw.test (his ATProto handle: the gateway answers his DID at

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -65,14 +66,15 @@ func claim(did, rkey, host, l string) (string, json.RawMessage) {
 	return "at://" + did + "/" + lexicon.GatewayAssociation + "/" + rkey, b
 }
 
-// leasedVM is the running kind VM of the bidder's Active contract web-0,
-// whose requester is alice.
-func leasedVM() (*computev1alpha1.ComputeVM, *marketv1alpha1.ComputeContract) {
-	cc := &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: "web-0", UID: "cc-uid"},
-		Spec: marketv1alpha1.ComputeContractSpec{Side: marketv1alpha1.SideBidder, RequesterDID: alice},
+// contractFor is a running kind VM of the bidder's Active contract name,
+// whose requester is did, created at created, with lease l.
+func contractFor(name, did, l string, created time.Time) (*computev1alpha1.ComputeVM, *marketv1alpha1.ComputeContract) {
+	cc := &marketv1alpha1.ComputeContract{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: name, UID: types.UID("cc-" + name),
+		CreationTimestamp: metav1.NewTime(created)},
+		Spec: marketv1alpha1.ComputeContractSpec{Side: marketv1alpha1.SideBidder, RequesterDID: did},
 		Status: marketv1alpha1.ComputeContractStatus{Phase: marketv1alpha1.ContractActive,
-			Records: marketv1alpha1.ContractRecords{Lease: &marketv1alpha1.RecordRef{URI: lease}}}}
-	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: "web-0", UID: "vm-uid",
+			Records: marketv1alpha1.ContractRecords{Lease: &marketv1alpha1.RecordRef{URI: l}}}}
+	vm := &computev1alpha1.ComputeVM{ObjectMeta: metav1.ObjectMeta{Namespace: "bids", Name: name, UID: types.UID("vm-" + name),
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: marketv1alpha1.GroupVersion.String(), Kind: "ComputeContract",
 			Name: cc.Name, UID: cc.UID, Controller: ptr.To(true)}}},
 		Spec:   computev1alpha1.ComputeVMSpec{ContractName: cc.Name, Driver: "kind", CPUMillis: 1, MemoryMiB: 1},
@@ -81,7 +83,7 @@ func leasedVM() (*computev1alpha1.ComputeVM, *marketv1alpha1.ComputeContract) {
 }
 
 func TestReconcileRoutes(t *testing.T) {
-	vm, cc := leasedVM()
+	vm, cc := contractFor("web-0", alice, lease, time.Now())
 	ws := clustertest.New(vm, cc)
 	records := &fakeRecords{byDID: map[string]map[string]json.RawMessage{alice: {}}, follows: map[types.NamespacedName]string{}}
 	add := func(did, rkey, host, l string) {

@@ -25,12 +25,10 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
-	"k8s.io/streaming/pkg/httpstream/spdy"
 )
 
 // atkGateway is a TLS (h1 + h2) gateway whose every tenant is b.
@@ -295,48 +293,7 @@ func TestAtkPodLinksUnbounded(t *testing.T) {
 // of streams (data, error) to pair.
 func hostileKubelet(t *testing.T, pair func(data, errs streamhttp.Stream)) *httptest.Server {
 	t.Helper()
-	var wg sync.WaitGroup
-	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := streamhttp.Handshake(r, w, []string{"portforward.k8s.io"}); err != nil {
-			return
-		}
-		streams := make(chan streamhttp.Stream, 64)
-		conn := spdy.NewResponseUpgrader().UpgradeResponse(w, r, func(s streamhttp.Stream, _ <-chan struct{}) error {
-			streams <- s
-			return nil
-		})
-		if conn == nil {
-			return
-		}
-		defer conn.Close()
-		pending := map[string]streamhttp.Stream{}
-		for {
-			select {
-			case s := <-streams:
-				id := s.Headers().Get(corev1.PortForwardRequestIDHeader)
-				other, ok := pending[id]
-				if !ok {
-					pending[id] = s
-					continue
-				}
-				delete(pending, id)
-				data, errs := s, other
-				if s.Headers().Get(corev1.StreamType) == corev1.StreamTypeError {
-					data, errs = other, s
-				}
-				wg.Go(func() { pair(data, errs) })
-			case <-conn.CloseChan():
-				return
-			}
-		}
-	}))
-	s.Start()
-	t.Cleanup(func() {
-		s.CloseClientConnections()
-		s.Close()
-		wg.Wait()
-	})
-	return s
+	return kubeletWith(t, pair).Server
 }
 
 // stacksWith counts the goroutines whose stack contains fn.

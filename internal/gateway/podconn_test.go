@@ -29,13 +29,19 @@ import (
 type kubelet struct {
 	*httptest.Server
 	upgrades atomic.Int32
-	mu       sync.Mutex
-	conns    []net.Conn
+	// pair handles a pair of streams (forward when nil).
+	pair  func(data, errs streamhttp.Stream)
+	pairs sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
 }
 
-func newKubelet(t *testing.T) *kubelet {
+func newKubelet(t *testing.T) *kubelet { return kubeletWith(t, forward) }
+
+// kubeletWith is a kubelet whose pairs of streams go to pair.
+func kubeletWith(t *testing.T, pair func(data, errs streamhttp.Stream)) *kubelet {
 	t.Helper()
-	k := &kubelet{}
+	k := &kubelet{pair: pair}
 	k.Server = httptest.NewUnstartedServer(http.HandlerFunc(k.serve))
 	k.Config.ConnState = func(c net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -48,12 +54,13 @@ func newKubelet(t *testing.T) *kubelet {
 	t.Cleanup(func() {
 		k.breakAll()
 		k.Close()
+		k.pairs.Wait()
 	})
 	return k
 }
 
 func (k *kubelet) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/shop/pods/") || !strings.HasSuffix(r.URL.Path, "/portforward") {
+	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/") || !strings.HasSuffix(r.URL.Path, "/portforward") {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
@@ -68,6 +75,7 @@ func (k *kubelet) serve(w http.ResponseWriter, r *http.Request) {
 	if conn == nil {
 		return
 	}
+	defer conn.Close()
 	k.upgrades.Add(1)
 	pending := map[string]streamhttp.Stream{}
 	for {
@@ -84,7 +92,7 @@ func (k *kubelet) serve(w http.ResponseWriter, r *http.Request) {
 			if s.Headers().Get(corev1.StreamType) == corev1.StreamTypeError {
 				data, errs = other, s
 			}
-			go forward(data, errs)
+			k.pairs.Go(func() { k.pair(data, errs) })
 		case <-conn.CloseChan():
 			return
 		}
