@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -167,6 +169,8 @@ type tenantBackends struct {
 
 	mu    sync.Mutex
 	byUID map[types.UID]*gateway.KubeBackend
+	// letGo waits for the backends let go (over maxBackends) to end.
+	letGo sync.WaitGroup
 }
 
 func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backend, error) {
@@ -203,6 +207,7 @@ func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backen
 	if t.byUID == nil || len(t.byUID) >= maxBackends {
 		for _, old := range t.byUID {
 			_ = old.Close()
+			t.letGo.Go(old.Wait)
 		}
 		t.byUID = map[types.UID]*gateway.KubeBackend{}
 	}
@@ -210,11 +215,18 @@ func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backen
 	return nb, nil
 }
 
+// closeAll closes every backend and joins their goroutines, and those of
+// the backends let go before (R10).
 func (t *tenantBackends) closeAll() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, b := range t.byUID {
+	all := slices.Collect(maps.Values(t.byUID))
+	t.byUID = nil
+	t.mu.Unlock()
+	for _, b := range all {
 		_ = b.Close()
 	}
-	t.byUID = nil
+	for _, b := range all {
+		b.Wait()
+	}
+	t.letGo.Wait()
 }

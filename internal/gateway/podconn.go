@@ -34,6 +34,7 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/knotless-dev/knotless/internal/bodylimit"
+	"github.com/knotless-dev/knotless/internal/netpolicy"
 )
 
 // maxRemoteError bounds what is read of a stream's error message: it is
@@ -55,6 +56,9 @@ type PodDialer struct {
 	mu     sync.Mutex
 	links  map[types.NamespacedName]*podLink
 	closed bool
+	// tasks are the dialer's goroutines (upgrades, and each connection's
+	// two stream readers): Wait joins them after Close (R10).
+	tasks sync.WaitGroup
 }
 
 // maxLinks bounds the pods of one tenant with a connection kept: past
@@ -68,6 +72,7 @@ const maxAnswer = 4 << 20
 // podLink is the upgraded connection of one pod, the next request id of
 // its stream pairs, and when it was last dialled.
 type podLink struct {
+	d      *PodDialer
 	conn   streamhttp.Connection
 	nextID atomic.Int64
 	used   atomic.Int64 // unix nanoseconds
@@ -105,7 +110,7 @@ func (d *PodDialer) spdyUpgrade(u string) (streamhttp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	hc := &http.Client{Transport: rt, Timeout: d.cfg.Timeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	hc := &http.Client{Transport: rt, Timeout: d.cfg.Timeout, CheckRedirect: netpolicy.NoRedirects}
 	conn, _, err := spdy.NegotiateStreaming(upgrader, hc, req, portforward.PortForwardProtocolV1Name)
 	return conn, err
 }
@@ -180,20 +185,32 @@ func (d *PodDialer) link(ctx context.Context, k types.NamespacedName) (*podLink,
 		conn streamhttp.Connection
 		err  error
 	}
-	got := make(chan result, 1)
-	go func() {
+	got, gaveUp := make(chan result, 1), make(chan struct{})
+	if !d.spawn(func() {
 		conn, err := d.upgrade(u)
-		got <- result{conn, err}
-	}()
+		select {
+		case got <- result{conn, err}:
+		case <-gaveUp:
+			if conn != nil {
+				_ = conn.Close()
+			}
+		}
+	}) {
+		return nil, errors.New("the tenant's dialer is closed")
+	}
 	var r result
 	select {
 	case r = <-got:
 	case <-ctx.Done():
-		go func() {
-			if r := <-got; r.conn != nil {
+		close(gaveUp)
+		// The upgrade may have come meanwhile.
+		select {
+		case r = <-got:
+			if r.conn != nil {
 				_ = r.conn.Close()
 			}
-		}()
+		default:
+		}
 		return nil, ctx.Err()
 	}
 	if r.err != nil {
@@ -202,7 +219,7 @@ func (d *PodDialer) link(ctx context.Context, k types.NamespacedName) (*podLink,
 	// A pod no longer dialled (gone, or no longer an endpoint) lets its
 	// connection go.
 	r.conn.SetIdleTimeout(linkIdle)
-	l = &podLink{conn: r.conn}
+	l = &podLink{d: d, conn: r.conn}
 	l.used.Store(time.Now().UnixNano())
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -247,7 +264,22 @@ func (d *PodDialer) drop(k types.NamespacedName, l *podLink) {
 	_ = l.conn.Close()
 }
 
-// Close closes every pod's connection.
+// spawn runs f in a goroutine Wait joins, unless the dialer is closed.
+func (d *PodDialer) spawn(f func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.tasks.Go(f)
+	return true
+}
+
+// Wait returns once every goroutine of the dialer has ended: after Close,
+// within the upgrade's timeout.
+func (d *PodDialer) Wait() { d.tasks.Wait() }
+
+// Close closes every pod's connection (and so ends their streams).
 func (d *PodDialer) Close() error {
 	d.mu.Lock()
 	links := d.links
@@ -281,7 +313,7 @@ func (l *podLink) open(k types.NamespacedName, port int32) (*podConn, error) {
 	c := &podConn{link: l, data: data, errs: errs, remote: make(chan error, 1),
 		addr: podAddr(fmt.Sprintf("%s:%d", k, port))}
 	c.cond = sync.NewCond(&c.bmu)
-	go func() {
+	if !l.d.spawn(func() {
 		msg, err := io.ReadAll(io.LimitReader(errs, maxRemoteError))
 		switch {
 		case len(msg) > 0:
@@ -290,8 +322,10 @@ func (l *podLink) open(k types.NamespacedName, port int32) (*podConn, error) {
 			c.remote <- err
 		}
 		close(c.remote)
-	}()
-	go c.pump()
+	}) || !l.d.spawn(c.pump) {
+		_ = c.Close()
+		return nil, errors.New("the tenant's dialer is closed")
+	}
 	return c, nil
 }
 

@@ -209,6 +209,24 @@ func TestDialPod(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+
+	// Closed, its goroutines (upgrades, stream readers) end and are
+	// joined (R10); it dials no more.
+	hc.CloseIdleConnections()
+	_ = d.Close()
+	joined := make(chan struct{})
+	go func() {
+		d.Wait()
+		close(joined)
+	}()
+	select {
+	case <-joined:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dialer's goroutines were not joined after Close")
+	}
+	if _, err := d.DialPod(t.Context(), "shop", "web-0", port); err == nil {
+		t.Fatal("a closed dialer dialled")
+	}
 }
 
 func TestDialPodClosedPort(t *testing.T) {

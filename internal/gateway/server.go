@@ -325,8 +325,6 @@ func (s *stripping) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
-func (s *stripping) Write(b []byte) (int, error) { return s.ResponseWriter.Write(b) }
-
 // Unwrap lets http.ResponseController reach the connection (flush,
 // hijack for upgrades).
 func (s *stripping) Unwrap() http.ResponseWriter { return s.ResponseWriter }
