@@ -154,7 +154,8 @@ func NewKubeBackend(cfg *rest.Config) (*KubeBackend, error) {
 
 // Endpoints implements Backend. What the tenant's API answered, even an
 // error, is kept for endpointsTTL, and one read of a Service port runs at
-// a time, however many requests wait for it.
+// a time, however many requests wait for it; a waiter whose context ends
+// stops waiting.
 func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32) ([]Endpoint, error) {
 	k := fmt.Sprintf("%s/%s:%d", ns, name, port)
 	b.mu.Lock()
@@ -163,8 +164,11 @@ func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32
 	if ok && time.Since(s.at) < endpointsTTL {
 		return s.eps, s.err
 	}
-	v, _, _ := b.reads.Do(k, func() (any, error) {
-		eps, err := ReadyEndpoints(context.WithoutCancel(ctx), b.cs, ns, name, port)
+	ch := b.reads.DoChan(k, func() (any, error) {
+		// The read is shared: no one caller's end cancels it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endpointsRead)
+		defer cancel()
+		eps, err := ReadyEndpoints(rctx, b.cs, ns, name, port)
 		seen := seenEndpoints{at: time.Now(), eps: eps, err: err}
 		b.mu.Lock()
 		if len(b.seen) >= maxSeen {
@@ -174,6 +178,14 @@ func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32
 		b.mu.Unlock()
 		return seen, nil
 	})
-	seen := v.(seenEndpoints)
-	return seen.eps, seen.err
+	select {
+	case r := <-ch:
+		seen := r.Val.(seenEndpoints)
+		return seen.eps, seen.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
+
+// endpointsRead bounds one read of a Service's endpoints (both calls).
+const endpointsRead = 15 * time.Second

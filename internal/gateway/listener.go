@@ -2,13 +2,15 @@ package gateway
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 )
 
-// LimitPerIP wraps l so that one remote address holds at most n of its
+// LimitPerIP wraps l so that one client holds at most n of its
 // connections at once: a further one is closed as it is accepted. One
 // client cannot take every connection the gateway allows (a slow
-// client's request holds its connection).
+// client's request holds its connection). A client is an IPv4 address,
+// or an IPv6 /64 (what one host is given).
 func LimitPerIP(l net.Listener, n int) net.Listener {
 	return &perIP{Listener: l, n: n, open: map[string]int{}}
 }
@@ -26,10 +28,7 @@ func (l *perIP) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		ip := c.RemoteAddr().String()
-		if h, _, err := net.SplitHostPort(ip); err == nil {
-			ip = h
-		}
+		ip := client(c.RemoteAddr())
 		l.mu.Lock()
 		if l.open[ip] >= l.n {
 			l.mu.Unlock()
@@ -61,4 +60,19 @@ func (c *countedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// client is the client an address counts against: its IPv4 address, or
+// its IPv6 /64.
+func client(a net.Addr) string {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	p, _ := ip.Prefix(64)
+	return p.String()
 }

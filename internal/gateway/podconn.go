@@ -369,7 +369,6 @@ func (c *podConn) pump() {
 		c.bmu.Lock()
 		if n > 0 && c.buf.Len()+n > maxBuffered {
 			err = errBehind
-			_ = c.data.Reset()
 		} else if n > 0 {
 			c.buf.Write(chunk[:n])
 		}
@@ -378,6 +377,11 @@ func (c *podConn) pump() {
 		}
 		c.cond.Broadcast()
 		c.bmu.Unlock()
+		if errors.Is(err, errBehind) {
+			// A reset is a frame to the tenant, which may not read it:
+			// never under the lock Read and Close take.
+			_ = c.data.Reset()
+		}
 		if err != nil {
 			return
 		}
@@ -439,9 +443,17 @@ func (c *podConn) Close() error {
 		c.buf.Reset()
 		c.cond.Broadcast()
 		c.bmu.Unlock()
-		_ = c.data.Reset()
-		_ = c.errs.Reset()
-		c.link.conn.RemoveStreams(c.data, c.errs)
+		// Resets are frames to the tenant, which may not read them: they
+		// do not hold up the closer (a tracked goroutine; inline once the
+		// dialer is closed, when its connection is gone).
+		reset := func() {
+			_ = c.data.Reset()
+			_ = c.errs.Reset()
+			c.link.conn.RemoveStreams(c.data, c.errs)
+		}
+		if !c.link.d.spawn(reset) {
+			reset()
+		}
 		c.mu.Lock()
 		if c.deadline != nil {
 			c.deadline.Stop()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -36,32 +35,50 @@ type Route struct {
 // Routes is the gateway's table of routes, set per tenant.
 //
 // A hostname claimed by several tenants is served for one of them, its
-// holder, until the holder no longer claims it: a later claim never takes
-// a hostname that is served, whatever its rank. Holders are kept across
-// restarts (Saved, Restore): a restored holder keeps its hostname, unserved,
-// until its tenant's routes are set again or RestoreGrace has passed.
+// holder. A later claim never takes a hostname that is held: a holder
+// that stops claiming it (its record deleted, its lease ended, or only a
+// blip of its VM or of its requester's PDS) keeps it, unserved, for
+// HolderGrace; only then does the lowest-ranked claim take it. Holders
+// are kept across restarts (Saved, Restore): a restored holder counts as
+// one that stopped claiming at the restart.
 type Routes struct {
 	// Saved, if set, is called with a copy of the holders after they
 	// change (with the table's lock held: it must not call back).
 	Saved func(holders map[string]string)
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
 
-	mu       sync.RWMutex
-	byHost   map[string][]Route
-	holders  map[string]string // hostname → tenant
-	seen     map[string]bool   // tenants set since Restore
-	restored time.Time
+	mu      sync.Mutex
+	byHost  map[string][]Route
+	holders map[string]holder
 }
 
-// RestoreGrace is how long restored holders wait for their tenant.
-const RestoreGrace = 10 * time.Minute
+// holder is a hostname's holder, and since when it has not claimed it
+// (zero while it does).
+type holder struct {
+	tenant string
+	idle   time.Time
+}
+
+// HolderGrace is how long a holder that no longer claims its hostname
+// keeps it.
+const HolderGrace = 10 * time.Minute
+
+func (t *Routes) now() time.Time {
+	if t.Now != nil {
+		return t.Now()
+	}
+	return time.Now()
+}
 
 // Restore sets the holders kept before a restart.
 func (t *Routes) Restore(holders map[string]string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.holders = maps.Clone(holders)
-	t.seen = map[string]bool{}
-	t.restored = time.Now()
+	t.holders = make(map[string]holder, len(holders))
+	for h, tenant := range holders {
+		t.holders[h] = holder{tenant: tenant, idle: t.now()}
+	}
 }
 
 // Set replaces tenant's routes with routes (none: the tenant has no
@@ -72,19 +89,8 @@ func (t *Routes) Set(tenant string, routes []Route) {
 	if t.byHost == nil {
 		t.byHost = map[string][]Route{}
 	}
-	if t.holders == nil {
-		t.holders = map[string]string{}
-	}
-	if t.seen != nil {
-		t.seen[tenant] = true
-	}
-	touched := map[string]bool{}
 	for h, rs := range t.byHost {
-		n := len(rs)
 		rs = slices.DeleteFunc(rs, func(r Route) bool { return r.Tenant == tenant })
-		if len(rs) != n {
-			touched[h] = true
-		}
 		if len(rs) == 0 {
 			delete(t.byHost, h)
 		} else {
@@ -95,33 +101,51 @@ func (t *Routes) Set(tenant string, routes []Route) {
 		r.Tenant = tenant
 		h := strings.ToLower(r.Hostname)
 		t.byHost[h] = append(t.byHost[h], r)
-		touched[h] = true
 	}
-	for h, holder := range t.holders {
-		if holder == tenant {
-			touched[h] = true
-		}
+	t.settleAll()
+}
+
+// settleAll settles every hostname claimed or held, and saves the holders
+// if they changed.
+func (t *Routes) settleAll() {
+	if t.holders == nil {
+		t.holders = map[string]holder{}
 	}
 	changed := false
-	for h := range touched {
+	for h := range t.byHost {
 		changed = t.settle(h) || changed
 	}
+	for h := range t.holders {
+		if _, claimed := t.byHost[h]; !claimed {
+			changed = t.settle(h) || changed
+		}
+	}
 	if changed && t.Saved != nil {
-		t.Saved(maps.Clone(t.holders))
+		saved := make(map[string]string, len(t.holders))
+		for h, hd := range t.holders {
+			saved[h] = hd.tenant
+		}
+		t.Saved(saved)
 	}
 }
 
-// settle gives h a holder if it has none that claims it, and reports
-// whether the holder changed.
+// settle decides h's holder, and reports whether the holder changed.
 func (t *Routes) settle(h string) bool {
 	rs := t.byHost[h]
-	holder, held := t.holders[h]
-	if held && slices.ContainsFunc(rs, func(r Route) bool { return r.Tenant == holder }) {
-		return false
-	}
-	if held && t.seen != nil && !t.seen[holder] && time.Since(t.restored) < RestoreGrace {
-		// Held before the restart by a tenant not looked at yet.
-		return false
+	hd, held := t.holders[h]
+	if held {
+		if slices.ContainsFunc(rs, func(r Route) bool { return r.Tenant == hd.tenant }) {
+			hd.idle = time.Time{}
+			t.holders[h] = hd
+			return false
+		}
+		if hd.idle.IsZero() {
+			hd.idle = t.now()
+			t.holders[h] = hd
+		}
+		if t.now().Sub(hd.idle) < HolderGrace {
+			return false
+		}
 	}
 	if len(rs) == 0 {
 		delete(t.holders, h)
@@ -133,21 +157,25 @@ func (t *Routes) settle(h string) bool {
 		}
 		return strings.Compare(a.Tenant, b.Tenant)
 	})
-	t.holders[h] = best.Tenant
-	return !held || holder != best.Tenant
+	t.holders[h] = holder{tenant: best.Tenant}
+	return !held || hd.tenant != best.Tenant
 }
 
-// Get is the route of host's holder.
+// Get is the route of host's holder, if it claims host.
 func (t *Routes) Get(host string) (Route, bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	host = strings.ToLower(host)
-	holder, ok := t.holders[host]
+	if hd, ok := t.holders[host]; ok && !hd.idle.IsZero() && t.now().Sub(hd.idle) >= HolderGrace {
+		// The grace of a holder that let go has passed.
+		t.settleAll()
+	}
+	hd, ok := t.holders[host]
 	if !ok {
 		return Route{}, false
 	}
 	for _, r := range t.byHost[host] {
-		if r.Tenant == holder {
+		if r.Tenant == hd.tenant {
 			return r, true
 		}
 	}

@@ -208,11 +208,13 @@ func TestServerUpgrade(t *testing.T) {
 
 // TestRoutesHolders: a served hostname stays with its holder whatever
 // claims come later; when the holder lets it go, the lowest rank takes
-// it; holders survive a restart, and a restored holder keeps its hostname
-// (unserved) until its tenant is set again, or for RestoreGrace.
+// it after HolderGrace; holders survive a restart, and a restored holder
+// keeps its hostname (unserved) until its tenant is set again, or for
+// HolderGrace.
 func TestRoutesHolders(t *testing.T) {
 	var saved map[string]string
-	r := Routes{Saved: func(h map[string]string) { saved = h }}
+	now := time.Now()
+	r := Routes{Saved: func(h map[string]string) { saved = h }, Now: func() time.Time { return now }}
 	r.Set("vm-new", []Route{{Hostname: "a.example.test", DID: "did:plc:bob", Rank: 20}})
 	r.Set("vm-old", []Route{{Hostname: "a.example.test", DID: "did:plc:alice", Rank: 10}})
 	r.Set("vm-mid", []Route{{Hostname: "A.example.test", DID: "did:plc:carol", Rank: 15}})
@@ -223,12 +225,16 @@ func TestRoutesHolders(t *testing.T) {
 		t.Fatalf("saved holders %v", saved)
 	}
 	r.Set("vm-new", nil)
+	if got, ok := r.Get("a.example.test"); ok {
+		t.Fatalf("the holder let go a moment ago, and %+v took it", got)
+	}
+	now = now.Add(HolderGrace)
 	if got, _ := r.Get("a.example.test"); got.DID != "did:plc:alice" {
-		t.Fatalf("after the holder left, the lowest rank: %+v", got)
+		t.Fatalf("after the holder left (and its grace), the lowest rank: %+v", got)
 	}
 
 	// A restart: vm-old held it; vm-mid is set first, and waits.
-	var r2 Routes
+	r2 := Routes{Now: func() time.Time { return now }}
 	r2.Restore(saved)
 	r2.Restore(map[string]string{"a.example.test": "vm-old"})
 	r2.Set("vm-mid", []Route{{Hostname: "a.example.test", DID: "did:plc:carol", Rank: 15}})
@@ -240,6 +246,7 @@ func TestRoutesHolders(t *testing.T) {
 		t.Fatalf("the restored holder: %+v", got)
 	}
 	r2.Set("vm-old", nil)
+	now = now.Add(HolderGrace)
 	if got, _ := r2.Get("a.example.test"); got.DID != "did:plc:carol" {
 		t.Fatalf("the remaining claim: %+v", got)
 	}
