@@ -126,7 +126,8 @@ func run(ctx context.Context, o *options.Options) error {
 			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages, Webhook: webhook}
 		logger.Info("kind driver", "image", o.NodeImage, "kind", o.KindPath(), "kindRoot", o.KindRoot, "preload", o.PreloadImages)
 	}
-	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Grants: grants, Events: mgr.GetEventRecorder(computevm.Name)}).SetupWithManager(mgr); err != nil {
+	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Grants: grants, Events: mgr.GetEventRecorder(computevm.Name),
+		Gateway: o.GatewayPublic()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the computevm controller: %w", err)
 	}
 	if err := (&statesync.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(statesync.Name)}).SetupWithManager(mgr); err != nil {

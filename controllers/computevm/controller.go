@@ -68,6 +68,10 @@ type Reconciler struct {
 	// Grants receive the DIDs each running tenant's RBAC names, which the
 	// agent's service-auth webhook lets in (nil: not kept).
 	Grants *serviceauth.Grants
+	// Gateway is the public address of the agent's gateway (host:port),
+	// written into the status of the VMs whose driver serves workloads
+	// (driver.Workloads); empty: the agent runs none.
+	Gateway string
 }
 
 // SetupWithManager registers the controller.
@@ -152,7 +156,10 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		return reconcile.Result{}, nil
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
-	st.ServiceID = s.ServiceID
+	st.ServiceID, st.Gateway = s.ServiceID, ""
+	if _, ok := d.(driver.Workloads); ok {
+		st.Gateway = r.Gateway
+	}
 	if st.ServiceID != "" {
 		r.refreshGrants(ctx, vm, d)
 	}
@@ -215,7 +222,7 @@ func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, pha
 	st.Reason = ""
 	if phase == computev1alpha1.VMLost || phase == computev1alpha1.VMFailed {
 		st.Reason = reason
-		st.Endpoint, st.CABundle, st.CAFingerprint, st.ServiceID = "", "", "", ""
+		st.Endpoint, st.CABundle, st.CAFingerprint, st.ServiceID, st.Gateway = "", "", "", "", ""
 		st.Enforced = nil
 	}
 	status := metav1.ConditionFalse

@@ -76,6 +76,7 @@ type Lease struct {
 	CABundle      string      `json:"caBundle,omitempty"`
 	Endpoint      string      `json:"endpoint,omitempty"`
 	ServiceID     string      `json:"serviceId,omitempty"`
+	Gateway       string      `json:"gateway,omitempty"`
 	UpdatedAt     string      `json:"updatedAt,omitempty"`
 	CreatedAt     string      `json:"createdAt"`
 }

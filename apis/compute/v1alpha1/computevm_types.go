@@ -127,6 +127,13 @@ type ComputeVMStatus struct {
 	// naming the VM); what the lease record carries.
 	// +optional
 	ServiceID string `json:"serviceID,omitempty"`
+	// Gateway is the public address (host:port) of the agent's gateway,
+	// which serves the tenant's Services on the requester's hostnames;
+	// what the lease record carries. Empty: the agent runs no gateway for
+	// this VM's driver.
+	// +optional
+	// +kubebuilder:validation:MaxLength=261
+	Gateway string `json:"gateway,omitempty"`
 	// CredentialSecret names the Secret (owned by the VM, key token) with
 	// the credential the mount uses on the tenant: an identity made on the
 	// tenant for this, that may impersonate and do nothing else.

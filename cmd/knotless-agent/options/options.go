@@ -66,6 +66,10 @@ type Options struct {
 	// GatewayAddress is the host:port the gateway serves Gateway
 	// hostnames on (TLS, SNI); empty: no gateway.
 	GatewayAddress string
+	// GatewayPublicAddress is the gateway's address as requesters' DNS
+	// names lead to it (host:port), which the leases carry; default
+	// GatewayAddress.
+	GatewayPublicAddress string
 	// GatewayCertFile and GatewayKeyFile are the gateway's certificate
 	// (for the bidder's domain, e.g. *.gw.example.com) and key, read
 	// again when they change (R08); it serves only hostnames they cover.
@@ -114,6 +118,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.PLCURL, "plc-url", o.PLCURL, "PLC directory that resolves the DIDs of service-auth tokens")
 	fs.StringVar(&o.AllowPrivateNetworks, "allow-private-networks", o.AllowPrivateNetworks, "comma-separated loopback/private CIDR ranges (or addresses) DID resolution may reach; empty allows public addresses only")
 	fs.StringVar(&o.GatewayAddress, "gateway-address", o.GatewayAddress, "host:port the gateway serves the requesters' hostnames on, over TLS (dev.knotless.gateway.association records of live leases); empty: no gateway")
+	fs.StringVar(&o.GatewayPublicAddress, "gateway-public-address", o.GatewayPublicAddress, "host:port of the gateway as the requesters' hostnames lead to it (their DNS records), published in the leases of tenants it serves; default --gateway-address")
 	fs.StringVar(&o.GatewayCertFile, "gateway-cert-file", o.GatewayCertFile, "the gateway's TLS certificate (PEM, with its chain), for the bidder's domain: only hostnames it covers are served; read again when it changes")
 	fs.StringVar(&o.GatewayKeyFile, "gateway-key-file", o.GatewayKeyFile, "the key of --gateway-cert-file")
 	fs.StringVar(&o.GatewayDir, "gateway-dir", o.GatewayDir, "directory that keeps which lease holds each hostname the gateway serves, so that a restart gives none to another lease (absolute)")
@@ -183,14 +188,19 @@ func (o *Options) validateServiceAuth() []error {
 // validateGateway checks the gateway's flags: all or none.
 func (o *Options) validateGateway() []error {
 	if o.GatewayAddress == "" {
-		if o.GatewayCertFile != "" || o.GatewayKeyFile != "" {
-			return []error{errors.New("--gateway-cert-file, --gateway-key-file: the agent has no gateway (--gateway-address)")}
+		if o.GatewayCertFile != "" || o.GatewayKeyFile != "" || o.GatewayPublicAddress != "" {
+			return []error{errors.New("--gateway-cert-file, --gateway-key-file, --gateway-public-address: the agent has no gateway (--gateway-address)")}
 		}
 		return nil
 	}
 	var errs []error
 	if _, port, err := net.SplitHostPort(o.GatewayAddress); err != nil || port == "" {
 		errs = append(errs, fmt.Errorf("--gateway-address: %q is not a host:port", o.GatewayAddress))
+	}
+	if o.GatewayPublicAddress != "" {
+		if host, port, err := net.SplitHostPort(o.GatewayPublicAddress); err != nil || host == "" || port == "" || len(o.GatewayPublicAddress) > 261 {
+			errs = append(errs, fmt.Errorf("--gateway-public-address: %q is not a host:port", o.GatewayPublicAddress))
+		}
 	}
 	if !filepath.IsAbs(o.GatewayDir) {
 		errs = append(errs, fmt.Errorf("--gateway-dir: %q is not an absolute path", o.GatewayDir))
@@ -199,6 +209,15 @@ func (o *Options) validateGateway() []error {
 		errs = append(errs, errors.New("--gateway-address: --gateway-cert-file and --gateway-key-file are required"))
 	}
 	return errs
+}
+
+// GatewayPublic is the gateway's address the leases carry: the public
+// address, or the address it listens on; empty without a gateway.
+func (o *Options) GatewayPublic() string {
+	if o.GatewayPublicAddress != "" {
+		return o.GatewayPublicAddress
+	}
+	return o.GatewayAddress
 }
 
 // KindPath is the resolved kind binary (after Validate).

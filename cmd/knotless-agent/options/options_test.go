@@ -55,6 +55,15 @@ func TestValidate(t *testing.T) {
 	if err := withKind.Validate(); err != nil {
 		t.Fatalf("valid kind options refused: %v", err)
 	}
+	withGateway := valid(t)
+	withGateway.GatewayAddress, withGateway.GatewayCertFile, withGateway.GatewayKeyFile = ":8443", "/c", "/k"
+	if err := withGateway.Validate(); err != nil || withGateway.GatewayPublic() != ":8443" {
+		t.Fatalf("valid gateway options refused: %v (public %q)", err, withGateway.GatewayPublic())
+	}
+	withGateway.GatewayPublicAddress = "gw.fit.example:443"
+	if err := withGateway.Validate(); err != nil || withGateway.GatewayPublic() != "gw.fit.example:443" {
+		t.Fatalf("a public gateway address refused: %v (public %q)", err, withGateway.GatewayPublic())
+	}
 	for _, c := range []struct {
 		flag string
 		bad  func(*Options)
@@ -77,6 +86,13 @@ func TestValidate(t *testing.T) {
 		{"--plc-url", func(o *Options) { o.PLCURL = "http://user:pw@plc" }},
 		{"--allow-private-networks", func(o *Options) { o.AllowPrivateNetworks = "not-a-range" }},
 		{"--preload-image", func(o *Options) { o.NodeImage, o.Kind, o.PreloadImages = "img", o.KCP, []string{"--privileged"} }},
+		{"--gateway-public-address", func(o *Options) { o.GatewayPublicAddress = "gw.example:443" }},
+		{"--gateway-public-address", func(o *Options) {
+			o.GatewayAddress, o.GatewayCertFile, o.GatewayKeyFile, o.GatewayPublicAddress = ":8443", "/c", "/k", "gw.example"
+		}},
+		{"--gateway-public-address", func(o *Options) {
+			o.GatewayAddress, o.GatewayCertFile, o.GatewayKeyFile, o.GatewayPublicAddress = ":8443", "/c", "/k", ":443"
+		}},
 	} {
 		o := valid(t)
 		c.bad(o)

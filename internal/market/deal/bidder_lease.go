@@ -90,20 +90,20 @@ func (d *bidder) liveLease(lv *leaseView) {
 		}
 		done := *l
 		done.State, done.Reason, done.UpdatedAt = LeaseCompleted, reason, market.Time(d.now)
-		done.CAFingerprint, done.CABundle, done.Endpoint, done.ServiceID = "", "", "", ""
+		done.CAFingerprint, done.CABundle, done.Endpoint, done.ServiceID, done.Gateway = "", "", "", "", ""
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &done})
 		d.p.event("", corev1.EventTypeWarning, "VMLost", "Lease", fmt.Sprintf("the VM of %s is %s (%s): the lease ends", lv.name, vm.Status.Phase, vm.Status.Reason), i)
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractFailed, Of(reason), i, nil)
 		d.deleteVM(vm, i)
-	case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && (l.State != LeaseRunning || l.CAFingerprint != vm.Status.CAFingerprint ||
-		l.CABundle != vm.Status.CABundle || l.Endpoint != vm.Status.Endpoint || l.ServiceID != vm.Status.ServiceID):
+	case vm != nil && vm.Status.Phase == computev1alpha1.VMRunning && !leaseShows(l, vm):
 		// The VM runs: the lease says so, with the tenant's endpoint, its
-		// CA bundle and that bundle's pin, and its service identity (never
-		// a credential: callers authenticate with their own identity).
+		// CA bundle and that bundle's pin, its service identity (never a
+		// credential: callers authenticate with their own identity) and
+		// the agent's gateway, if it runs one.
 		d.p.step(LeaseRun, lv.ol.uri)
 		up := *l
 		up.State, up.CAFingerprint, up.UpdatedAt = LeaseRunning, vm.Status.CAFingerprint, market.Time(d.now)
-		up.CABundle, up.Endpoint, up.ServiceID = vm.Status.CABundle, vm.Status.Endpoint, vm.Status.ServiceID
+		up.CABundle, up.Endpoint, up.ServiceID, up.Gateway = vm.Status.CABundle, vm.Status.Endpoint, vm.Status.ServiceID, vm.Status.Gateway
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &up})
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractActive, "", i, nil)
 	default:
@@ -223,4 +223,12 @@ func (d *bidder) reclaim(lv *leaseView, why ReclaimReason) {
 	d.p.event(lv.cc.Name, corev1.EventTypeNormal, "Reclaiming", "Reclaim", fmt.Sprintf("reclaim published (%s): the VM stops after %s", why, rc.TerminateAfter), i)
 	d.contractOf(lv.ol, lv.acc, lv.cc, lv.cc.Status.Phase, ContractReason(lv.cc.Status.Reason), i, rc)
 	d.p.due(by)
+}
+
+// leaseShows: the lease l says that vm runs, as vm's status says it is
+// reached.
+func leaseShows(l *market.Lease, vm *computev1alpha1.ComputeVM) bool {
+	st := &vm.Status
+	return l.State == LeaseRunning && l.CAFingerprint == st.CAFingerprint && l.CABundle == st.CABundle &&
+		l.Endpoint == st.Endpoint && l.ServiceID == st.ServiceID && l.Gateway == st.Gateway
 }

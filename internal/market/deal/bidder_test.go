@@ -412,6 +412,14 @@ func leaseCases() []bidderCase {
 				t.Errorf("plan %+v", p)
 			}
 		}},
+		{name: "a running lease gets the agent's gateway", setup: func(f *fixture) {
+			_, _, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
+			f.s.VMs[name].Status.Gateway = "gw.fit.example:443"
+		}, want: []TransitionID{LeaseRun}, check: func(t *testing.T, f *fixture, p *Plan) {
+			if l := leaseWrite(p); l == nil || l.Gateway != "gw.fit.example:443" || l.Endpoint != "https://127.0.0.1:7443/clusters/root" {
+				t.Errorf("plan %+v", p)
+			}
+		}},
 		{name: "a lost VM ends the lease (vm-lost)", setup: func(f *fixture) { f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMLost) },
 			want: []TransitionID{LeaseVMLost}, check: ended(VMLost)},
 		{name: "a failed VM ends the lease (driver-failed)", setup: func(f *fixture) {

@@ -3,19 +3,24 @@ package deal
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
 )
 
 // Tenant is how a running lease says its tenant is reached: its
-// endpoint, the CA bundle that verifies it, and the service identity
-// callers ask their PDS for tokens for.
+// endpoint, the CA bundle that verifies it, the service identity
+// callers ask their PDS for tokens for, and the bidder's gateway
+// (host:port; empty when the lease names none or names it badly).
 type Tenant struct {
 	Endpoint  string
 	CA        []byte
 	ServiceID string
+	Gateway   string
 }
 
 // ErrCABundleNotPinned: a lease's CA bundle is not the one its
@@ -47,5 +52,18 @@ func TenantOf(bidderDID string, l *market.Lease) (Tenant, error) {
 	if !serviceauth.IsAudienceOf(l.ServiceID, bidderDID) {
 		return Tenant{}, errors.New("the lease's serviceId is not a service identity of the bidder's")
 	}
-	return Tenant{Endpoint: l.Endpoint, CA: []byte(l.CABundle), ServiceID: l.ServiceID}, nil
+	return Tenant{Endpoint: l.Endpoint, CA: []byte(l.CABundle), ServiceID: l.ServiceID, Gateway: gatewayAddress(l.Gateway)}, nil
+}
+
+// gatewayAddress is a lease's gateway if it is a host and a port, else
+// "": a gateway named badly is no gateway, the tenant is still reached.
+func gatewayAddress(s string) string {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" || strings.ContainsAny(host, "/@ \t") {
+		return ""
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return ""
+	}
+	return s
 }

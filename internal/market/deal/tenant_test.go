@@ -49,3 +49,33 @@ func TestTenantOfChecksWhatTheLeaseSays(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantGateway: a lease's gateway is taken only as a host and a
+// port; anything else is no gateway, and the tenant is still reached.
+func TestTenantGateway(t *testing.T) {
+	crt, _, err := certutil.GenerateSelfSignedCertKey("tenant", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := market.CAFingerprint(crt)
+	for gw, want := range map[string]string{
+		"gw.fit.example:443":  "gw.fit.example:443",
+		"127.0.0.1:8443":      "127.0.0.1:8443",
+		"[::1]:8443":          "[::1]:8443",
+		"":                    "",
+		"gw.fit.example":      "",
+		"gw.fit.example:0":    "",
+		"gw.fit.example:http": "",
+		":443":                "",
+		"u@gw.example:443":    "",
+		"gw.example/x:443":    "",
+		"gw.example:99999":    "",
+	} {
+		l := &market.Lease{State: LeaseRunning, Endpoint: "https://127.0.0.1:7443/clusters/root", CABundle: string(crt), CAFingerprint: fp,
+			ServiceID: serviceauth.Audience(fit, "vm-uid"), Gateway: gw}
+		tn, err := TenantOf(fit, l)
+		if err != nil || tn.Gateway != want {
+			t.Errorf("gateway %q: %q, %v; want %q", gw, tn.Gateway, err, want)
+		}
+	}
+}
