@@ -9,6 +9,7 @@ import (
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
+	gatewayv1alpha1 "github.com/knotless-dev/knotless/apis/gateway/v1alpha1"
 	identityv1alpha1 "github.com/knotless-dev/knotless/apis/identity/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 )
@@ -25,6 +26,7 @@ func AddToScheme(s *runtime.Scheme) error {
 		appsv1alpha1.AddToScheme,
 		atprotov1alpha1.AddToScheme,
 		computev1alpha1.AddToScheme,
+		gatewayv1alpha1.AddToScheme,
 		identityv1alpha1.AddToScheme,
 		marketv1alpha1.AddToScheme,
 	} {

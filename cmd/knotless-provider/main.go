@@ -364,6 +364,9 @@ func setupControllers(ctx context.Context, mgr mcmanager.Manager, o *options.Opt
 	if err != nil {
 		return err
 	}
+	if err := setupGateways(ctx, mgr, o.GatewayCAFile, pool, policy, reaches); err != nil {
+		return err
+	}
 	return setupGuests(ctx, mgr, o.Guest, mounts, reaches)
 }
 

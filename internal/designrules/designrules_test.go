@@ -79,6 +79,7 @@ var readOnlyTables = []string{
 	"apis/apps/v1alpha1/groupversion_info.go GroupVersion",
 	"apis/atproto/v1alpha1/groupversion_info.go GroupVersion",
 	"apis/compute/v1alpha1/groupversion_info.go GroupVersion",
+	"apis/gateway/v1alpha1/groupversion_info.go GroupVersion",
 	"apis/identity/v1alpha1/groupversion_info.go GroupVersion",
 	"apis/market/v1alpha1/groupversion_info.go GroupVersion",
 	// The catalog of the embedded lexicons, built once from files compiled

@@ -70,6 +70,9 @@ type Options struct {
 	// Guest configures GuestIdentityGrants: kcp-front-proxy as the
 	// tenants reach it and the admission webhook kcp calls.
 	Guest GuestOptions
+	// GatewayCAFile is a CA bundle that verifies the bidders' gateways
+	// (besides the system's roots) when Gateways are probed.
+	GatewayCAFile string
 	// Logs are the --zap-* logging flags.
 	Logs zap.Options
 	// LeaderElection makes replicas take turns (--leader-elect).
@@ -194,6 +197,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Mount.UserHeader, "mountproxy-user-header", o.Mount.UserHeader, "the shim's user header (its --requestheader-username-headers); required with --mountproxy-url")
 	fs.StringVar(&o.Mount.GroupHeader, "mountproxy-group-header", o.Mount.GroupHeader, "the shim's group header (its --requestheader-group-headers); required with --mountproxy-url")
 	fs.DurationVar(&o.Mount.ProbeInterval, "tenant-probe-interval", o.Mount.ProbeInterval, "how often a TenantCluster's tenant is probed through the shim")
+	fs.StringVar(&o.GatewayCAFile, "gateway-ca-file", o.GatewayCAFile, "CA bundle (PEM) that verifies the bidders' gateways, besides the system's roots, when Gateways are probed")
 	fs.StringVar(&o.Guest.Server, "guest-kcp-server", o.Guest.Server, "kcp-front-proxy's https://host:port as workloads in the tenants reach it, written into GuestIdentityGrants' kubeconfigs; empty reports grants NotEnabled")
 	fs.StringVar(&o.Guest.CAFile, "guest-kcp-ca-file", o.Guest.CAFile, "CA bundle that verifies kcp-front-proxy, written into GuestIdentityGrants' kubeconfigs")
 	fs.StringVar(&o.Guest.TLSServerName, "guest-kcp-tls-server-name", o.Guest.TLSServerName, "name kcp-front-proxy's certificate is checked for by the guests, when --guest-kcp-server's host is not in it")

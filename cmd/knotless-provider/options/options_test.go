@@ -72,7 +72,7 @@ func TestFlags(t *testing.T) {
 	want := []string{
 		"admission-webhook-bind-address", "admission-webhook-ca-file", "admission-webhook-cert-dir", "admission-webhook-url",
 		"allow-private-networks", "atproto-max-batch", "atproto-resync", "atproto-workers", "bootstrap-only",
-		"connect-timeout", "context", "firehose-metric-sources", "guest-kcp-ca-file", "guest-kcp-server",
+		"connect-timeout", "context", "firehose-metric-sources", "gateway-ca-file", "guest-kcp-ca-file", "guest-kcp-server",
 		"guest-kcp-tls-server-name", "health-probe-bind-address", "kubeconfig",
 		"leader-elect", "leader-election-id", "leader-election-lease-duration", "leader-election-namespace",
 		"leader-election-renew-deadline", "leader-election-retry-period",
