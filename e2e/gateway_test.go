@@ -17,10 +17,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	gatewayv1alpha1 "github.com/knotless-dev/knotless/apis/gateway/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
 	"github.com/knotless-dev/knotless/internal/gateway"
@@ -35,14 +38,11 @@ type gatewayParts struct {
 }
 
 // gatewayAgent returns the agent flags of a gateway on a free loopback
-// port with a certificate for *.gw.test.
+// port with a certificate for *.gw.test from the suite's gateway CA,
+// which the providers trust.
 func gatewayAgent(t *testing.T) ([]string, gatewayParts) {
 	t.Helper()
-	ca, err := framework.NewCA("gateway-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := ca.Issue("gateway", "*.gw.test")
+	cert, err := env.gatewayCA.Issue("gateway", "*.gw.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func gatewayAgent(t *testing.T) ([]string, gatewayParts) {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
+	pool.AddCert(env.gatewayCA.Cert)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	return []string{"--gateway-address", addr, "--gateway-cert-file", certFile, "--gateway-key-file", keyFile,
 		"--gateway-dir", filepath.Join(dir, "state")}, gatewayParts{addr: addr, pool: pool}
@@ -99,7 +99,8 @@ func (g gatewayParts) get(ctx context.Context, hc *http.Client, host, path strin
 }
 
 // putAssociation writes acct's association record of host for lease to
-// Service ns/name:port (the requester's side, as any ATProto client).
+// Service ns/name:port as any ATProto client would (a third party's
+// claim: the requester's own go through a Gateway).
 func putAssociation(ctx context.Context, t *testing.T, acct *framework.Account, host, lease, cid, name string) {
 	t.Helper()
 	in := map[string]any{"repo": acct.DID, "collection": lexicon.GatewayAssociation, "rkey": host, "record": map[string]any{
@@ -111,16 +112,48 @@ func putAssociation(ctx context.Context, t *testing.T, acct *framework.Account, 
 	}
 }
 
+// newGateway makes Gateway name of the contract for host to Service
+// default/service:80 in the requester's workspace.
+func newGateway(ctx context.Context, t *testing.T, c client.Client, name, contract, host, service string) {
+	t.Helper()
+	create(ctx, t, c, &gatewayv1alpha1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: gatewayv1alpha1.GatewaySpec{ContractRef: gatewayv1alpha1.ContractRef{Name: contract}, Hostname: host,
+			Service: gatewayv1alpha1.ServiceRef{Namespace: "default", Name: service, Port: 80}}})
+}
+
+// gatewayIs waits until Gateway name's Ready condition has reason and
+// returns the Gateway.
+func gatewayIs(ctx context.Context, t *testing.T, c client.Client, name, reason string) *gatewayv1alpha1.Gateway {
+	t.Helper()
+	g := &gatewayv1alpha1.Gateway{}
+	if err := framework.Eventually(ctx, time.Minute, "Gateway "+name+" "+reason, func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, g); err != nil {
+			return false, err.Error(), nil
+		}
+		cond := meta.FindStatusCondition(g.Status.Conditions, gatewayv1alpha1.ConditionReady)
+		if cond == nil {
+			return false, "no Ready condition", nil
+		}
+		return cond.Reason == reason, cond.Reason + ": " + cond.Message, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 // gatewayOnKindTenant: the Deployment "limits" of the kind tenant gets a
-// Service, and the requester (buyer) publishes in its repo an
-// association of shop.gw.test with that Service for its lease; the
-// bidder's agent serves it over TLS (HTTP/2), answers
-// /.well-known/atproto-did with the buyer's DID, and 503s with a reason a
-// hostname whose Service does not exist. Not served: a record of another
-// DID naming the lease, a hostname the gateway's certificate does not
-// cover, and the hostname once its record is deleted. Figures: record
-// written -> first answer; p50/p99 and req/s through the gateway against
-// the same pod through a NodePort on the node's address.
+// Service, and the requester (buyer) makes a Gateway of shop.gw.test for
+// it: knotless publishes the association record in the buyer's repo,
+// the bidder's agent serves the hostname over TLS (HTTP/2) and answers
+// /.well-known/atproto-did with the buyer's DID, and the Gateway is
+// Ready with its URL and the gateway's address. Not Ready, with the
+// reason: a Gateway whose Service does not exist (the gateway 503s), a
+// hostname the gateway's certificate does not cover, a second Gateway of
+// the same hostname (HostnameTaken). Not served: a record of another DID
+// naming the lease. Deleting the Gateway deletes the record and the
+// route (404). Figures: Gateway created -> first answer and -> Ready;
+// p50/p99 and req/s through the gateway against the same pod through a
+// NodePort on the node's address; Gateway deleted -> 404.
 func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv1alpha1.ComputeContract, cs kubernetes.Interface, node string, gw gatewayParts) {
 	t.Helper()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "limits", Namespace: "default"}, Spec: corev1.ServiceSpec{
@@ -137,9 +170,9 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 	buyer := d.accounts["buyer"]
 	hc := gw.client()
 	start := time.Now()
-	putAssociation(ctx, t, buyer, "shop.gw.test", lease, cid, "limits")
-	putAssociation(ctx, t, buyer, "nothing.gw.test", lease, cid, "nothing")
-	putAssociation(ctx, t, buyer, "shop.elsewhere.test", lease, cid, "limits")
+	newGateway(ctx, t, d.app, "shop", rc.Name, "shop.gw.test", "limits")
+	newGateway(ctx, t, d.app, "nothing", rc.Name, "nothing.gw.test", "nothing")
+	newGateway(ctx, t, d.app, "elsewhere", rc.Name, "shop.elsewhere.test", "limits")
 	// Another DID's record naming the buyer's lease.
 	putAssociation(ctx, t, d.accounts["beta"], "stolen.gw.test", lease, cid, "limits")
 	if err := framework.Eventually(ctx, time.Minute, "shop.gw.test answered by the pod through the gateway", func(ctx context.Context) (bool, string, error) {
@@ -151,7 +184,18 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("FIGURE gateway: association record written -> first answer through the gateway: %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("FIGURE gateway: Gateway created -> first answer through the gateway: %s", time.Since(start).Round(time.Millisecond))
+	g := gatewayIs(ctx, t, d.app, "shop", gatewayv1alpha1.ReasonServing)
+	t.Logf("FIGURE gateway: Gateway created -> Ready (probed through the gateway): %s", time.Since(start).Round(time.Millisecond))
+	_, port, _ := net.SplitHostPort(gw.addr)
+	wantURI := "at://" + buyer.DID + "/" + lexicon.GatewayAssociation + "/shop.gw.test"
+	if g.Status.URL != "https://shop.gw.test:"+port+"/" || g.Status.Address != gw.addr || g.Status.Association == nil || g.Status.Association.URI != wantURI {
+		t.Errorf("Gateway shop's status %+v, want its URL, the gateway's address %s and the record %s", g.Status, gw.addr, wantURI)
+	}
+	if rec, err := getRecord(ctx, buyer.DID, lexicon.GatewayAssociation, "shop.gw.test"); err != nil || field(rec.Value, "hostname") != "shop.gw.test" ||
+		!strings.Contains(string(rec.Value), lease) {
+		t.Errorf("the association record on the buyer's PDS: %v %v", rec, err)
+	}
 
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://shop.gw.test/", nil)
 	if resp, err := hc.Do(req); err != nil || resp.ProtoMajor != 2 {
@@ -162,6 +206,7 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 	if code, _, body, err := gw.get(ctx, hc, "shop.gw.test", "/.well-known/atproto-did"); err != nil || code != http.StatusOK || body != buyer.DID {
 		t.Errorf("atproto-did: %d %q %v, want the buyer's DID %s", code, body, err, buyer.DID)
 	}
+	gatewayIs(ctx, t, d.app, "nothing", gatewayv1alpha1.ReasonServiceNotFound)
 	if code, reason, _, err := gw.get(ctx, hc, "nothing.gw.test", "/"); err != nil || code != http.StatusServiceUnavailable || reason != gateway.ReasonServiceNotFound {
 		t.Errorf("a hostname whose Service does not exist: %d %s %v, want 503 %s", code, reason, err, gateway.ReasonServiceNotFound)
 	}
@@ -169,16 +214,29 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 		t.Errorf("another DID's record naming the lease: %d %s %v, want 404", code, reason, err)
 	}
 	// A hostname the certificate does not cover is not even offered TLS
-	// for it: the handshake's name does not verify.
+	// for it: the handshake's name does not verify, and the Gateway says
+	// so.
 	if _, _, _, err := gw.get(ctx, hc, "shop.elsewhere.test", "/"); err == nil {
 		t.Error("shop.elsewhere.test answered over TLS with a certificate for *.gw.test")
+	}
+	if g := gatewayIs(ctx, t, d.app, "elsewhere", gatewayv1alpha1.ReasonGatewayUnreachable); !strings.Contains(meta.FindStatusCondition(g.Status.Conditions, gatewayv1alpha1.ConditionReady).Message, "does not cover") {
+		t.Errorf("Gateway elsewhere: %+v", g.Status.Conditions)
+	}
+	// A second Gateway of the hostname: the first keeps it.
+	newGateway(ctx, t, d.app, "again", rc.Name, "shop.gw.test", "nothing")
+	gatewayIs(ctx, t, d.app, "again", gatewayv1alpha1.ReasonHostnameTaken)
+	if err := d.app.Delete(ctx, &gatewayv1alpha1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "again"}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _, err := gw.get(ctx, hc, "shop.gw.test", "/"); err != nil || code != http.StatusOK {
+		t.Errorf("shop.gw.test after a second Gateway of it came and went: %d %v", code, err)
 	}
 
 	gatewayFigures(ctx, t, hc, gw, node, svc)
 
-	// The record deleted: the hostname is no longer served.
-	in := map[string]any{"repo": buyer.DID, "collection": lexicon.GatewayAssociation, "rkey": "shop.gw.test"}
-	if err := env.pds.XRPC(ctx, "com.atproto.repo.deleteRecord", buyer.AccessJWT, nil, in, nil); err != nil {
+	// The Gateway deleted: its record goes, the hostname is no longer
+	// served.
+	if err := d.app.Delete(ctx, &gatewayv1alpha1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "shop"}}); err != nil {
 		t.Fatal(err)
 	}
 	gone := time.Now()
@@ -191,7 +249,10 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 	}); err != nil {
 		t.Error(err)
 	}
-	t.Logf("FIGURE gateway: association record deleted -> 404: %s", time.Since(gone).Round(time.Millisecond))
+	t.Logf("FIGURE gateway: Gateway deleted -> 404: %s", time.Since(gone).Round(time.Millisecond))
+	if _, err := getRecord(ctx, buyer.DID, lexicon.GatewayAssociation, "shop.gw.test"); !isNotFound(err) {
+		t.Errorf("the association record after the Gateway was deleted: %v, want RecordNotFound", err)
+	}
 }
 
 // gatewayFigures times GETs of the pod through the gateway and straight

@@ -274,7 +274,7 @@ func TestKindTenant(t *testing.T) {
 		t.Logf("FIGURE kind node RSS with one pod: %d MiB", nodeRSS(ctx, node)>>20)
 	})
 
-	t.Run("a hostname the requester associates with a Service is served by the bidder's gateway", func(t *testing.T) {
+	t.Run("a Gateway puts a Service of the tenant on a hostname the bidder's gateway serves", func(t *testing.T) {
 		gatewayOnKindTenant(ctx, t, d, rc, cs, node, gw)
 	})
 

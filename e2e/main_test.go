@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -51,6 +52,10 @@ type suite struct {
 	frontProxy *framework.FrontProxy
 	mountProxy *framework.MountProxy
 	kcpBin     string
+	// gatewayCA issues the bidders' gateway certificates; every provider
+	// of the suite trusts it (--gateway-ca-file) to probe Gateways.
+	gatewayCA     *framework.CA
+	gatewayCAFile string
 }
 
 var env *suite
@@ -204,6 +209,9 @@ func run(m *testing.M) (code int) {
 		s.providerWS = logicalcluster.NewPath(ws)
 	}
 	s.appType = s.providerWS.Join("socialweb-application")
+	if err := s.newGatewayCA(); err != nil {
+		return fail(err)
+	}
 	start = time.Now()
 	args := append(s.providerArgs(), vaultArgs...)
 	args = append(args, mountArgs...)
@@ -232,7 +240,18 @@ func run(m *testing.M) (code int) {
 // shares (the ATProto network, the address policy, short resyncs).
 func (s *suite) providerArgs() []string {
 	return []string{"--atproto-resync", "3s", "--plc-url", s.plc.URL, "--watch-flush-interval", "1s", "--allow-private-networks", framework.AllowedNetworks,
-		"--firehose-metric-sources", strings.TrimPrefix(s.pds.URL, "http://")}
+		"--firehose-metric-sources", strings.TrimPrefix(s.pds.URL, "http://"), "--gateway-ca-file", s.gatewayCAFile}
+}
+
+// newGatewayCA makes the suite's gateway CA and writes its certificate
+// for the providers.
+func (s *suite) newGatewayCA() error {
+	ca, err := framework.NewCA("gateway-ca")
+	if err != nil {
+		return err
+	}
+	s.gatewayCA, s.gatewayCAFile = ca, filepath.Join(s.dir, "gateway-ca.crt")
+	return os.WriteFile(s.gatewayCAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o600)
 }
 
 // installation is one kcp with knotless on it, as its users reach it:
