@@ -24,6 +24,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -71,10 +72,12 @@ const (
 const (
 	// tenantWait: the contract's tenant is not mounted yet.
 	tenantWait = 15 * time.Second
-	// probeWait: the gateway does not serve the hostname yet (it reads
-	// the record within a second or two) or its Service has no ready
-	// endpoint.
-	probeWait = 10 * time.Second
+	// probeWait: the gateway does not serve the hostname or its Service
+	// has no ready endpoint; freshWait instead while the record is new
+	// (the gateway reads it within a second or two).
+	probeWait  = 10 * time.Second
+	freshWait  = time.Second
+	freshSince = 30 * time.Second
 	// servingWait: the hostname is served; looked at again.
 	servingWait = 5 * time.Minute
 	// giveUpAfter: a deleted Gateway whose record cannot be deleted (its
@@ -102,6 +105,9 @@ type Reconciler struct {
 	Probe func(ctx context.Context, address, hostname string) Probed
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+
+	// written is when each Gateway's record was last written, by UID.
+	written sync.Map
 }
 
 // SetupWithManager registers the controller: a Gateway is looked at when
@@ -310,5 +316,6 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 				"the association record of %s could not be deleted from the repo: delete it there", s.g.Spec.Hostname)
 		}
 	}
+	s.r.written.Delete(s.g.UID)
 	return reconcile.Result{}, ssa.RemoveFinalizer(s.ctx, s.c, s.g, Finalizer)
 }

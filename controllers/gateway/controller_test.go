@@ -171,6 +171,12 @@ func TestGatewayPublishesAndProbes(t *testing.T) {
 func TestGatewayReady(t *testing.T) {
 	f := newFixture(t, "gw.fit.example:443", gw("shop", "shop.example.com", t0))
 	f.probed = Probed{Reason: gatewayv1alpha1.ReasonNoReadyEndpoint, Message: "no ready endpoint"}
+	// Just published: looked at again at once (the gateway reads the
+	// record within a second or two), then every probeWait.
+	if res := f.reconcile(t, "shop"); res.RequeueAfter != freshWait {
+		t.Errorf("a new record: requeue %s, want %s", res.RequeueAfter, freshWait)
+	}
+	f.now = f.now.Add(freshSince)
 	res := f.reconcile(t, "shop")
 	pub, ready := f.conds(t, "shop")
 	if pub.Status != metav1.ConditionTrue || ready.Status != metav1.ConditionFalse || ready.Reason != gatewayv1alpha1.ReasonNoReadyEndpoint || res.RequeueAfter != probeWait {

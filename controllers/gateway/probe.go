@@ -73,6 +73,9 @@ func (s *syncer) probe(address string) reconcile.Result {
 		return reconcile.Result{RequeueAfter: servingWait}
 	}
 	s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, p.Reason, p.Message)
+	if at, ok := s.r.written.Load(s.g.UID); ok && s.now.Sub(at.(time.Time)) < freshSince {
+		return reconcile.Result{RequeueAfter: freshWait}
+	}
 	return reconcile.Result{RequeueAfter: probeWait}
 }
 

@@ -94,6 +94,7 @@ func (s *syncer) publish(cc *marketv1alpha1.ComputeContract) (res reconcile.Resu
 		return reconcile.Result{}, true, err
 	}
 	s.st.Association = &gatewayv1alpha1.RecordRef{URI: wrote.uri, CID: wrote.cid}
+	s.r.written.Store(s.g.UID, s.now)
 	s.log.Info("association record published", "hostname", h, "uri", wrote.uri)
 	s.set(gatewayv1alpha1.ConditionPublished, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished, "association record "+wrote.uri+" is in the requester's repo")
 	return reconcile.Result{}, false, nil
