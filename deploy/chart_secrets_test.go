@@ -643,3 +643,26 @@ func TestChartGuests(t *testing.T) {
 		t.Error("a plain-http kcpServer was rendered")
 	}
 }
+
+// TestChartGateways: provider.gateways.caSecret mounts the Secret's CA
+// bundle and passes it as --gateway-ca-file; without it, neither.
+func TestChartGateways(t *testing.T) {
+	root := repoRoot(t)
+	with := map[string]any{"provider": map[string]any{"gateways": map[string]any{"caSecret": map[string]any{"name": "gw-ca", "key": "bundle.pem"}}}}
+	ws, _, _ := renderAll(t, root, with, ciValues(root, "default-values"))
+	p := ws["knotless-provider"]
+	if !slices.Contains(p.Container.Args, "--gateway-ca-file=/etc/knotless/gateway-ca/ca.crt") {
+		t.Errorf("provider arguments %q lack --gateway-ca-file", p.Container.Args)
+	}
+	if !slices.ContainsFunc(p.Deployment.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "gateway-ca" && v.Secret != nil && v.Secret.SecretName == "gw-ca" && len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == "bundle.pem"
+	}) || !slices.ContainsFunc(p.Container.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "gateway-ca" && m.MountPath == "/etc/knotless/gateway-ca"
+	}) {
+		t.Errorf("no gateway-ca volume of Secret gw-ca and its mount: %+v", p.Deployment.Spec.Template.Spec.Volumes)
+	}
+	ws, _, _ = renderAll(t, root, nil, ciValues(root, "default-values"))
+	if slices.ContainsFunc(ws["knotless-provider"].Container.Args, func(a string) bool { return strings.HasPrefix(a, "--gateway-ca-file") }) {
+		t.Error("--gateway-ca-file without provider.gateways.caSecret")
+	}
+}
