@@ -17,8 +17,10 @@ import (
 	"time"
 
 	"github.com/bluesky-social/indigo/atproto/identity"
+	"golang.org/x/crypto/ssh"
 	"golang.org/x/net/netutil"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -30,6 +32,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/firehose"
 	"github.com/knotless-dev/knotless/internal/gateway"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/sshgateway"
 	"github.com/knotless-dev/knotless/internal/tlsfiles"
 )
 
@@ -80,7 +83,7 @@ func holdersIn(dir string) (*gateway.Routes, error) {
 // with the certificate of --gateway-cert-file, the firehose hub that
 // follows the requesters' association records, and the gatewayroute
 // controller that turns them into routes.
-func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, drivers map[string]driver.Driver, dir identity.Directory, policy *netpolicy.Policy) error {
+func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, drivers map[string]driver.Driver, dir identity.Directory, policy *netpolicy.Policy, sshKey ssh.Signer) error {
 	certs, err := tlsfiles.New(o.GatewayCertFile, o.GatewayKeyFile, "", 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("--gateway-cert-file: %w", err)
@@ -100,11 +103,20 @@ func serveGateway(ctx context.Context, mgr manager.Manager, o *options.Options, 
 	if err != nil {
 		return err
 	}
-	if err := (&gatewayroute.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Records: records, Routes: routes,
+	var targets *sshgateway.Targets
+	if sshKey != nil {
+		targets = &sshgateway.Targets{}
+	}
+	if err := (&gatewayroute.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Records: records, Routes: routes, SSH: targets,
 		Covers: func(host string) bool { return covers(certs, host) }, Wake: records.Wake()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the gatewayroute controller: %w", err)
 	}
 	tenants := &tenantBackends{client: mgr.GetClient(), drivers: drivers}
+	if sshKey != nil {
+		if err := serveSSH(mgr, o, sshKey, targets, tenants, dir, policy); err != nil {
+			return err
+		}
+	}
 	srv := &http.Server{
 		Handler: &gateway.Server{Routes: routes, Tenant: tenants.get},
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate,
@@ -181,15 +193,7 @@ func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backen
 	if b != nil {
 		return b, nil
 	}
-	var vms computev1alpha1.ComputeVMList
-	if err := t.client.List(ctx, &vms, client.MatchingFields{uidIndex: tenant}); err != nil || len(vms.Items) != 1 {
-		return nil, fmt.Errorf("no VM %s", tenant)
-	}
-	w, ok := t.drivers[vms.Items[0].Spec.Driver].(driver.Workloads)
-	if !ok {
-		return nil, errors.New("the VM's driver runs no pods")
-	}
-	cfg, err := w.TenantAdmin(ctx, driver.VMOf(&vms.Items[0]))
+	cfg, err := t.admin(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +217,20 @@ func (t *tenantBackends) get(ctx context.Context, tenant string) (gateway.Backen
 	}
 	t.byUID[uid] = nb
 	return nb, nil
+}
+
+// admin is the tenant admin configuration of the VM whose UID is
+// tenant.
+func (t *tenantBackends) admin(ctx context.Context, tenant string) (*rest.Config, error) {
+	var vms computev1alpha1.ComputeVMList
+	if err := t.client.List(ctx, &vms, client.MatchingFields{uidIndex: tenant}); err != nil || len(vms.Items) != 1 {
+		return nil, fmt.Errorf("no VM %s", tenant)
+	}
+	w, ok := t.drivers[vms.Items[0].Spec.Driver].(driver.Workloads)
+	if !ok {
+		return nil, errors.New("the VM's driver runs no pods")
+	}
+	return w.TenantAdmin(ctx, driver.VMOf(&vms.Items[0]))
 }
 
 // closeAll closes every backend and joins their goroutines, and those of

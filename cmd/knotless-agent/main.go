@@ -5,7 +5,8 @@
 // each VM a tenant apiserver process on this machine; with --node-image
 // also the kind driver: each VM a single-node Kubernetes cluster in a
 // docker container) and nothing else; with --gateway-address it also
-// serves the requesters' Gateway hostnames to their tenants' Services.
+// serves the requesters' Gateway hostnames to their tenants' Services,
+// and with --ssh-address SSH sessions into their pods.
 package main
 
 import (
@@ -26,6 +27,7 @@ import (
 
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/go-logr/logr"
+	"golang.org/x/crypto/ssh"
 	"golang.org/x/net/netutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -126,15 +128,23 @@ func run(ctx context.Context, o *options.Options) error {
 			PathPrefix: o.KindPathPrefix, Preload: o.PreloadImages, Webhook: webhook}
 		logger.Info("kind driver", "image", o.NodeImage, "kind", o.KindPath(), "kindRoot", o.KindRoot, "preload", o.PreloadImages)
 	}
+	var sshKey ssh.Signer
+	sshFingerprint := ""
+	if o.SSHAddress != "" {
+		if sshKey, err = sshHostKey(o.SSHDir); err != nil {
+			return err
+		}
+		sshFingerprint = ssh.FingerprintSHA256(sshKey.PublicKey())
+	}
 	if err := (&computevm.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Grants: grants, Events: mgr.GetEventRecorder(computevm.Name),
-		Gateway: o.GatewayPublic()}).SetupWithManager(mgr); err != nil {
+		Gateway: o.GatewayPublic(), SSHAddress: o.SSHPublic(), SSHHostKey: sshFingerprint}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the computevm controller: %w", err)
 	}
 	if err := (&statesync.Reconciler{Client: mgr.GetClient(), Drivers: drivers, Events: mgr.GetEventRecorder(statesync.Name)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the statesync controller: %w", err)
 	}
 	if o.GatewayAddress != "" {
-		if err := serveGateway(ctx, mgr, o, drivers, dir, policy); err != nil {
+		if err := serveGateway(ctx, mgr, o, drivers, dir, policy, sshKey); err != nil {
 			return err
 		}
 	}

@@ -72,6 +72,9 @@ type Reconciler struct {
 	// written into the status of the VMs whose driver serves workloads
 	// (driver.Workloads); empty: the agent runs none.
 	Gateway string
+	// SSHAddress and SSHHostKey are the agent's SSH gateway (host:port)
+	// and its host key fingerprint, written like Gateway; empty: none.
+	SSHAddress, SSHHostKey string
 }
 
 // SetupWithManager registers the controller.
@@ -156,9 +159,9 @@ func (r *Reconciler) run(ctx context.Context, vm *computev1alpha1.ComputeVM, d d
 		return reconcile.Result{}, nil
 	}
 	st.Endpoint, st.CABundle, st.CAFingerprint, st.CredentialSecret = s.Endpoint, string(s.CA), fp, CredentialSecret(vm.Name)
-	st.ServiceID, st.Gateway = s.ServiceID, ""
+	st.ServiceID, st.Gateway, st.SSHAddress, st.SSHHostKey = s.ServiceID, "", "", ""
 	if _, ok := d.(driver.Workloads); ok {
-		st.Gateway = r.Gateway
+		st.Gateway, st.SSHAddress, st.SSHHostKey = r.Gateway, r.SSHAddress, r.SSHHostKey
 	}
 	if st.ServiceID != "" {
 		r.refreshGrants(ctx, vm, d)
@@ -223,6 +226,7 @@ func set(st *computev1alpha1.ComputeVMStatus, vm *computev1alpha1.ComputeVM, pha
 	if phase == computev1alpha1.VMLost || phase == computev1alpha1.VMFailed {
 		st.Reason = reason
 		st.Endpoint, st.CABundle, st.CAFingerprint, st.ServiceID, st.Gateway = "", "", "", "", ""
+		st.SSHAddress, st.SSHHostKey = "", ""
 		st.Enforced = nil
 	}
 	status := metav1.ConditionFalse

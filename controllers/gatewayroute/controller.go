@@ -14,6 +14,7 @@ package gatewayroute
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/driver"
 	"github.com/knotless-dev/knotless/internal/gateway"
 	"github.com/knotless-dev/knotless/internal/lexicon"
+	"github.com/knotless-dev/knotless/internal/sshgateway"
 )
 
 // Name is the controller's name.
@@ -66,6 +68,9 @@ type Reconciler struct {
 	Drivers map[string]driver.Driver
 	Records Records
 	Routes  *gateway.Routes
+	// SSH, when set, receives the namespaces each VM's requester lets
+	// SSH sessions into (dev.knotless.gateway.ssh records).
+	SSH *sshgateway.Targets
 	// Covers says whether the gateway's certificate covers a hostname.
 	Covers func(hostname string) bool
 	// Wake receives the VMs whose requester's records changed.
@@ -114,6 +119,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Records.Follow(ctx, req.NamespacedName, did); err != nil {
 		log.FromContext(ctx).Info("the requester's gateway records cannot be followed yet", "did", did, "error", err.Error())
 		r.set(req.NamespacedName, vm.UID, nil)
+		if r.SSH != nil {
+			r.SSH.Set(string(vm.UID), nil)
+		}
 		return reconcile.Result{RequeueAfter: retry}, nil
 	}
 	records, listed := r.Records.Records(did)
@@ -126,6 +134,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		routes[i].Rank = cc.CreationTimestamp.UnixNano()
 	}
 	r.set(req.NamespacedName, vm.UID, routes)
+	if r.SSH != nil {
+		r.SSH.Set(string(vm.UID), SSHNamespaces(records, did, cc.Status.Records.Lease.URI))
+	}
 	return reconcile.Result{}, nil
 }
 
@@ -154,12 +165,16 @@ func (r *Reconciler) set(k types.NamespacedName, uid types.UID, routes []gateway
 	if r.uids == nil {
 		r.uids = map[types.NamespacedName]types.UID{}
 	}
-	if old, ok := r.uids[k]; ok && old != uid {
+	old := r.uids[k]
+	if old != "" && old != uid {
 		r.Routes.Set(string(old), nil)
 	}
 	r.uids[k] = uid
 	r.mu.Unlock()
 	r.Routes.Set(string(uid), routes)
+	if r.SSH != nil && old != "" && old != uid {
+		r.SSH.Set(string(old), nil)
+	}
 }
 
 // drop removes VM k's routes and stops following for it.
@@ -170,6 +185,9 @@ func (r *Reconciler) drop(k types.NamespacedName) {
 	r.mu.Unlock()
 	if ok {
 		r.Routes.Set(string(uid), nil)
+		if r.SSH != nil {
+			r.SSH.Set(string(uid), nil)
+		}
 	}
 	r.Records.Unfollow(k)
 }
@@ -215,4 +233,36 @@ func Routes(records map[string]json.RawMessage, did, lease string, covers func(s
 // no trailing dot, no wildcard.
 func validHostname(h string) bool {
 	return h == strings.ToLower(h) && strings.Contains(h, ".") && len(validation.IsDNS1123Subdomain(h)) == 0
+}
+
+// SSHNamespaces are the namespaces did's dev.knotless.gateway.ssh
+// records let SSH sessions into for lease: a record counts only if it is
+// in did's repo and names lease; a namespace that is not a DNS label is
+// left out.
+func SSHNamespaces(records map[string]json.RawMessage, did, lease string) []string {
+	prefix := "at://" + did + "/" + lexicon.GatewaySSH + "/"
+	seen := map[string]bool{}
+	var out []string
+	for uri, raw := range records {
+		if !strings.HasPrefix(uri, prefix) {
+			continue
+		}
+		var rec struct {
+			Lease struct {
+				URI string `json:"uri"`
+			} `json:"lease"`
+			Namespaces []string `json:"namespaces"`
+		}
+		if json.Unmarshal(raw, &rec) != nil || rec.Lease.URI != lease {
+			continue
+		}
+		for _, ns := range rec.Namespaces {
+			if len(validation.IsDNS1123Label(ns)) == 0 && !seen[ns] {
+				seen[ns] = true
+				out = append(out, ns)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -92,7 +92,7 @@ func (h *HubRecords) Follow(ctx context.Context, vm types.NamespacedName, did st
 			return errors.New("the requester's subscription ended meanwhile")
 		}
 		sub, err := h.hub.Subscribe(pds, firehose.Filter{
-			Collections: []string{lexicon.GatewayAssociation}, DIDs: []string{did},
+			Collections: []string{lexicon.GatewayAssociation, lexicon.GatewaySSH}, DIDs: []string{did},
 			Check: lexicon.ValidateRecord,
 		}, maxRecords, firehose.State{})
 		if err != nil {

@@ -40,6 +40,14 @@ const GatewayNamespace = "dev.knotless.gateway"
 // for a Service of its tenant, served by the bidder's gateway.
 const GatewayAssociation = GatewayNamespace + ".association"
 
+// GatewaySSH is the NSID of a requester's request that the bidder of a
+// lease let SSH sessions into pods of its tenant.
+const GatewaySSH = GatewayNamespace + ".ssh"
+
+// SSHKeys is the NSID of a DID's SSH public keys (record key self), with
+// which knotless SSH gateways let sessions in as that DID.
+const SSHKeys = GatewayNamespace + ".sshKeys"
+
 // ours reports whether collection is in a namespace knotless has record
 // lexicons for.
 func ours(collection string) bool {

@@ -22,7 +22,7 @@ import (
 )
 
 // records lists every record NSID constant.
-var records = []string{Presence, Association, Request, Bid, Accept, Lease, Release, Reclaim, GatewayAssociation}
+var records = []string{Presence, Association, Request, Bid, Accept, Lease, Release, Reclaim, GatewayAssociation, GatewaySSH, SSHKeys}
 
 const (
 	defsNSID      = Namespace + ".defs"
@@ -269,6 +269,15 @@ func goodRecords() map[string]map[string]any {
 		Association: {
 			"subject":   testDID,
 			"roles":     []any{"bidder", "requester"},
+			"createdAt": testTime,
+		},
+		GatewaySSH: {
+			"lease":      strongRef(Lease),
+			"namespaces": []any{"web"},
+			"createdAt":  testTime,
+		},
+		SSHKeys: {
+			"keys":      []any{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIlR5lW4p4tmXOmFpBEVj0aGB0+KYHa4ovBkTb9ghh3h alice@laptop"},
 			"createdAt": testTime,
 		},
 		GatewayAssociation: {

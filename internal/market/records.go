@@ -77,6 +77,8 @@ type Lease struct {
 	Endpoint      string      `json:"endpoint,omitempty"`
 	ServiceID     string      `json:"serviceId,omitempty"`
 	Gateway       string      `json:"gateway,omitempty"`
+	SSHAddress    string      `json:"sshAddress,omitempty"`
+	SSHHostKey    string      `json:"sshHostKey,omitempty"`
 	UpdatedAt     string      `json:"updatedAt,omitempty"`
 	CreatedAt     string      `json:"createdAt"`
 }

@@ -134,6 +134,17 @@ type ComputeVMStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=261
 	Gateway string `json:"gateway,omitempty"`
+	// SSHAddress is the public address (host:port) of the agent's SSH
+	// gateway, which lets sessions into the tenant's pods; what the lease
+	// record carries. Empty: the agent runs none for this VM's driver.
+	// +optional
+	// +kubebuilder:validation:MaxLength=261
+	SSHAddress string `json:"sshAddress,omitempty"`
+	// SSHHostKey is the SSH gateway's host key fingerprint (SHA256:...),
+	// for known_hosts; what the lease record carries.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	SSHHostKey string `json:"sshHostKey,omitempty"`
 	// CredentialSecret names the Secret (owned by the VM, key token) with
 	// the credential the mount uses on the tenant: an identity made on the
 	// tenant for this, that may impersonate and do nothing else.

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -76,6 +77,17 @@ type Options struct {
 	GatewayCertFile, GatewayKeyFile string
 	// GatewayDir keeps which lease holds each hostname, across restarts.
 	GatewayDir string
+	// SSHAddress is the host:port the SSH gateway listens on; empty: no
+	// SSH gateway. It needs the gateway (GatewayAddress), which follows
+	// the requesters' records.
+	SSHAddress string
+	// SSHPublicAddress is the SSH gateway's address as users reach it,
+	// which the leases carry; default SSHAddress.
+	SSHPublicAddress string
+	// SSHDir keeps the SSH gateway's host key.
+	SSHDir string
+	// SSHKeyTTL is how long a DID's published SSH keys are kept.
+	SSHKeyTTL time.Duration
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables).
 	MetricsBindAddress, HealthProbeBindAddress string
 	Logs                                       zap.Options
@@ -97,6 +109,8 @@ func NewOptions() *Options {
 		WebhookAddress:         "127.0.0.1:8094",
 		WebhookDir:             "/var/lib/knotless-agent-webhook",
 		GatewayDir:             "/var/lib/knotless-agent-gateway",
+		SSHDir:                 "/var/lib/knotless-agent-ssh",
+		SSHKeyTTL:              time.Minute,
 		PLCURL:                 "https://plc.directory",
 	}
 }
@@ -121,6 +135,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GatewayPublicAddress, "gateway-public-address", o.GatewayPublicAddress, "host:port of the gateway as the requesters' hostnames lead to it (their DNS records), published in the leases of tenants it serves; default --gateway-address")
 	fs.StringVar(&o.GatewayCertFile, "gateway-cert-file", o.GatewayCertFile, "the gateway's TLS certificate (PEM, with its chain), for the bidder's domain: only hostnames it covers are served; read again when it changes")
 	fs.StringVar(&o.GatewayKeyFile, "gateway-key-file", o.GatewayKeyFile, "the key of --gateway-cert-file")
+	fs.StringVar(&o.SSHAddress, "ssh-address", o.SSHAddress, "host:port the SSH gateway listens on (ssh <handle-or-did>@host -- <namespace>/<pod> [command]), for dev.knotless.gateway.ssh records of live leases; needs --gateway-address; empty: no SSH gateway")
+	fs.StringVar(&o.SSHPublicAddress, "ssh-public-address", o.SSHPublicAddress, "host:port of the SSH gateway as users reach it, published in the leases of tenants it serves; default --ssh-address")
+	fs.StringVar(&o.SSHDir, "ssh-dir", o.SSHDir, "directory that keeps the SSH gateway's host key (made on first start; absolute)")
+	fs.DurationVar(&o.SSHKeyTTL, "ssh-key-ttl", o.SSHKeyTTL, "how long a DID's published SSH keys (or that it publishes none) are kept: a key removed from its repo is refused after this long")
 	fs.StringVar(&o.GatewayDir, "gateway-dir", o.GatewayDir, "directory that keeps which lease holds each hostname the gateway serves, so that a restart gives none to another lease (absolute)")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "host:port of the metrics endpoint (0 disables)")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "host:port of /healthz and /readyz (0 disables)")
@@ -159,6 +177,7 @@ func (o *Options) Validate() error {
 	}
 	errs = append(errs, o.validateServiceAuth()...)
 	errs = append(errs, o.validateGateway()...)
+	errs = append(errs, o.validateSSH()...)
 	errs = append(errs, flagcheck.BindAddress("--metrics-bind-address", o.MetricsBindAddress),
 		flagcheck.BindAddress("--health-probe-bind-address", o.HealthProbeBindAddress))
 	return flagcheck.Join(errs...)
@@ -209,6 +228,44 @@ func (o *Options) validateGateway() []error {
 		errs = append(errs, errors.New("--gateway-address: --gateway-cert-file and --gateway-key-file are required"))
 	}
 	return errs
+}
+
+// validateSSH checks the SSH gateway's flags.
+func (o *Options) validateSSH() []error {
+	if o.SSHAddress == "" {
+		if o.SSHPublicAddress != "" {
+			return []error{errors.New("--ssh-public-address: the agent has no SSH gateway (--ssh-address)")}
+		}
+		return nil
+	}
+	var errs []error
+	if _, port, err := net.SplitHostPort(o.SSHAddress); err != nil || port == "" {
+		errs = append(errs, fmt.Errorf("--ssh-address: %q is not a host:port", o.SSHAddress))
+	}
+	if o.GatewayAddress == "" {
+		errs = append(errs, errors.New("--ssh-address needs --gateway-address (the gateway follows the requesters' records)"))
+	}
+	if o.SSHPublicAddress != "" {
+		if host, port, err := net.SplitHostPort(o.SSHPublicAddress); err != nil || host == "" || port == "" || len(o.SSHPublicAddress) > 261 {
+			errs = append(errs, fmt.Errorf("--ssh-public-address: %q is not a host:port", o.SSHPublicAddress))
+		}
+	}
+	if !filepath.IsAbs(o.SSHDir) {
+		errs = append(errs, fmt.Errorf("--ssh-dir: %q is not an absolute path", o.SSHDir))
+	}
+	if o.SSHKeyTTL <= 0 {
+		errs = append(errs, fmt.Errorf("--ssh-key-ttl: %s is not positive", o.SSHKeyTTL))
+	}
+	return errs
+}
+
+// SSHPublic is the SSH gateway's address the leases carry; empty
+// without one.
+func (o *Options) SSHPublic() string {
+	if o.SSHPublicAddress != "" {
+		return o.SSHPublicAddress
+	}
+	return o.SSHAddress
 }
 
 // GatewayPublic is the gateway's address the leases carry: the public

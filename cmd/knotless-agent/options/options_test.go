@@ -87,6 +87,14 @@ func TestValidate(t *testing.T) {
 		{"--allow-private-networks", func(o *Options) { o.AllowPrivateNetworks = "not-a-range" }},
 		{"--preload-image", func(o *Options) { o.NodeImage, o.Kind, o.PreloadImages = "img", o.KCP, []string{"--privileged"} }},
 		{"--gateway-public-address", func(o *Options) { o.GatewayPublicAddress = "gw.example:443" }},
+		{"--ssh-address needs --gateway-address", func(o *Options) { o.SSHAddress = ":2222" }},
+		{"--ssh-public-address", func(o *Options) { o.SSHPublicAddress = "gw.example:22" }},
+		{"--ssh-dir", func(o *Options) {
+			o.GatewayAddress, o.GatewayCertFile, o.GatewayKeyFile, o.SSHAddress, o.SSHDir = ":8443", "/c", "/k", ":2222", "ssh"
+		}},
+		{"--ssh-key-ttl", func(o *Options) {
+			o.GatewayAddress, o.GatewayCertFile, o.GatewayKeyFile, o.SSHAddress, o.SSHKeyTTL = ":8443", "/c", "/k", ":2222", 0
+		}},
 		{"--gateway-public-address", func(o *Options) {
 			o.GatewayAddress, o.GatewayCertFile, o.GatewayKeyFile, o.GatewayPublicAddress = ":8443", "/c", "/k", "gw.example"
 		}},

@@ -91,6 +91,7 @@ func (d *bidder) liveLease(lv *leaseView) {
 		done := *l
 		done.State, done.Reason, done.UpdatedAt = LeaseCompleted, reason, market.Time(d.now)
 		done.CAFingerprint, done.CABundle, done.Endpoint, done.ServiceID, done.Gateway = "", "", "", "", ""
+		done.SSHAddress, done.SSHHostKey = "", ""
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &done})
 		d.p.event("", corev1.EventTypeWarning, "VMLost", "Lease", fmt.Sprintf("the VM of %s is %s (%s): the lease ends", lv.name, vm.Status.Phase, vm.Status.Reason), i)
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractFailed, Of(reason), i, nil)
@@ -99,11 +100,12 @@ func (d *bidder) liveLease(lv *leaseView) {
 		// The VM runs: the lease says so, with the tenant's endpoint, its
 		// CA bundle and that bundle's pin, its service identity (never a
 		// credential: callers authenticate with their own identity) and
-		// the agent's gateway, if it runs one.
+		// the agent's gateways (HTTP, SSH), if it runs them.
 		d.p.step(LeaseRun, lv.ol.uri)
 		up := *l
 		up.State, up.CAFingerprint, up.UpdatedAt = LeaseRunning, vm.Status.CAFingerprint, market.Time(d.now)
 		up.CABundle, up.Endpoint, up.ServiceID, up.Gateway = vm.Status.CABundle, vm.Status.Endpoint, vm.Status.ServiceID, vm.Status.Gateway
+		up.SSHAddress, up.SSHHostKey = vm.Status.SSHAddress, vm.Status.SSHHostKey
 		i := d.p.record(RecordOp{Collection: lexicon.Lease, RKey: lv.ol.rkey, Value: &up})
 		d.contractOf(lv.ol, lv.acc, lv.cc, marketv1alpha1.ContractActive, "", i, nil)
 	default:
@@ -230,5 +232,6 @@ func (d *bidder) reclaim(lv *leaseView, why ReclaimReason) {
 func leaseShows(l *market.Lease, vm *computev1alpha1.ComputeVM) bool {
 	st := &vm.Status
 	return l.State == LeaseRunning && l.CAFingerprint == st.CAFingerprint && l.CABundle == st.CABundle &&
-		l.Endpoint == st.Endpoint && l.ServiceID == st.ServiceID && l.Gateway == st.Gateway
+		l.Endpoint == st.Endpoint && l.ServiceID == st.ServiceID && l.Gateway == st.Gateway &&
+		l.SSHAddress == st.SSHAddress && l.SSHHostKey == st.SSHHostKey
 }

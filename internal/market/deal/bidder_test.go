@@ -415,8 +415,10 @@ func leaseCases() []bidderCase {
 		{name: "a running lease gets the agent's gateway", setup: func(f *fixture) {
 			_, _, name := f.leased(LeaseRunning, marketv1alpha1.ContractActive, computev1alpha1.VMRunning)
 			f.s.VMs[name].Status.Gateway = "gw.fit.example:443"
+			f.s.VMs[name].Status.SSHAddress, f.s.VMs[name].Status.SSHHostKey = "gw.fit.example:22", "SHA256:x"
 		}, want: []TransitionID{LeaseRun}, check: func(t *testing.T, f *fixture, p *Plan) {
-			if l := leaseWrite(p); l == nil || l.Gateway != "gw.fit.example:443" || l.Endpoint != "https://127.0.0.1:7443/clusters/root" {
+			if l := leaseWrite(p); l == nil || l.Gateway != "gw.fit.example:443" || l.Endpoint != "https://127.0.0.1:7443/clusters/root" ||
+				l.SSHAddress != "gw.fit.example:22" || l.SSHHostKey != "SHA256:x" {
 				t.Errorf("plan %+v", p)
 			}
 		}},

@@ -1,6 +1,7 @@
 package deal
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -15,12 +16,16 @@ import (
 // Tenant is how a running lease says its tenant is reached: its
 // endpoint, the CA bundle that verifies it, the service identity
 // callers ask their PDS for tokens for, and the bidder's gateway
-// (host:port; empty when the lease names none or names it badly).
+// (host:port; empty when the lease names none or names it badly), and
+// the bidder's SSH gateway with its host key fingerprint (both empty
+// unless both are well formed).
 type Tenant struct {
-	Endpoint  string
-	CA        []byte
-	ServiceID string
-	Gateway   string
+	Endpoint   string
+	CA         []byte
+	ServiceID  string
+	Gateway    string
+	SSHAddress string
+	SSHHostKey string
 }
 
 // ErrCABundleNotPinned: a lease's CA bundle is not the one its
@@ -52,7 +57,22 @@ func TenantOf(bidderDID string, l *market.Lease) (Tenant, error) {
 	if !serviceauth.IsAudienceOf(l.ServiceID, bidderDID) {
 		return Tenant{}, errors.New("the lease's serviceId is not a service identity of the bidder's")
 	}
-	return Tenant{Endpoint: l.Endpoint, CA: []byte(l.CABundle), ServiceID: l.ServiceID, Gateway: gatewayAddress(l.Gateway)}, nil
+	tn := Tenant{Endpoint: l.Endpoint, CA: []byte(l.CABundle), ServiceID: l.ServiceID, Gateway: gatewayAddress(l.Gateway)}
+	if addr := gatewayAddress(l.SSHAddress); addr != "" && hostKeyFingerprint(l.SSHHostKey) {
+		tn.SSHAddress, tn.SSHHostKey = addr, l.SSHHostKey
+	}
+	return tn, nil
+}
+
+// hostKeyFingerprint: s is an SSH SHA256 fingerprint as ssh-keygen
+// prints it (SHA256: and 43 characters of unpadded base64).
+func hostKeyFingerprint(s string) bool {
+	b64, ok := strings.CutPrefix(s, "SHA256:")
+	if !ok || len(b64) != 43 {
+		return false
+	}
+	_, err := base64.RawStdEncoding.DecodeString(b64)
+	return err == nil
 }
 
 // gatewayAddress is a lease's gateway if it is a host and a port, else

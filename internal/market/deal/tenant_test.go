@@ -79,3 +79,34 @@ func TestTenantGateway(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantSSH: a lease's SSH gateway counts only with a well-formed
+// address and host key fingerprint, both.
+func TestTenantSSH(t *testing.T) {
+	crt, _, err := certutil.GenerateSelfSignedCertKey("tenant", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := market.CAFingerprint(crt)
+	const key = "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s"
+	for _, c := range []struct{ addr, key, wantAddr string }{
+		{"ssh.fit.example:2222", key, "ssh.fit.example:2222"},
+		{"ssh.fit.example:2222", "", ""},
+		{"ssh.fit.example:2222", "MD5:16:27:ac:a5:76:28:2d:36:63:1b:56:4d:eb:df:a6:48", ""},
+		{"ssh.fit.example:2222", "SHA256:short", ""},
+		{"ssh.fit.example:2222", "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2!", ""},
+		{"ssh.fit.example", key, ""},
+		{"", key, ""},
+	} {
+		l := &market.Lease{State: LeaseRunning, Endpoint: "https://127.0.0.1:7443/clusters/root", CABundle: string(crt), CAFingerprint: fp,
+			ServiceID: serviceauth.Audience(fit, "vm-uid"), SSHAddress: c.addr, SSHHostKey: c.key}
+		tn, err := TenantOf(fit, l)
+		wantKey := ""
+		if c.wantAddr != "" {
+			wantKey = c.key
+		}
+		if err != nil || tn.SSHAddress != c.wantAddr || tn.SSHHostKey != wantKey {
+			t.Errorf("ssh %q %q: %q %q, %v", c.addr, c.key, tn.SSHAddress, tn.SSHHostKey, err)
+		}
+	}
+}
