@@ -219,9 +219,8 @@ func gatewayOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv
 	if _, _, _, err := gw.get(ctx, hc, "shop.elsewhere.test", "/"); err == nil {
 		t.Error("shop.elsewhere.test answered over TLS with a certificate for *.gw.test")
 	}
-	if g := gatewayIs(ctx, t, d.app, "elsewhere", gatewayv1alpha1.ReasonGatewayUnreachable); !strings.Contains(meta.FindStatusCondition(g.Status.Conditions, gatewayv1alpha1.ConditionReady).Message, "does not cover") {
-		t.Errorf("Gateway elsewhere: %+v", g.Status.Conditions)
-	}
+	// (What failed is not told at a private address, R17.)
+	gatewayIs(ctx, t, d.app, "elsewhere", gatewayv1alpha1.ReasonGatewayUnreachable)
 	// A second Gateway of the hostname: the first keeps it.
 	newGateway(ctx, t, d.app, "again", rc.Name, "shop.gw.test", "nothing")
 	gatewayIs(ctx, t, d.app, "again", gatewayv1alpha1.ReasonHostnameTaken)

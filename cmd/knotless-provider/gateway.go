@@ -8,9 +8,8 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
-	"os"
+	"time"
 
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
@@ -18,38 +17,24 @@ import (
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/tenantreach"
+	"github.com/knotless-dev/knotless/internal/tlsfiles"
 )
 
 // setupGateways registers the gateway controller: it publishes the
 // requesters' association records and probes their hostnames through
 // the bidders' gateways, whose certificates the system's roots and
-// caFile (if set) verify.
+// caFile (if set; read again when it changes, R08) verify.
 func setupGateways(ctx context.Context, mgr mcmanager.Manager, caFile string, pool *repoconn.Pool, policy *netpolicy.Policy, reaches *tenantreach.Registry) error {
-	roots, err := gatewayRoots(caFile)
-	if err != nil {
-		return err
+	r := &gateway.Reconciler{GetCluster: mgr.GetCluster, Reaches: reaches, Pool: pool, Policy: policy}
+	if caFile != "" {
+		roots, err := tlsfiles.NewCA(caFile, true, 10*time.Second)
+		if err != nil {
+			return fmt.Errorf("--gateway-ca-file: %w", err)
+		}
+		r.Roots = roots.Pool
 	}
-	if err := (&gateway.Reconciler{GetCluster: mgr.GetCluster, Reaches: reaches, Pool: pool, Policy: policy, Roots: roots}).SetupWithManager(ctx, mgr); err != nil {
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the gateway controller: %w", err)
 	}
 	return nil
-}
-
-// gatewayRoots are the system's roots and the certificates of caFile.
-func gatewayRoots(caFile string) (*x509.CertPool, error) {
-	if caFile == "" {
-		return nil, nil
-	}
-	roots, err := x509.SystemCertPool()
-	if err != nil {
-		roots = x509.NewCertPool()
-	}
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("--gateway-ca-file: %w", err)
-	}
-	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--gateway-ca-file: %s holds no PEM certificate", caFile)
-	}
-	return roots, nil
 }

@@ -72,13 +72,7 @@ const (
 const (
 	// tenantWait: the contract's tenant is not mounted yet.
 	tenantWait = 15 * time.Second
-	// probeWait: the gateway does not serve the hostname or its Service
-	// has no ready endpoint; freshWait instead while the record is new
-	// (the gateway reads it within a second or two).
-	probeWait  = 10 * time.Second
-	freshWait  = time.Second
-	freshSince = 30 * time.Second
-	// servingWait: the hostname is served; looked at again.
+	// servingWait: the hostname is served; probed again.
 	servingWait = 5 * time.Minute
 	// giveUpAfter: a deleted Gateway whose record cannot be deleted (its
 	// repo's PDS does not answer) lets go after this long.
@@ -99,15 +93,38 @@ type Reconciler struct {
 	// Policy is the provider's address policy, which the probes dial
 	// through.
 	Policy *netpolicy.Policy
-	// Roots verify the gateways' certificates (nil: the system's).
-	Roots *x509.CertPool
+	// Roots are the current roots that verify the gateways'
+	// certificates (nil, or a nil pool: the system's).
+	Roots func() *x509.CertPool
 	// Probe, when set, replaces the request through the gateway (tests).
 	Probe func(ctx context.Context, address, hostname string) Probed
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
-	// written is when each Gateway's record was last written, by UID.
-	written sync.Map
+	once   sync.Once
+	probes *prober
+	// rewrites are the claims written, by Gateway UID: a claim that does
+	// not show in the repo after it was written is written again only
+	// after a wait that doubles (a PDS that drops it cannot make a loop).
+	rewrites sync.Map
+}
+
+// prober is the Reconciler's prober (made on first use).
+func (r *Reconciler) prober() *prober {
+	r.once.Do(func() {
+		probe := r.Probe
+		if probe == nil {
+			probe = func(ctx context.Context, address, hostname string) Probed {
+				var roots *x509.CertPool
+				if r.Roots != nil {
+					roots = r.Roots()
+				}
+				return Probe(ctx, r.Policy, roots, address, hostname)
+			}
+		}
+		r.probes = newProber(probe, func() time.Time { return clock.Now(r.Now) })
+	})
+	return r.probes
 }
 
 // SetupWithManager registers the controller: a Gateway is looked at when
@@ -126,6 +143,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		return err
 	}
 	newList := func() client.ObjectList { return &gatewayv1alpha1.GatewayList{} }
+	if err := mgr.GetLocalManager().Add(r.prober()); err != nil {
+		return err
+	}
 	return engage.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&gatewayv1alpha1.Gateway{}, predicates.SpecOrLifecycleChanged()).
@@ -134,6 +154,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr mcmanager.Manager
 		Watches(&gatewayv1alpha1.Gateway{}, mapping.ByClusterIndex(newList, byHostname, func(o client.Object) string {
 			return o.(*gatewayv1alpha1.Gateway).Spec.Hostname
 		}), predicates.SpecOrLifecycleChanged()).
+		WatchesRawSource(r.prober().source()).
 		WithOptions(controller.TypedOptions[mcreconcile.Request]{
 			MaxConcurrentReconciles: 4,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[mcreconcile.Request](time.Second, 5*time.Minute),
@@ -182,7 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if !s.g.DeletionTimestamp.IsZero() {
 		return s.finalize()
 	}
-	res, err := s.sync()
+	res, err := s.sync(req)
 	if werr := ssa.WriteStatus(ctx, s.c, s.g, &s.g.Status, s.st, ssa.StatusOptions{
 		Manager: FieldManager, Event: ssa.ConditionChanged(s.g.Status.Conditions, s.st.Conditions, gatewayv1alpha1.ConditionReady),
 		Recorder: cl.GetEventRecorder(Name), Action: "Serve",
@@ -217,7 +238,7 @@ func (s *syncer) notPublished(reason, msg string) {
 
 // sync publishes the record when the contract's tenant is mounted, and
 // probes the hostname through the lease's gateway.
-func (s *syncer) sync() (reconcile.Result, error) {
+func (s *syncer) sync(req mcreconcile.Request) (reconcile.Result, error) {
 	t, err := s.r.Reaches.Lookup(s.ctx, s.c, s.lc, s.g.Namespace, s.g.Spec.ContractRef.Name)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -231,7 +252,7 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		}
 		s.notPublished(reason, t.Why)
 		s.st.URL, s.st.Address = "", ""
-		return reconcile.Result{}, s.unpublish()
+		return reconcile.Result{}, s.unpublish(t.CC)
 	}
 	if !t.Mounted {
 		s.notPublished(gatewayv1alpha1.ReasonTenantNotReady, t.Why)
@@ -239,10 +260,8 @@ func (s *syncer) sync() (reconcile.Result, error) {
 	}
 	if holder, err := s.holder(); err != nil {
 		return reconcile.Result{}, err
-	} else if holder != "" {
-		s.notPublished(gatewayv1alpha1.ReasonHostnameTaken, fmt.Sprintf("Gateway %s of this workspace, made earlier, claims hostname %s", holder, s.g.Spec.Hostname))
-		s.st.Association, s.st.URL, s.st.Address = nil, "", ""
-		return reconcile.Result{}, nil
+	} else if holder != nil {
+		return reconcile.Result{}, s.taken(holder, t.CC)
 	}
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		if err := ssa.Metadata(s.ctx, s.c, s.g, []string{Finalizer}, nil, FieldManager); err != nil {
@@ -258,21 +277,24 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, gatewayv1alpha1.ReasonNoGateway, "the bidder's lease names no gateway: its agent serves no hostnames for this tenant")
 		return reconcile.Result{}, nil
 	}
-	return s.probe(gw), nil
+	return s.probe(req, gw), nil
 }
 
 // holder is the Gateway of this workspace that holds the hostname if it
-// is not this one: the oldest claim (then the first by namespace and
-// name) among those not being deleted.
-func (s *syncer) holder() (string, error) {
+// is not this one: the oldest (then the first by namespace and name)
+// of the Gateways of the hostname that claim it, that is hold the
+// finalizer (they published, or were about to; one being deleted holds
+// it until its record is gone), and this one. A Gateway that claims
+// nothing (its contract is not mounted, say) holds nothing.
+func (s *syncer) holder() (*gatewayv1alpha1.Gateway, error) {
 	var list gatewayv1alpha1.GatewayList
 	if err := s.c.List(s.ctx, &list, client.MatchingFields{byHostname: s.g.Spec.Hostname}); err != nil {
-		return "", err
+		return nil, err
 	}
 	first := s.g
 	for i := range list.Items {
 		o := &list.Items[i]
-		if o.Spec.Hostname != s.g.Spec.Hostname || !o.DeletionTimestamp.IsZero() {
+		if o.UID == s.g.UID || o.Spec.Hostname != s.g.Spec.Hostname || !controllerutil.ContainsFinalizer(o, Finalizer) {
 			continue
 		}
 		if o.CreationTimestamp.Before(&first.CreationTimestamp) || (o.CreationTimestamp.Equal(&first.CreationTimestamp) &&
@@ -281,9 +303,26 @@ func (s *syncer) holder() (string, error) {
 		}
 	}
 	if first.UID == s.g.UID {
-		return "", nil
+		return nil, nil
 	}
-	return first.Namespace + "/" + first.Name, nil
+	return first, nil
+}
+
+// taken: holder holds the hostname. This Gateway claims nothing; a
+// record of its own claim (written before it saw the holder) goes,
+// unless the holder claims the same.
+func (s *syncer) taken(holder *gatewayv1alpha1.Gateway, cc *marketv1alpha1.ComputeContract) error {
+	who := "another Gateway of this workspace"
+	if holder.Namespace == s.g.Namespace {
+		who = "Gateway " + holder.Name
+	}
+	s.notPublished(gatewayv1alpha1.ReasonHostnameTaken, fmt.Sprintf("%s, made earlier, claims hostname %s", who, s.g.Spec.Hostname))
+	s.st.URL, s.st.Address = "", ""
+	if holder.Namespace == s.g.Namespace && holder.Spec.ContractRef == s.g.Spec.ContractRef && holder.Spec.Service == s.g.Spec.Service {
+		s.st.Association = nil
+		return nil
+	}
+	return s.unpublish(cc)
 }
 
 // URL is where hostname is reached through the gateway at address: its
@@ -305,7 +344,7 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	if err := s.unpublish(); err != nil {
+	if err := s.unpublish(s.contract()); err != nil {
 		if s.now.Sub(s.g.DeletionTimestamp.Time) < giveUpAfter {
 			s.log.Info("the Gateway's association record is not deleted yet", "error", err.Error())
 			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
@@ -316,6 +355,17 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 				"the association record of %s could not be deleted from the repo: delete it there", s.g.Spec.Hostname)
 		}
 	}
-	s.r.written.Delete(s.g.UID)
+	s.r.prober().forget(s.g.UID)
+	s.r.rewrites.Delete(s.g.UID)
 	return reconcile.Result{}, ssa.RemoveFinalizer(s.ctx, s.c, s.g, Finalizer)
+}
+
+// contract is the Gateway's contract if it is a requester's contract
+// of its namespace, else nil.
+func (s *syncer) contract() *marketv1alpha1.ComputeContract {
+	cc := &marketv1alpha1.ComputeContract{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: s.g.Namespace, Name: s.g.Spec.ContractRef.Name}, cc); err != nil || cc.Spec.Side != marketv1alpha1.SideRequester {
+		return nil
+	}
+	return cc
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,8 +40,24 @@ type fixture struct {
 	repo    *markettest.Repo
 	reaches *tenantreach.Registry
 	probed  Probed
+	mu      sync.Mutex
 	probes  []string
 	now     time.Time
+}
+
+func (f *fixture) probeCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.probes)
+}
+
+// settle reconciles Gateway name, lets its probe end, and reconciles it
+// again (as the probe's end wakes it).
+func (f *fixture) settle(t *testing.T, name string) reconcile.Result {
+	t.Helper()
+	f.reconcile(t, name)
+	f.r.prober().wait()
+	return f.reconcile(t, name)
 }
 
 func readyCond() []metav1.Condition {
@@ -73,6 +90,8 @@ func newFixture(t *testing.T, gw string, objs ...client.Object) *fixture {
 			return f.repo, nil
 		},
 		Probe: func(_ context.Context, address, hostname string) Probed {
+			f.mu.Lock()
+			defer f.mu.Unlock()
 			f.probes = append(f.probes, hostname+"@"+address)
 			return f.probed
 		},
@@ -117,7 +136,7 @@ func (f *fixture) conds(t *testing.T, name string) (published, ready *metav1.Con
 // through the lease's gateway; the status has the URL and the address.
 func TestGatewayPublishesAndProbes(t *testing.T) {
 	f := newFixture(t, "gw.fit.example:8443", gw("shop", "shop.example.com", t0))
-	res := f.reconcile(t, "shop")
+	res := f.settle(t, "shop")
 	rec, _ := f.repo.Get(t.Context(), lexicon.GatewayAssociation, "shop.example.com")
 	if rec == nil {
 		t.Fatal("no association record")
@@ -136,7 +155,7 @@ func TestGatewayPublishesAndProbes(t *testing.T) {
 	if pub.Status != metav1.ConditionTrue || ready.Status != metav1.ConditionTrue || ready.Reason != gatewayv1alpha1.ReasonServing {
 		t.Fatalf("conditions %+v %+v", pub, ready)
 	}
-	if len(f.probes) != 1 || f.probes[0] != "shop.example.com@gw.fit.example:8443" || res.RequeueAfter != servingWait {
+	if f.probeCount() != 1 || f.probes[0] != "shop.example.com@gw.fit.example:8443" || res.RequeueAfter != servingWait {
 		t.Fatalf("probes %v, requeue %s", f.probes, res.RequeueAfter)
 	}
 	// Again, later, and with a newer version of the lease: nothing is
@@ -171,16 +190,21 @@ func TestGatewayPublishesAndProbes(t *testing.T) {
 func TestGatewayReady(t *testing.T) {
 	f := newFixture(t, "gw.fit.example:443", gw("shop", "shop.example.com", t0))
 	f.probed = Probed{Reason: gatewayv1alpha1.ReasonNoReadyEndpoint, Message: "no ready endpoint"}
-	// Just published: looked at again at once (the gateway reads the
-	// record within a second or two), then every probeWait.
-	if res := f.reconcile(t, "shop"); res.RequeueAfter != freshWait {
-		t.Errorf("a new record: requeue %s, want %s", res.RequeueAfter, freshWait)
-	}
-	f.now = f.now.Add(freshSince)
+	// Not served: probed again after 1 s (the gateway reads a new record
+	// within a second or two), then 2 s, 4 s, ...
 	res := f.reconcile(t, "shop")
+	if _, ready := f.conds(t, "shop"); ready.Reason != gatewayv1alpha1.ReasonWaiting || res.RequeueAfter != probeTimeout+time.Second {
+		t.Errorf("while probing: %+v, requeue %s", ready, res.RequeueAfter)
+	}
+	f.r.prober().wait()
+	res = f.reconcile(t, "shop")
 	pub, ready := f.conds(t, "shop")
-	if pub.Status != metav1.ConditionTrue || ready.Status != metav1.ConditionFalse || ready.Reason != gatewayv1alpha1.ReasonNoReadyEndpoint || res.RequeueAfter != probeWait {
+	if pub.Status != metav1.ConditionTrue || ready.Status != metav1.ConditionFalse || ready.Reason != gatewayv1alpha1.ReasonNoReadyEndpoint || res.RequeueAfter != firstWait {
 		t.Fatalf("%+v %+v, requeue %s", pub, ready, res.RequeueAfter)
+	}
+	f.now = f.now.Add(res.RequeueAfter)
+	if res := f.settle(t, "shop"); res.RequeueAfter != 2*firstWait {
+		t.Errorf("the second probe: requeue %s, want %s", res.RequeueAfter, 2*firstWait)
 	}
 	if u := f.get(t, "shop").Status.URL; u != "https://shop.example.com/" {
 		t.Errorf("URL %q on port 443", u)
@@ -192,9 +216,9 @@ func TestGatewayReady(t *testing.T) {
 // probed.
 func TestGatewayNoGateway(t *testing.T) {
 	f := newFixture(t, "", gw("shop", "shop.example.com", t0))
-	f.reconcile(t, "shop")
+	f.settle(t, "shop")
 	pub, ready := f.conds(t, "shop")
-	if pub.Status != metav1.ConditionTrue || ready.Reason != gatewayv1alpha1.ReasonNoGateway || len(f.probes) != 0 {
+	if pub.Status != metav1.ConditionTrue || ready.Reason != gatewayv1alpha1.ReasonNoGateway || f.probeCount() != 0 {
 		t.Fatalf("%+v %+v, probes %v", pub, ready, f.probes)
 	}
 }

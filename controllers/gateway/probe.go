@@ -14,10 +14,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 
 	gatewayv1alpha1 "github.com/knotless-dev/knotless/apis/gateway/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/gateway"
@@ -25,7 +27,7 @@ import (
 )
 
 // probeTimeout bounds one request through a gateway.
-const probeTimeout = 10 * time.Second
+const probeTimeout = 5 * time.Second
 
 // Probed is what a request for a hostname through a gateway found.
 type Probed struct {
@@ -56,27 +58,20 @@ func refusal(header string) (string, bool) {
 	return "", false
 }
 
-// probe asks the gateway at address for the Gateway's hostname and sets
-// Ready from what it found.
-func (s *syncer) probe(address string) reconcile.Result {
-	ctx, cancel := context.WithTimeout(s.ctx, probeTimeout)
-	defer cancel()
-	probe := s.r.Probe
-	if probe == nil {
-		probe = func(ctx context.Context, address, hostname string) Probed {
-			return Probe(ctx, s.r.Policy, s.r.Roots, address, hostname)
-		}
+// probe sets Ready from the last probe of the hostname through the
+// gateway at address (the prober runs them aside) and says when to look
+// again.
+func (s *syncer) probe(req mcreconcile.Request, address string) reconcile.Result {
+	got, wait := s.r.prober().result(req, s.g.UID, address, s.g.Spec.Hostname)
+	switch {
+	case got == nil:
+		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, gatewayv1alpha1.ReasonWaiting, "the hostname is being probed through the gateway at "+address)
+	case got.Reason == gatewayv1alpha1.ReasonServing:
+		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionTrue, got.Reason, got.Message)
+	default:
+		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, got.Reason, got.Message)
 	}
-	p := probe(ctx, address, s.g.Spec.Hostname)
-	if p.Reason == gatewayv1alpha1.ReasonServing {
-		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionTrue, p.Reason, p.Message)
-		return reconcile.Result{RequeueAfter: servingWait}
-	}
-	s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, p.Reason, p.Message)
-	if at, ok := s.r.written.Load(s.g.UID); ok && s.now.Sub(at.(time.Time)) < freshSince {
-		return reconcile.Result{RequeueAfter: freshWait}
-	}
-	return reconcile.Result{RequeueAfter: probeWait}
+	return reconcile.Result{RequeueAfter: wait}
 }
 
 // Probe sends GET / for hostname to the gateway at address (whatever
@@ -105,23 +100,29 @@ func Probe(ctx context.Context, policy *netpolicy.Policy, roots *x509.CertPool, 
 		return Probed{Reason: gatewayv1alpha1.ReasonGatewayUnreachable, Message: "no request can be made for the hostname"}
 	}
 	req.Header.Set("User-Agent", "knotless-gateway-probe")
-	resp, err := hc.Do(req)
+	var private atomic.Bool
+	resp, err := hc.Do(req.WithContext(netpolicy.TracePrivate(ctx, &private)))
 	if err != nil {
+		if private.Load() {
+			// What failed at an address the operator allowed is the
+			// operator's to know, not the lease's author's (R17).
+			return Probed{Reason: gatewayv1alpha1.ReasonGatewayUnreachable, Message: fmt.Sprintf("the gateway at %s did not answer for %s", address, hostname)}
+		}
 		return Probed{Reason: gatewayv1alpha1.ReasonGatewayUnreachable, Message: unreachable(address, hostname, err)}
 	}
 	_ = resp.Body.Close()
 	why := resp.Header.Get(gateway.ReasonHeader)
 	if why == "" {
-		return Probed{Reason: gatewayv1alpha1.ReasonServing, Message: fmt.Sprintf("a request for %s through the gateway at %s was answered by the Service (%d)", hostname, address, resp.StatusCode)}
+		return Probed{Reason: gatewayv1alpha1.ReasonServing, Message: fmt.Sprintf("a request for %s through the gateway at %s was answered by the Service", hostname, address)}
 	}
 	reason, known := refusal(why)
 	if !known {
-		return Probed{Reason: gatewayv1alpha1.ReasonWaiting, Message: fmt.Sprintf("the gateway at %s refused the request for %s (%d)", address, hostname, resp.StatusCode)}
+		return Probed{Reason: gatewayv1alpha1.ReasonWaiting, Message: fmt.Sprintf("the gateway at %s refused the request for %s", address, hostname)}
 	}
 	if reason == gatewayv1alpha1.ReasonWaiting {
 		return Probed{Reason: reason, Message: fmt.Sprintf("the gateway at %s does not serve %s yet (it has not read the association record, or its certificate does not cover the hostname)", address, hostname)}
 	}
-	return Probed{Reason: reason, Message: fmt.Sprintf("the gateway at %s serves %s but reached no ready endpoint of the Service: %s (%d)", address, hostname, reason, resp.StatusCode)}
+	return Probed{Reason: reason, Message: fmt.Sprintf("the gateway at %s serves %s but reached no ready endpoint of the Service: %s", address, hostname, reason)}
 }
 
 // unreachable says why the gateway was not reached, without quoting what

@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	gatewayv1alpha1 "github.com/knotless-dev/knotless/apis/gateway/v1alpha1"
@@ -23,6 +24,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
+	"github.com/knotless-dev/knotless/internal/pds"
 )
 
 // identityWait: the requester's identity or repo is not Ready.
@@ -52,6 +54,21 @@ func sameClaim(a, b *Association) bool {
 	return a.Hostname == b.Hostname && a.Lease.URI == b.Lease.URI && a.Service == b.Service
 }
 
+// claimOf is the Gateway's claim for the lease of cc.
+func (s *syncer) claimOf(lease *marketv1alpha1.RecordRef) *Association {
+	return &Association{Type: lexicon.GatewayAssociation, Hostname: s.g.Spec.Hostname, Lease: market.StrongRef{URI: lease.URI, CID: lease.CID},
+		Service:   Service{Namespace: s.g.Spec.Service.Namespace, Name: s.g.Spec.Service.Name, Port: s.g.Spec.Service.Port},
+		CreatedAt: market.Time(s.now)}
+}
+
+// rewrite is the last claim written for a Gateway and when it may be
+// written again if it does not show.
+type rewrite struct {
+	key  string
+	next time.Time
+	wait time.Duration
+}
+
 // publish makes the association record of the Gateway, for the lease of
 // cc, the one in the requester's repo. done: the sync stops here with
 // res and err (the conditions say why).
@@ -72,32 +89,55 @@ func (s *syncer) publish(cc *marketv1alpha1.ComputeContract) (res reconcile.Resu
 	case err != nil:
 		return reconcile.Result{}, true, err
 	}
-	h := s.g.Spec.Hostname
-	want := &Association{Type: lexicon.GatewayAssociation, Hostname: h, Lease: market.StrongRef{URI: lease.URI, CID: lease.CID},
-		Service:   Service{Namespace: s.g.Spec.Service.Namespace, Name: s.g.Spec.Service.Name, Port: s.g.Spec.Service.Port},
-		CreatedAt: market.Time(s.now)}
-	cur, err := pub.Get(ctx, lexicon.GatewayAssociation, h)
-	if err == nil && cur != nil {
-		var have Association
-		if json.Unmarshal(cur.Value, &have) == nil && sameClaim(&have, want) {
-			s.st.Association = &gatewayv1alpha1.RecordRef{URI: cur.URI, CID: cur.CID}
-			s.set(gatewayv1alpha1.ConditionPublished, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished, "association record "+cur.URI+" is in the requester's repo")
-			return reconcile.Result{}, false, nil
-		}
-	}
-	var wrote *recordRef
-	if err == nil {
-		wrote, err = ensure(ctx, pub, h, want)
-	}
+	want := s.claimOf(lease)
+	key := fmt.Sprintf("%s %s %v", want.Hostname, want.Lease.URI, want.Service)
+	cur, err := pub.Get(ctx, lexicon.GatewayAssociation, want.Hostname)
 	if err != nil {
-		s.notPublished(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS did not take the association record: "+conditions.Quote(err.Error()))
+		s.notPublished(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS did not answer")
 		return reconcile.Result{}, true, err
 	}
+	if have := decodeClaim(cur); have != nil && sameClaim(have, want) {
+		s.st.Association = &gatewayv1alpha1.RecordRef{URI: cur.URI, CID: cur.CID}
+		s.set(gatewayv1alpha1.ConditionPublished, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished, "association record "+cur.URI+" is in the requester's repo")
+		return reconcile.Result{}, false, nil
+	}
+	last := &rewrite{}
+	if v, ok := s.r.rewrites.Load(s.g.UID); ok {
+		last = v.(*rewrite)
+	}
+	if last.key == key && s.now.Before(last.next) {
+		// Written already, and not shown: the PDS is looked at again
+		// later, not written again at once.
+		s.notPublished(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS does not show the association record written")
+		return reconcile.Result{RequeueAfter: last.next.Sub(s.now)}, true, nil
+	}
+	wait := firstWait
+	if last.key == key {
+		wait = min(2*last.wait, lastWait)
+	}
+	wrote, err := ensure(ctx, pub, want.Hostname, want)
+	if err != nil {
+		s.notPublished(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS did not take the association record")
+		return reconcile.Result{}, true, err
+	}
+	s.r.rewrites.Store(s.g.UID, &rewrite{key: key, next: s.now.Add(wait), wait: wait})
+	s.r.prober().forget(s.g.UID)
 	s.st.Association = &gatewayv1alpha1.RecordRef{URI: wrote.uri, CID: wrote.cid}
-	s.r.written.Store(s.g.UID, s.now)
-	s.log.Info("association record published", "hostname", h, "uri", wrote.uri)
+	s.log.Info("association record published", "hostname", want.Hostname, "uri", wrote.uri)
 	s.set(gatewayv1alpha1.ConditionPublished, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished, "association record "+wrote.uri+" is in the requester's repo")
 	return reconcile.Result{}, false, nil
+}
+
+// decodeClaim is the claim of an association record (nil: none).
+func decodeClaim(rec *pds.Record) *Association {
+	if rec == nil {
+		return nil
+	}
+	var a Association
+	if json.Unmarshal(rec.Value, &a) != nil {
+		return nil
+	}
+	return &a
 }
 
 type recordRef struct{ uri, cid string }
@@ -119,16 +159,24 @@ func ensure(ctx context.Context, pub market.Publisher, hostname string, value *A
 	return &recordRef{uri: res.After.URI, cid: res.After.CID}, nil
 }
 
-// unpublish deletes the association record this Gateway published, if
-// any (status.association): from the repo of the DID its at-URI names,
-// through that DID's identity in the Gateway's namespace. A DID with no
-// identity left has no repo knotless can write: nothing to do.
-func (s *syncer) unpublish() error {
+// unpublish deletes the association record of the Gateway's hostname
+// from the requester's repo when it is this Gateway's own claim (its
+// hostname and Service; the lease of cc, when cc is known), and only if
+// the Gateway holds the finalizer (it published): a record of another
+// Gateway of the hostname, or of anyone else, stays. The repo is the
+// contract's requester's, or without a contract the one status names,
+// through an identity of the Gateway's namespace only (R22). A DID with
+// no identity left has no repo knotless can write: nothing to do.
+func (s *syncer) unpublish(cc *marketv1alpha1.ComputeContract) error {
 	a := s.st.Association
-	if a == nil {
+	if a == nil || !controllerutil.ContainsFinalizer(s.g, Finalizer) {
+		s.st.Association = nil
 		return nil
 	}
 	did, ok := didOf(a.URI)
+	if cc != nil {
+		did, ok = cc.Spec.RequesterDID, cc.Spec.RequesterDID != ""
+	}
 	if !ok {
 		s.st.Association = nil
 		return nil
@@ -145,12 +193,29 @@ func (s *syncer) unpublish() error {
 	if err != nil {
 		return err
 	}
-	if _, err := ensure(ctx, pub, s.g.Spec.Hostname, nil); err != nil {
+	cur, err := pub.Get(ctx, lexicon.GatewayAssociation, s.g.Spec.Hostname)
+	if err != nil {
 		return err
 	}
-	s.log.Info("association record deleted", "hostname", s.g.Spec.Hostname, "uri", a.URI)
+	if have := decodeClaim(cur); have != nil && s.ownClaim(have, cc) {
+		if _, err := ensure(ctx, pub, s.g.Spec.Hostname, nil); err != nil {
+			return err
+		}
+		s.log.Info("association record deleted", "hostname", s.g.Spec.Hostname, "uri", cur.URI)
+	}
 	s.st.Association = nil
+	s.r.rewrites.Delete(s.g.UID)
 	return nil
+}
+
+// ownClaim: a is this Gateway's claim: its hostname and Service, and
+// the lease of cc when cc is known.
+func (s *syncer) ownClaim(a *Association, cc *marketv1alpha1.ComputeContract) bool {
+	sp := s.g.Spec
+	if a.Hostname != sp.Hostname || a.Service != (Service{Namespace: sp.Service.Namespace, Name: sp.Service.Name, Port: sp.Service.Port}) {
+		return false
+	}
+	return cc == nil || cc.Status.Records.Lease == nil || a.Lease.URI == cc.Status.Records.Lease.URI
 }
 
 // didOf is the repo (DID) of an at-URI.

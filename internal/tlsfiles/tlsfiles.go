@@ -28,8 +28,11 @@ func stat(path string) (stamp, error) {
 
 // Reloader holds a current key pair and CA pool read from files.
 type Reloader struct {
-	files []string // certificate, key[, CA]
+	files []string // certificate, key[, CA]; or the CA alone (caOnly)
 	every time.Duration
+	// caOnly: files is a CA bundle only; system: its pool starts from
+	// the system's roots.
+	caOnly, system bool
 
 	mu      sync.Mutex
 	checked time.Time
@@ -53,6 +56,42 @@ func New(certFile, keyFile, caFile string, every time.Duration) (*Reloader, erro
 	return r, nil
 }
 
+// NewCA keeps the CA pool of caFile current (no key pair); with system
+// the pool holds the system's roots too. It fails if the file holds no
+// PEM certificate.
+func NewCA(caFile string, system bool, every time.Duration) (*Reloader, error) {
+	r := &Reloader{files: []string{caFile}, every: every, caOnly: true, system: system}
+	if err := r.load(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Pool is the current CA pool (Current's).
+func (r *Reloader) Pool() *x509.CertPool {
+	_, pool := r.Current()
+	return pool
+}
+
+// loadCA reads the CA pool of caOnly.
+func (r *Reloader) loadCA(st []stamp) error {
+	pemCA, err := os.ReadFile(r.files[0])
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if r.system {
+		if sys, err := x509.SystemCertPool(); err == nil {
+			pool = sys
+		}
+	}
+	if !pool.AppendCertsFromPEM(pemCA) {
+		return errors.New("CA: no PEM certificate in " + r.files[0])
+	}
+	r.pool, r.stamps = pool, st
+	return nil
+}
+
 func (r *Reloader) load() error {
 	st := make([]stamp, len(r.files))
 	for i, p := range r.files {
@@ -61,6 +100,9 @@ func (r *Reloader) load() error {
 			return err
 		}
 		st[i] = s
+	}
+	if r.caOnly {
+		return r.loadCA(st)
 	}
 	cert, err := tls.LoadX509KeyPair(r.files[0], r.files[1])
 	if err != nil {
@@ -102,7 +144,8 @@ func (r *Reloader) Current() (*tls.Certificate, *x509.CertPool) {
 	return r.cert, r.pool
 }
 
-// GetCertificate serves the current certificate (tls.Config.GetCertificate).
+// GetCertificate serves the current certificate (tls.Config.GetCertificate);
+// nil for a CA-only Reloader.
 func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c, _ := r.Current()
 	return c, nil

@@ -15,13 +15,16 @@ type AtprotoRecordSpec struct {
 	RepoRef LocalObjectRef `json:"repoRef"`
 	// Collection is the record's NSID, for example app.bsky.actor.profile.
 	// Immutable on an AtprotoRecord. Collections another kind owns are
-	// refused: dev.knotless.market.* (the market kinds write them) and
-	// dev.knotless.inventory (knotless's inventory of the records it
-	// keeps); the authority part of an NSID is compared without case.
+	// refused: dev.knotless.market.* (the market kinds write them),
+	// dev.knotless.gateway.association and dev.knotless.gateway.ssh (the
+	// Gateway kinds write them) and dev.knotless.inventory (knotless's
+	// inventory of the records it keeps); the authority part of an NSID
+	// is compared without case.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=317
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)+(\.[a-zA-Z]([a-zA-Z0-9]{0,62})?)$`
 	// +kubebuilder:validation:XValidation:rule="!self.lowerAscii().startsWith('dev.knotless.market.')",message="collections dev.knotless.market.* are written by the market kinds (MarketRequester, MarketBidder, MarketIdentity, MarketPresence), not by an AtprotoRecord"
+	// +kubebuilder:validation:XValidation:rule="!(self.lowerAscii() in ['dev.knotless.gateway.association', 'dev.knotless.gateway.ssh'])",message="collections dev.knotless.gateway.association and dev.knotless.gateway.ssh are written by the Gateway kinds, not by an AtprotoRecord"
 	// +kubebuilder:validation:XValidation:rule="self.lowerAscii() != 'dev.knotless.inventory'",message="collection dev.knotless.inventory is written by knotless's AtprotoRecord controller (its inventory of the records it keeps), not by an AtprotoRecord"
 	Collection string `json:"collection"`
 	// RKey is the record key: 1 to 512 of A-Z a-z 0-9 . _ : ~ -, not "."
@@ -104,6 +107,8 @@ func OwnedCollection(collection string) string {
 	switch c := strings.ToLower(collection); {
 	case strings.HasPrefix(c, "dev.knotless.market."):
 		return "collections dev.knotless.market.* are written by the market kinds (MarketRequester, MarketBidder, MarketIdentity, MarketPresence), not by an AtprotoRecord"
+	case c == "dev.knotless.gateway.association" || c == "dev.knotless.gateway.ssh":
+		return "collections dev.knotless.gateway.association and dev.knotless.gateway.ssh are written by the Gateway kinds, not by an AtprotoRecord"
 	case c == "dev.knotless.inventory":
 		return "collection dev.knotless.inventory is written by knotless's AtprotoRecord controller (its inventory of the records it keeps), not by an AtprotoRecord"
 	}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/serviceauth"
@@ -75,11 +78,16 @@ func hostKeyFingerprint(s string) bool {
 	return err == nil
 }
 
-// gatewayAddress is a lease's gateway if it is a host and a port, else
-// "": a gateway named badly is no gateway, the tenant is still reached.
+// gatewayAddress is a lease's gateway if it is a host (an IP address or
+// a lowercase DNS name) and a port, else "": a gateway named badly is no
+// gateway, the tenant is still reached. Nothing else of the bidder's
+// text shows in a status.
 func gatewayAddress(s string) string {
 	host, port, err := net.SplitHostPort(s)
-	if err != nil || host == "" || strings.ContainsAny(host, "/@ \t") {
+	if err != nil {
+		return ""
+	}
+	if ip, ipErr := netip.ParseAddr(host); (ipErr != nil && len(validation.IsDNS1123Subdomain(host)) > 0) || (ipErr == nil && ip.Zone() != "") {
 		return ""
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {

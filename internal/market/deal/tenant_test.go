@@ -70,6 +70,10 @@ func TestTenantGateway(t *testing.T) {
 		"u@gw.example:443":    "",
 		"gw.example/x:443":    "",
 		"gw.example:99999":    "",
+		"GW.example:443":      "",
+		"gw\nexample:443":     "",
+		"gw\u202eelpmaxe:443": "",
+		"[fe80::1%eth0]:443":  "",
 	} {
 		l := &market.Lease{State: LeaseRunning, Endpoint: "https://127.0.0.1:7443/clusters/root", CABundle: string(crt), CAFingerprint: fp,
 			ServiceID: serviceauth.Audience(fit, "vm-uid"), Gateway: gw}
