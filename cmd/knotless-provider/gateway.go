@@ -14,13 +14,15 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 
 	"github.com/knotless-dev/knotless/controllers/gateway"
+	"github.com/knotless-dev/knotless/controllers/sshgateway"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/tenantreach"
 	"github.com/knotless-dev/knotless/internal/tlsfiles"
 )
 
-// setupGateways registers the gateway controller: it publishes the
+// setupGateways registers the gateway and sshgateway controllers. The
+// first publishes the
 // requesters' association records and probes their hostnames through
 // the bidders' gateways, whose certificates the system's roots and
 // caFile (if set; read again when it changes, R08) verify.
@@ -35,6 +37,9 @@ func setupGateways(ctx context.Context, mgr mcmanager.Manager, caFile string, po
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the gateway controller: %w", err)
+	}
+	if err := (&sshgateway.Reconciler{GetCluster: mgr.GetCluster, Reaches: reaches, Pool: pool}).SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the sshgateway controller: %w", err)
 	}
 	return nil
 }

@@ -497,7 +497,7 @@ func TestDefenceOddInputs(t *testing.T) {
 		t.Errorf("URL %q", u)
 	}
 	for _, uri := range []string{"", "at://", "at:///x", "https://did:plc:x/", "at://did:plc:x"} {
-		if did, ok := didOf(uri); ok && did != "did:plc:x" {
+		if did, ok := market.DIDOf(uri); ok && did != "did:plc:x" {
 			t.Errorf("didOf(%q) = %q", uri, did)
 		}
 	}

@@ -11,11 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -173,7 +171,7 @@ func (s *syncer) unpublish(cc *marketv1alpha1.ComputeContract) error {
 		s.st.Association = nil
 		return nil
 	}
-	did, ok := didOf(a.URI)
+	did, ok := market.DIDOf(a.URI)
 	if cc != nil {
 		did, ok = cc.Spec.RequesterDID, cc.Spec.RequesterDID != ""
 	}
@@ -218,33 +216,8 @@ func (s *syncer) ownClaim(a *Association, cc *marketv1alpha1.ComputeContract) bo
 	return cc == nil || cc.Status.Records.Lease == nil || a.Lease.URI == cc.Status.Records.Lease.URI
 }
 
-// didOf is the repo (DID) of an at-URI.
-func didOf(uri string) (string, bool) {
-	rest, ok := strings.CutPrefix(uri, "at://")
-	if !ok {
-		return "", false
-	}
-	did, _, _ := strings.Cut(rest, "/")
-	return did, strings.HasPrefix(did, "did:")
-}
-
-// repo is the Publisher of did's repo: the MarketIdentity of the
-// Gateway's namespace that is did (market.IdentityRepo: Ready, and its
-// repo taken up). None is a *conditions.Error (NotFound, NotReady).
+// repo is the Publisher of did's repo through an identity of the
+// Gateway's namespace (market.PublisherOf).
 func (s *syncer) repo(ctx context.Context, did string) (market.Publisher, error) {
-	var ids marketv1alpha1.MarketIdentityList
-	if err := s.c.List(ctx, &ids, client.InNamespace(s.g.Namespace)); err != nil {
-		return nil, err
-	}
-	for _, id := range ids.Items {
-		if did == "" || id.Status.DID != did {
-			continue
-		}
-		_, repo, err := market.IdentityRepo(ctx, s.c, s.g.Namespace, id.Name)
-		if err != nil {
-			return nil, err
-		}
-		return market.Connect(ctx, s.r.Connect, s.r.Pool, s.c, s.lc, repo)
-	}
-	return nil, conditions.Errorf(marketv1alpha1.ReasonNotFound, nil, "no MarketIdentity of namespace %s is the contract's requester %s", s.g.Namespace, did)
+	return market.PublisherOf(ctx, s.r.Connect, s.r.Pool, s.c, s.lc, s.g.Namespace, did)
 }

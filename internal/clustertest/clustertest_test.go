@@ -34,7 +34,7 @@ func TestKnotlessKindsHaveStatusSubresource(t *testing.T) {
 	}
 	slices.Sort(kinds)
 	want := []string{"Application", "AtprotoRecord", "AtprotoRecordWatch", "AtprotoRepo", "Bid", "ClusterClientCertificate", "Component", "ComputeContract", "ComputeVM",
-		"Gateway", "GuestIdentityGrant", "MarketBidder", "MarketIdentity", "MarketNetwork", "MarketPresence", "MarketRequester", "StateSync", "TenantCluster"}
+		"Gateway", "GuestIdentityGrant", "MarketBidder", "MarketIdentity", "MarketNetwork", "MarketPresence", "MarketRequester", "SshGateway", "StateSync", "TenantCluster"}
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("kinds with a status subresource %v, want %v", kinds, want)
 	}

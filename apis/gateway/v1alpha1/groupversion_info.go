@@ -17,7 +17,7 @@ var GroupVersion = schema.GroupVersion{Group: "gateway.knotless.dev", Version: "
 
 // AddToScheme registers this package's kinds with a scheme.
 func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Gateway{}, &GatewayList{})
+	s.AddKnownTypes(GroupVersion, &Gateway{}, &GatewayList{}, &SshGateway{}, &SshGatewayList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
