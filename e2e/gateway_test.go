@@ -33,13 +33,14 @@ import (
 // gatewayParts are an agent's gateway: where it listens and the CA of
 // its certificate (for *.gw.test).
 type gatewayParts struct {
-	addr string
-	pool *x509.CertPool
+	addr    string
+	sshAddr string
+	pool    *x509.CertPool
 }
 
 // gatewayAgent returns the agent flags of a gateway on a free loopback
 // port with a certificate for *.gw.test from the suite's gateway CA,
-// which the providers trust.
+// which the providers trust, and of an SSH gateway on another.
 func gatewayAgent(t *testing.T) ([]string, gatewayParts) {
 	t.Helper()
 	cert, err := env.gatewayCA.Issue("gateway", "*.gw.test")
@@ -62,11 +63,17 @@ func gatewayAgent(t *testing.T) ([]string, gatewayParts) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sshPort, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(env.gatewayCA.Cert)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	sshAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sshPort))
 	return []string{"--gateway-address", addr, "--gateway-cert-file", certFile, "--gateway-key-file", keyFile,
-		"--gateway-dir", filepath.Join(dir, "state")}, gatewayParts{addr: addr, pool: pool}
+		"--gateway-dir", filepath.Join(dir, "state"), "--ssh-address", sshAddr, "--ssh-dir", filepath.Join(dir, "ssh"),
+		"--ssh-key-ttl", sshKeyTTL.String()}, gatewayParts{addr: addr, sshAddr: sshAddr, pool: pool}
 }
 
 // client reaches any hostname at the gateway's address (curl --resolve),

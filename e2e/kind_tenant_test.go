@@ -278,6 +278,10 @@ func TestKindTenant(t *testing.T) {
 		gatewayOnKindTenant(ctx, t, d, rc, cs, node, gw)
 	})
 
+	t.Run("an SshGateway lets a session of the buyer's DID, with the key its repo publishes, into a pod", func(t *testing.T) {
+		sshOnKindTenant(ctx, t, d, rc, cs, gw)
+	})
+
 	t.Run("kubectl exec, attach and port-forward through the mount", func(t *testing.T) {
 		cfg, err := env.frontProxy.UserConfig("alice", root.Join(d.appWS).Join(rc.Name).String())
 		if err != nil {

@@ -281,11 +281,13 @@ func (s *syncer) sync(req mcreconcile.Request) (reconcile.Result, error) {
 }
 
 // holder is the Gateway of this workspace that holds the hostname if it
-// is not this one: the oldest (then the first by namespace and name)
-// of the Gateways of the hostname that claim it, that is hold the
-// finalizer (they published, or were about to; one being deleted holds
-// it until its record is gone), and this one. A Gateway that claims
-// nothing (its contract is not mounted, say) holds nothing.
+// is not this one: the oldest of the Gateways of the hostname that claim
+// it, that is hold the finalizer (they published, or were about to; one
+// being deleted holds it until its record is gone), and this one. Made
+// in the same second (creation times have seconds only), one that
+// claims wins over this one if it does not yet, then the first by
+// namespace and name. A Gateway that claims nothing (its contract is
+// not mounted, say) holds nothing.
 func (s *syncer) holder() (*gatewayv1alpha1.Gateway, error) {
 	var list gatewayv1alpha1.GatewayList
 	if err := s.c.List(s.ctx, &list, client.MatchingFields{byHostname: s.g.Spec.Hostname}); err != nil {
@@ -297,8 +299,7 @@ func (s *syncer) holder() (*gatewayv1alpha1.Gateway, error) {
 		if o.UID == s.g.UID || o.Spec.Hostname != s.g.Spec.Hostname || !controllerutil.ContainsFinalizer(o, Finalizer) {
 			continue
 		}
-		if o.CreationTimestamp.Before(&first.CreationTimestamp) || (o.CreationTimestamp.Equal(&first.CreationTimestamp) &&
-			o.Namespace+"/"+o.Name < first.Namespace+"/"+first.Name) {
+		if older(o, first) {
 			first = o
 		}
 	}
@@ -306,6 +307,17 @@ func (s *syncer) holder() (*gatewayv1alpha1.Gateway, error) {
 		return nil, nil
 	}
 	return first, nil
+}
+
+// older: a's claim comes before b's (holder).
+func older(a, b *gatewayv1alpha1.Gateway) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	if ca, cb := controllerutil.ContainsFinalizer(a, Finalizer), controllerutil.ContainsFinalizer(b, Finalizer); ca != cb {
+		return ca
+	}
+	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
 }
 
 // taken: holder holds the hostname. This Gateway claims nothing; a

@@ -313,3 +313,20 @@ func TestGatewayWaits(t *testing.T) {
 		t.Errorf("no identity of the DID: %+v", pub)
 	}
 }
+
+// TestGatewayHostnameTakenInTheSameSecond: a Gateway made in the same
+// second as one that already holds the hostname does not take it, whatever
+// their names.
+func TestGatewayHostnameTakenInTheSameSecond(t *testing.T) {
+	f := newFixture(t, "gw.fit.example:443", gw("shop", "shop.example.com", t0))
+	f.settle(t, "shop")
+	again := gw("again", "shop.example.com", t0)
+	again.ResourceVersion = ""
+	if err := f.cl.Client.Create(t.Context(), again); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t, "again")
+	if pub, _ := f.conds(t, "again"); pub.Reason != gatewayv1alpha1.ReasonHostnameTaken || f.repo.Writes != 1 {
+		t.Fatalf("the later claim in the same second: %+v (%d writes)", pub, f.repo.Writes)
+	}
+}

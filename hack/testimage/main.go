@@ -3,6 +3,8 @@
 // GET / with the memory limit and CPU quota of its own cgroup, and prints
 // them when it starts (so a pod's log shows them). `testimage limits`
 // prints them and exits (the image has no shell: what kubectl exec runs);
+// `testimage id` prints the process's uid and gid (what an SSH session
+// runs);
 // `testimage alloc N` allocates and touches N MiB, 16 MiB at a time,
 // printing how far it got, then waits (a pod that allocates past its
 // node's memory). The server echoes every line of its stdin to stdout
@@ -73,6 +75,10 @@ func main() {
 	if len(os.Args) > 3 && os.Args[1] == "kcp" {
 		kcpGet(os.Args[2], os.Args[3:])
 		select {}
+	}
+	if len(os.Args) > 1 && os.Args[1] == "id" {
+		fmt.Printf("uid=%d gid=%d\n", os.Getuid(), os.Getgid())
+		return
 	}
 	if len(os.Args) > 2 && os.Args[1] == "alloc" {
 		alloc(os.Args[2])
