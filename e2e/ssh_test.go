@@ -94,9 +94,9 @@ func sshRun(addr, fingerprint, user string, key ssh.Signer, line string, pty boo
 // sshOnKindTenant: the buyer publishes an SSH key in its repo and makes
 // an SshGateway of the kind tenant's namespace default; knotless
 // publishes the ssh record, the SshGateway shows the bidder's SSH
-// address and host key (from the lease); `ssh <buyer's DID>@gw --
-// default/<pod> /testimage id` prints the container's uid, with a
-// terminal too. Refused: a key not in the repo, a DID the tenant's RBAC
+// address, host key and the tenant's name there (from the lease); `ssh
+// <buyer's DID>@gw -- <tenant>/default/<pod> /testimage id` prints the
+// container's uid, with a terminal too. Refused: a key not in the repo, a DID the tenant's RBAC
 // does not let exec (beta), a namespace the SshGateway does not list,
 // every session once the SshGateway is deleted (its record gone), and
 // the buyer's key once its record is deleted (after the keys' TTL).
@@ -119,17 +119,18 @@ func sshOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv1alp
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if g.Status.Address != gw.sshAddr || !strings.HasPrefix(g.Status.HostKey, "SHA256:") || g.Status.Record == nil {
+	if g.Status.Address != gw.sshAddr || !strings.HasPrefix(g.Status.HostKey, "SHA256:") || g.Status.Record == nil || g.Status.Tenant == "" ||
+		!strings.Contains(g.Status.Command, "-- "+g.Status.Tenant+"/<namespace>/<pod>") {
 		t.Fatalf("SshGateway status %+v, want the agent's SSH address %s and host key", g.Status, gw.sshAddr)
 	}
-	if _, err := getRecord(ctx, buyer.DID, lexicon.GatewaySSH, "shell"); err != nil {
+	if _, err := getRecord(ctx, buyer.DID, lexicon.GatewaySSH, "default.shell"); err != nil {
 		t.Errorf("the ssh record on the buyer's PDS: %v", err)
 	}
 	pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=limits"})
 	if err != nil || len(pods.Items) == 0 {
 		t.Fatalf("the limits pod: %v", err)
 	}
-	target := "default/" + pods.Items[0].Name
+	target := g.Status.Tenant + "/default/" + pods.Items[0].Name
 	run := func(user string, k ssh.Signer, line string, pty bool) (string, string, int, error) {
 		return sshRun(gw.sshAddr, g.Status.HostKey, user, k, line, pty)
 	}
@@ -167,7 +168,7 @@ func sshOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv1alp
 	if _, errOut, code, err := run(beta.DID, betaKey, target+" /testimage id", false); err != nil || code != 1 || !strings.Contains(errOut, "refused") {
 		t.Errorf("a DID the tenant's RBAC does not let exec: exit %d %q %v", code, errOut, err)
 	}
-	if _, errOut, code, err := run(buyer.DID, key, "kube-system/"+pods.Items[0].Name+" /testimage id", false); err != nil || code != 1 || !strings.Contains(errOut, "refused") {
+	if _, errOut, code, err := run(buyer.DID, key, g.Status.Tenant+"/kube-system/"+pods.Items[0].Name+" /testimage id", false); err != nil || code != 1 || !strings.Contains(errOut, "refused") {
 		t.Errorf("a namespace the SshGateway does not list: exit %d %q %v", code, errOut, err)
 	}
 	// The SshGateway deleted: its record goes, sessions are refused.
@@ -183,7 +184,7 @@ func sshOnKindTenant(ctx context.Context, t *testing.T, d *deal, rc *marketv1alp
 	}); err != nil {
 		t.Error(err)
 	}
-	if _, err := getRecord(ctx, buyer.DID, lexicon.GatewaySSH, "shell"); !isNotFound(err) {
+	if _, err := getRecord(ctx, buyer.DID, lexicon.GatewaySSH, "default.shell"); !isNotFound(err) {
 		t.Errorf("the ssh record after the SshGateway was deleted: %v", err)
 	}
 	// The buyer's key record deleted: its key is refused after the TTL.

@@ -120,7 +120,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		log.FromContext(ctx).Info("the requester's gateway records cannot be followed yet", "did", did, "error", err.Error())
 		r.set(req.NamespacedName, vm.UID, nil)
 		if r.SSH != nil {
-			r.SSH.Set(string(vm.UID), nil)
+			r.SSH.Set(string(vm.UID), "", nil)
 		}
 		return reconcile.Result{RequeueAfter: retry}, nil
 	}
@@ -135,7 +135,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	r.set(req.NamespacedName, vm.UID, routes)
 	if r.SSH != nil {
-		r.SSH.Set(string(vm.UID), SSHNamespaces(records, did, cc.Status.Records.Lease.URI))
+		l := cc.Status.Records.Lease.URI
+		r.SSH.Set(string(vm.UID), l[strings.LastIndex(l, "/")+1:], SSHNamespaces(records, did, l))
 	}
 	return reconcile.Result{}, nil
 }
@@ -173,7 +174,7 @@ func (r *Reconciler) set(k types.NamespacedName, uid types.UID, routes []gateway
 	r.mu.Unlock()
 	r.Routes.Set(string(uid), routes)
 	if r.SSH != nil && old != "" && old != uid {
-		r.SSH.Set(string(old), nil)
+		r.SSH.Set(string(old), "", nil)
 	}
 }
 
@@ -186,7 +187,7 @@ func (r *Reconciler) drop(k types.NamespacedName) {
 	if ok {
 		r.Routes.Set(string(uid), nil)
 		if r.SSH != nil {
-			r.SSH.Set(string(uid), nil)
+			r.SSH.Set(string(uid), "", nil)
 		}
 	}
 	r.Records.Unfollow(k)

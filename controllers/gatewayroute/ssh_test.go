@@ -3,7 +3,6 @@ package gatewayroute
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -55,9 +54,9 @@ func TestReconcileSSHTargets(t *testing.T) {
 	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: key}); err != nil {
 		t.Fatal(err)
 	}
-	for ns, want := range map[string][]string{"web": {string(vm.UID)}, "jobs": {string(vm.UID)}, "other": nil, "stolen": nil, "Bad_NS": nil} {
-		if got := targets.With(ns); !slices.Equal(got, want) {
-			t.Errorf("tenants with %s: %v, want %v", ns, got, want)
+	for ns, want := range map[string]bool{"web": true, "jobs": true, "other": false, "stolen": false, "Bad_NS": false} {
+		if got, ok := targets.Find("l1", ns); ok != want || (ok && got != string(vm.UID)) {
+			t.Errorf("the tenant of lease l1 with %s: %q %v, want %v", ns, got, ok, want)
 		}
 	}
 	cc.Status.Phase = marketv1alpha1.ContractCompleted
@@ -67,7 +66,7 @@ func TestReconcileSSHTargets(t *testing.T) {
 	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: key}); err != nil {
 		t.Fatal(err)
 	}
-	if got := targets.With("web"); len(got) != 0 {
+	if got, ok := targets.Find("l1", "web"); ok {
 		t.Errorf("after the contract ended: %v", got)
 	}
 }

@@ -8,8 +8,8 @@ Licensed under the Apache License, Version 2.0.
 // sessions into its tenant's pods (issue 32). For an SshGateway whose
 // contract is Active and mounted it publishes, in the requester's own
 // repo, a dev.knotless.gateway.ssh record (record key: the SshGateway's
-// name) naming the contract's lease and the namespaces sessions may
-// reach; the agent of the bidder running the tenant reads it from the
+// namespace and name, RecordKey) naming the contract's lease and the
+// namespaces sessions may reach; the agent of the bidder running the tenant reads it from the
 // network and lets sessions in (internal/sshgateway). The status says
 // where to connect and the host key to expect, from the bidder's signed
 // lease. Deleting the SshGateway, or its contract ending, deletes the
@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -165,7 +166,7 @@ type syncer struct {
 func (s *syncer) nothing(reason, msg string) {
 	conditions.Set(&s.st.Conditions, gatewayv1alpha1.ConditionPublished, s.g.Generation, metav1.ConditionFalse, reason, msg)
 	conditions.Set(&s.st.Conditions, gatewayv1alpha1.ConditionReady, s.g.Generation, metav1.ConditionFalse, reason, msg)
-	s.st.Address, s.st.HostKey, s.st.Command = "", "", ""
+	s.st.Address, s.st.HostKey, s.st.Tenant, s.st.Command = "", "", "", ""
 }
 
 // sshRecord is the content of a dev.knotless.gateway.ssh record.
@@ -212,14 +213,14 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		return reconcile.Result{}, err
 	}
 	namespaces := slices.Sorted(slices.Values(s.g.Spec.Namespaces))
-	cur, err := pub.Get(ctx, lexicon.GatewaySSH, s.g.Name)
+	cur, err := pub.Get(ctx, lexicon.GatewaySSH, RecordKey(s.g))
 	if err != nil {
 		s.nothing(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS did not answer")
 		return reconcile.Result{}, err
 	}
 	if have := decode(cur); have == nil || have.Lease.URI != lease.URI || !slices.Equal(have.Namespaces, namespaces) {
 		want := &sshRecord{Type: lexicon.GatewaySSH, Lease: market.StrongRef{URI: lease.URI, CID: lease.CID}, Namespaces: namespaces, CreatedAt: market.Time(s.now)}
-		res, err := pub.Publish(ctx, lexicon.GatewaySSH, s.g.Name, want)
+		res, err := pub.Publish(ctx, lexicon.GatewaySSH, RecordKey(s.g), want)
 		if err != nil {
 			s.nothing(gatewayv1alpha1.ReasonPublishFailed, "the requester's PDS did not take the record")
 			return reconcile.Result{}, err
@@ -231,19 +232,26 @@ func (s *syncer) sync() (reconcile.Result, error) {
 		s.st.Record = &gatewayv1alpha1.RecordRef{URI: cur.URI, CID: cur.CID}
 	}
 	conditions.Set(&s.st.Conditions, gatewayv1alpha1.ConditionPublished, s.g.Generation, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished, "the dev.knotless.gateway.ssh record is in the requester's repo")
-	s.ready(t.Reach.Tenant.SSHAddress, t.Reach.Tenant.SSHHostKey)
+	s.ready(t.Reach.Tenant.SSHAddress, t.Reach.Tenant.SSHHostKey, lease.URI[strings.LastIndex(lease.URI, "/")+1:])
 	return reconcile.Result{}, nil
 }
 
-// ready says where sessions go, from the lease.
-func (s *syncer) ready(address, hostKey string) {
-	s.st.Address, s.st.HostKey, s.st.Command = address, hostKey, ""
+// RecordKey is the key of an SshGateway's record: its namespace and
+// name (both DNS names, so a valid record key, unique in the repo).
+func RecordKey(g *gatewayv1alpha1.SshGateway) string {
+	return g.Namespace + "." + g.Name
+}
+
+// ready says where sessions go, from the lease: its SSH gateway, host
+// key, and the tenant's name there (the lease's record key).
+func (s *syncer) ready(address, hostKey, tenant string) {
+	s.st.Address, s.st.HostKey, s.st.Tenant, s.st.Command = address, hostKey, tenant, ""
 	if address == "" {
 		conditions.Set(&s.st.Conditions, gatewayv1alpha1.ConditionReady, s.g.Generation, metav1.ConditionFalse, gatewayv1alpha1.ReasonNoGateway, "the bidder's lease names no SSH gateway: its agent serves none")
 		return
 	}
 	host, port, _ := net.SplitHostPort(address) // deal.TenantOf checked it
-	s.st.Command = fmt.Sprintf("ssh -p %s <handle-or-did>@%s -- <namespace>/<pod> [command]", port, host)
+	s.st.Command = fmt.Sprintf("ssh -p %s <handle-or-did>@%s -- %s/<namespace>/<pod> [command]", port, host, tenant)
 	conditions.Set(&s.st.Conditions, gatewayv1alpha1.ConditionReady, s.g.Generation, metav1.ConditionTrue, gatewayv1alpha1.ReasonPublished,
 		fmt.Sprintf("sessions go to %s, whose host key is %s", address, hostKey))
 }
@@ -287,16 +295,19 @@ func (s *syncer) unpublish(cc *marketv1alpha1.ComputeContract) error {
 		s.st.Record = a
 		return err
 	}
-	cur, err := pub.Get(ctx, lexicon.GatewaySSH, s.g.Name)
+	cur, err := pub.Get(ctx, lexicon.GatewaySSH, RecordKey(s.g))
 	if err != nil {
 		s.st.Record = a
 		return err
 	}
+	// Only its own: the contract's lease, or without the contract the
+	// version it published.
 	have := decode(cur)
-	if have == nil || (cc != nil && cc.Status.Records.Lease != nil && have.Lease.URI != cc.Status.Records.Lease.URI) {
+	if have == nil || (cc != nil && cc.Status.Records.Lease != nil && have.Lease.URI != cc.Status.Records.Lease.URI) ||
+		((cc == nil || cc.Status.Records.Lease == nil) && cur.CID != a.CID) {
 		return nil
 	}
-	if _, err := pub.Publish(ctx, lexicon.GatewaySSH, s.g.Name, nil); err != nil {
+	if _, err := pub.Publish(ctx, lexicon.GatewaySSH, RecordKey(s.g), nil); err != nil {
 		s.st.Record = a
 		return err
 	}
@@ -319,7 +330,7 @@ func (s *syncer) finalize(cl cluster.Cluster) (reconcile.Result, error) {
 			s.log.Info("the SshGateway's record is not deleted yet", "error", err.Error())
 			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
 		}
-		cl.GetEventRecorder(Name).Eventf(s.g, nil, "Warning", "RecordLeft", "Delete", "the dev.knotless.gateway.ssh record %s could not be deleted from the repo: delete it there", s.g.Name)
+		cl.GetEventRecorder(Name).Eventf(s.g, nil, "Warning", "RecordLeft", "Delete", "the dev.knotless.gateway.ssh record %s could not be deleted from the repo: delete it there", RecordKey(s.g))
 	}
 	return reconcile.Result{}, ssa.RemoveFinalizer(s.ctx, s.c, s.g, Finalizer)
 }

@@ -95,7 +95,7 @@ func (f *fixture) get(t *testing.T, name string) *gatewayv1alpha1.SshGateway {
 
 func (f *fixture) record(t *testing.T, name string) *sshRecord {
 	t.Helper()
-	rec, _ := f.repo.Get(t.Context(), lexicon.GatewaySSH, name)
+	rec, _ := f.repo.Get(t.Context(), lexicon.GatewaySSH, "default."+name)
 	if rec == nil {
 		return nil
 	}
@@ -119,7 +119,7 @@ func TestSshGatewayPublishes(t *testing.T) {
 	}
 	g := f.get(t, "shell")
 	if g.Status.Address != "ssh.fit.example:2222" || g.Status.HostKey != hostKey || g.Status.Record == nil ||
-		g.Status.Command != "ssh -p 2222 <handle-or-did>@ssh.fit.example -- <namespace>/<pod> [command]" || !controllerutil.ContainsFinalizer(g, Finalizer) {
+		g.Status.Tenant != "3lease" || g.Status.Command != "ssh -p 2222 <handle-or-did>@ssh.fit.example -- 3lease/<namespace>/<pod> [command]" || !controllerutil.ContainsFinalizer(g, Finalizer) {
 		t.Fatalf("status %+v", g.Status)
 	}
 	if c := clustertest.Condition(t, g.Status.Conditions, gatewayv1alpha1.ConditionReady); c.Status != metav1.ConditionTrue {
@@ -173,7 +173,7 @@ func TestSshGatewayWaits(t *testing.T) {
 	f.reconcile(t, "shell")
 	other, _ := json.Marshal(map[string]any{"$type": lexicon.GatewaySSH, "lease": map[string]any{"uri": "at://did:plc:fit/dev.knotless.market.lease/other", "cid": "bafyx"},
 		"namespaces": []string{"web"}, "createdAt": "2026-12-05T10:00:00Z"})
-	f.repo.Put(lexicon.GatewaySSH, "shell", other)
+	f.repo.Put(lexicon.GatewaySSH, "default.shell", other)
 	cc = &marketv1alpha1.ComputeContract{}
 	_ = f.cl.Client.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "web-0"}, cc)
 	cc.Status.Phase = marketv1alpha1.ContractCompleted

@@ -9,6 +9,7 @@ package sshgateway
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/syntax"
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/knotless-dev/knotless/internal/lexicon"
 )
@@ -36,9 +38,12 @@ const (
 	// DefaultTTL is how long a DID's keys (or that it has none) are
 	// kept.
 	DefaultTTL = time.Minute
-	// maxCached bounds the DIDs and names kept; past it the cache starts
-	// again.
+	// maxCached bounds the DIDs kept; past it, expired entries go, then
+	// any one.
 	maxCached = 4096
+	// failTTL is how long a lookup that failed (the PDS did not answer)
+	// is kept: a client cannot make the agent ask a PDS at every attempt.
+	failTTL = 15 * time.Second
 )
 
 // ErrNoKeys: the DID publishes no SSH keys (no record, or none valid).
@@ -62,12 +67,16 @@ type Keys struct {
 
 	mu    sync.Mutex
 	byDID map[string]cached
+	// revs is the newest commit revision seen of each DID: an older
+	// (replayed) commit is refused.
+	revs    map[string]string
+	flights singleflight.Group
 }
 
 type cached struct {
-	keys []ssh.PublicKey
-	err  error
-	at   time.Time
+	keys  []ssh.PublicKey
+	err   error
+	until time.Time
 }
 
 func (k *Keys) now() time.Time {
@@ -87,6 +96,8 @@ func (k *Keys) ttl() time.Duration {
 // Lookup resolves user (a DID, or a handle whose DID document names it
 // back) and returns its DID and its published keys. A user with no keys
 // is ErrNoKeys; one that does not resolve is an error that says so.
+// Concurrent lookups of one DID share one read; what a read found is
+// kept TTL, a failure failTTL.
 func (k *Keys) Lookup(ctx context.Context, user string) (string, []ssh.PublicKey, error) {
 	id, err := k.resolve(ctx, user)
 	if err != nil {
@@ -96,21 +107,65 @@ func (k *Keys) Lookup(ctx context.Context, user string) (string, []ssh.PublicKey
 	k.mu.Lock()
 	c, ok := k.byDID[did]
 	k.mu.Unlock()
-	if ok && k.now().Sub(c.at) < k.ttl() {
+	if ok && k.now().Before(c.until) {
 		return did, c.keys, c.err
 	}
-	keys, err := k.fetch(ctx, id)
-	if err != nil && !errors.Is(err, ErrNoKeys) {
-		// Not cached: the PDS may answer next time.
-		return did, nil, err
-	}
+	v, _, _ := k.flights.Do(did, func() (any, error) {
+		keys, err := k.fetch(ctx, id)
+		ttl := k.ttl()
+		if err != nil && !errors.Is(err, ErrNoKeys) {
+			ttl = failTTL
+		}
+		c := cached{keys: keys, err: err, until: k.now().Add(ttl)}
+		k.keep(did, c)
+		return c, nil
+	})
+	c = v.(cached)
+	return did, c.keys, c.err
+}
+
+// keep caches c for did, making room if the cache is full.
+func (k *Keys) keep(did string, c cached) {
 	k.mu.Lock()
-	if k.byDID == nil || len(k.byDID) >= maxCached {
+	defer k.mu.Unlock()
+	if k.byDID == nil {
 		k.byDID = map[string]cached{}
 	}
-	k.byDID[did] = cached{keys: keys, err: err, at: k.now()}
-	k.mu.Unlock()
-	return did, keys, err
+	if len(k.byDID) >= maxCached {
+		now := k.now()
+		for d, e := range k.byDID {
+			if !now.Before(e.until) {
+				delete(k.byDID, d)
+			}
+		}
+		for d := range k.byDID {
+			if len(k.byDID) < maxCached {
+				break
+			}
+			delete(k.byDID, d)
+		}
+	}
+	k.byDID[did] = c
+}
+
+// newer records rev as did's newest commit, unless an older one: false.
+func (k *Keys) newer(did, rev string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.revs == nil {
+		k.revs = map[string]string{}
+	}
+	if last, ok := k.revs[did]; ok && rev < last {
+		return false
+	}
+	if _, ok := k.revs[did]; !ok && len(k.revs) >= maxCached {
+		for d := range k.revs {
+			delete(k.revs, d)
+			break
+		}
+	}
+	k.revs[did] = rev
+	return true
 }
 
 // resolve is user's identity: a DID, or a handle (its DID document must
@@ -166,46 +221,67 @@ func (k *Keys) fetch(ctx context.Context, id *identity.Identity) ([]ssh.PublicKe
 	case len(body) > MaxRecordProof:
 		return nil, fmt.Errorf("the DID's PDS answered more than %d bytes", MaxRecordProof)
 	}
-	raw, err := verifiedRecord(ctx, id, body)
+	raw, rev, err := verifiedRecord(ctx, id, body)
 	if err != nil {
 		return nil, err
+	}
+	if !k.newer(id.DID.String(), rev) {
+		return nil, errors.New("the PDS answered with an older commit than it did before")
 	}
 	return parseKeys(raw)
 }
 
 // verifiedRecord is the sshKeys record (JSON) of the getRecord proof
-// car, once the commit is id's, signed by its key, and the record is on
-// its tree. A hostile proof that makes the verifier panic is an invalid
-// proof.
-func verifiedRecord(ctx context.Context, id *identity.Identity, car []byte) (raw json.RawMessage, err error) {
+// car and its commit's revision, once the commit is id's, signed by its
+// key, and the record is on its tree. A hostile proof that makes the
+// verifier panic is an invalid proof; so is one whose sections claim
+// more than it holds (checked before the CAR reader allocates them).
+func verifiedRecord(ctx context.Context, id *identity.Identity, car []byte) (raw json.RawMessage, rev string, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			raw, err = nil, errors.New("the record's proof is invalid")
+			raw, rev, err = nil, "", errors.New("the record's proof is invalid")
 		}
 	}()
+	if err := sectionsFit(car); err != nil {
+		return nil, "", err
+	}
 	commit, r, err := repo.LoadRepoFromCAR(ctx, bytes.NewReader(car))
 	if err != nil {
-		return nil, fmt.Errorf("the record's proof is invalid: %w", err)
+		return nil, "", fmt.Errorf("the record's proof is invalid: %w", err)
 	}
 	if commit.DID != id.DID.String() {
-		return nil, errors.New("the record's proof is a commit of another repo")
+		return nil, "", errors.New("the record's proof is a commit of another repo")
 	}
 	key, err := id.PublicKey()
 	if err != nil {
-		return nil, errors.New("the DID document has no usable key")
+		return nil, "", errors.New("the DID document has no usable key")
 	}
 	if err := commit.VerifySignature(key); err != nil {
-		return nil, errors.New("the record's commit is not signed by the DID's key")
+		return nil, "", errors.New("the record's commit is not signed by the DID's key")
 	}
 	cbor, _, err := r.GetRecordBytes(ctx, syntax.NSID(lexicon.SSHKeys), syntax.RecordKey("self"))
 	if err != nil {
-		return nil, ErrNoKeys
+		return nil, "", ErrNoKeys
 	}
 	v, err := atdata.UnmarshalCBOR(cbor)
 	if err != nil {
-		return nil, errors.New("the record is not valid")
+		return nil, "", errors.New("the record is not valid")
 	}
-	return json.Marshal(v)
+	raw, err = json.Marshal(v)
+	return raw, commit.Rev, err
+}
+
+// sectionsFit: every section of car (its header, then its blocks, each
+// a length and that many bytes) lies within car.
+func sectionsFit(car []byte) error {
+	for rest := car; len(rest) > 0; {
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || n > uint64(len(rest)-w) {
+			return errors.New("the record's proof is invalid: a section longer than the proof")
+		}
+		rest = rest[w+int(n):]
+	}
+	return nil
 }
 
 // parseKeys are the valid keys of an sshKeys record; none is ErrNoKeys.

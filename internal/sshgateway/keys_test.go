@@ -17,7 +17,8 @@ import (
 )
 
 // TestKeysFromHostilePDS: what a PDS answers is read bounded and
-// checked: no record is no keys (kept for the TTL, then asked again), an
+// checked: no record is no keys (kept for the TTL, then asked again; a
+// failure for failTTL), an
 // answer that is not a signed proof is refused, an answer past the
 // bound is refused, a redirect is not followed; a handle that does not
 // resolve, or a name that is neither, is refused before any request.
@@ -64,6 +65,7 @@ func TestKeysFromHostilePDS(t *testing.T) {
 		"an error": {func(w http.ResponseWriter) { w.WriteHeader(http.StatusInternalServerError) }, "answered 500"},
 	} {
 		answer = c.answer
+		now = now.Add(failTTL) // a failure is kept that long
 		if _, _, err := k.Lookup(t.Context(), "alice.test"); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}

@@ -73,7 +73,7 @@ func serve(t *testing.T, aliceKey ssh.PublicKey) *gatewayFixture {
 			f.mu.Lock()
 			f.seen = append(f.seen, Session{DID: s.DID, Namespace: s.Namespace, Pod: s.Pod, Command: s.Command, TTY: s.TTY})
 			f.mu.Unlock()
-			fmt.Fprintf(s.Stdout, "%s in %s/%s: %s", s.DID, s.Namespace, s.Pod, strings.Join(s.Command, " "))
+			fmt.Fprintf(s.Stdout, "%s in %s/%s/%s: %s", s.DID, s.Tenant, s.Namespace, s.Pod, strings.Join(s.Command, " "))
 			return 3, nil
 		}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,8 +142,8 @@ func TestServer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s with the published key: %v", user, err)
 		}
-		out, _, code := run(t, c, "web/shop-0 id -u", false)
-		if out != "did:plc:alice in web/shop-0: id -u" || code != 3 {
+		out, _, code := run(t, c, "l1/web/shop-0 id -u", false)
+		if out != "did:plc:alice in l1/web/shop-0: id -u" || code != 3 {
 			t.Errorf("%s: %q exit %d", user, out, code)
 		}
 		c.Close()
@@ -166,11 +166,11 @@ func TestServer(t *testing.T) {
 	if _, stderr, code := run(t, c, "", false); code != 2 || !strings.Contains(stderr, "name the pod") {
 		t.Errorf("no target: exit %d, %q", code, stderr)
 	}
-	if _, stderr, code := run(t, c, "../etc/passwd", false); code != 2 || !strings.Contains(stderr, "<namespace>/<pod>") {
+	if _, stderr, code := run(t, c, "web/shop-0", false); code != 2 || !strings.Contains(stderr, "<tenant>/<namespace>/<pod>") {
 		t.Errorf("a bad target: exit %d, %q", code, stderr)
 	}
 	f.allowed["did:plc:alice"] = false
-	if _, stderr, code := run(t, c, "web/shop-0 id", false); code != 1 || !strings.Contains(stderr, "refused") {
+	if _, stderr, code := run(t, c, "l1/web/shop-0 id", false); code != 1 || !strings.Contains(stderr, "refused") {
 		t.Errorf("a DID the tenant does not let in: exit %d, %q", code, stderr)
 	}
 }
@@ -185,7 +185,7 @@ func TestServerPty(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, _, code := run(t, c, "web/shop-0", true); code != 3 {
+	if _, _, code := run(t, c, "l1/web/shop-0", true); code != 3 {
 		t.Fatalf("exit %d", code)
 	}
 	f.mu.Lock()

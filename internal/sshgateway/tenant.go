@@ -9,10 +9,9 @@ package sshgateway
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
-	"sort"
 	"sync"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -25,46 +24,57 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 )
 
+// checkTimeout bounds each request to a tenant before the exec (the
+// pod read, the review).
+const checkTimeout = 10 * time.Second
+
 // Targets are the tenants sessions may reach, by tenant (VM UID): the
-// namespaces their requesters list in dev.knotless.gateway.ssh records.
+// record key of the tenant's lease, which a session names, and the
+// namespaces its requester lists in dev.knotless.gateway.ssh records.
 type Targets struct {
 	mu sync.Mutex
-	m  map[string][]string
+	m  map[string]target
 }
 
-// Set replaces tenant's namespaces (none: it is not reached).
-func (t *Targets) Set(tenant string, namespaces []string) {
+type target struct {
+	lease      string
+	namespaces []string
+}
+
+// Set replaces tenant's lease key and namespaces (none: it is not
+// reached).
+func (t *Targets) Set(tenant, lease string, namespaces []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(namespaces) == 0 {
+	if len(namespaces) == 0 || lease == "" {
 		delete(t.m, tenant)
 		return
 	}
 	if t.m == nil {
-		t.m = map[string][]string{}
+		t.m = map[string]target{}
 	}
-	t.m[tenant] = slices.Clone(namespaces)
+	t.m[tenant] = target{lease: lease, namespaces: slices.Clone(namespaces)}
 }
 
-// With are the tenants that let sessions into namespace ns, sorted.
-func (t *Targets) With(ns string) []string {
+// Find is the tenant whose lease's record key is lease, if it lets
+// sessions into namespace ns.
+func (t *Targets) Find(lease, ns string) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []string
-	for tenant, nss := range t.m {
-		if slices.Contains(nss, ns) {
-			out = append(out, tenant)
+	for tenant, tg := range t.m {
+		if tg.lease == lease && slices.Contains(tg.namespaces, ns) {
+			return tenant, true
 		}
 	}
-	sort.Strings(out)
-	return out
+	return "", false
 }
 
-// Executor runs sessions in the tenants of Targets: the one tenant whose
-// namespace holds the pod, if the tenant's RBAC lets the session's DID
-// create pods/exec on it (a SubjectAccessReview as the tenant's admin);
-// the exec is then made as the DID (impersonated), so the tenant's API
-// server checks it again.
+// Executor runs sessions in the tenants of Targets: the tenant the
+// session names, if it lets sessions into the namespace, the pod exists
+// and the tenant's RBAC lets the session's DID create pods/exec on it (a
+// SubjectAccessReview as the tenant's admin); the exec is then made as
+// the DID (impersonated), so the tenant's API server checks it again.
+// No other tenant is asked anything.
 type Executor struct {
 	Targets *Targets
 	// Admin is a tenant's admin configuration.
@@ -73,26 +83,24 @@ type Executor struct {
 
 // Exec implements Server.Exec.
 func (e *Executor) Exec(ctx context.Context, s Session) (int, error) {
-	var found *rest.Config
-	for _, tenant := range e.Targets.With(s.Namespace) {
-		cfg, err := e.Admin(ctx, tenant)
-		if err != nil {
-			continue
-		}
-		ok, err := allowed(ctx, cfg, s)
-		if err != nil || !ok {
-			continue
-		}
-		if found != nil {
-			// The pod's name is in two tenants the DID may enter.
-			return 0, fmt.Errorf("%w: the pod is in more than one tenant", ErrRefused)
-		}
-		found = cfg
-	}
-	if found == nil {
+	tenant, ok := e.Targets.Find(s.Tenant, s.Namespace)
+	if !ok {
 		return 0, ErrRefused
 	}
-	return exec(ctx, found, s)
+	cfg, err := e.Admin(ctx, tenant)
+	if err != nil {
+		return 0, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	ok, err = allowed(cctx, cfg, s)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, ErrRefused
+	}
+	return exec(ctx, cfg, s)
 }
 
 // allowed: the pod exists in the tenant of cfg, and its RBAC lets s.DID

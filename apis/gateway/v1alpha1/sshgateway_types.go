@@ -39,7 +39,11 @@ type SshGatewayStatus struct {
 	// the lease): check it when ssh first asks.
 	// +optional
 	HostKey string `json:"hostKey,omitempty"`
-	// Command is how a session is opened: ssh -p <port> <handle-or-did>@<host> -- <namespace>/<pod> [command].
+	// Tenant is the tenant's name at the SSH gateway (the record key of
+	// its lease), which a session names.
+	// +optional
+	Tenant string `json:"tenant,omitempty"`
+	// Command is how a session is opened: ssh -p <port> <handle-or-did>@<host> -- <tenant>/<namespace>/<pod> [command].
 	// +optional
 	Command string `json:"command,omitempty"`
 	// Record is the dev.knotless.gateway.ssh record published in the

@@ -135,7 +135,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GatewayPublicAddress, "gateway-public-address", o.GatewayPublicAddress, "host:port of the gateway as the requesters' hostnames lead to it (their DNS records), published in the leases of tenants it serves; default --gateway-address")
 	fs.StringVar(&o.GatewayCertFile, "gateway-cert-file", o.GatewayCertFile, "the gateway's TLS certificate (PEM, with its chain), for the bidder's domain: only hostnames it covers are served; read again when it changes")
 	fs.StringVar(&o.GatewayKeyFile, "gateway-key-file", o.GatewayKeyFile, "the key of --gateway-cert-file")
-	fs.StringVar(&o.SSHAddress, "ssh-address", o.SSHAddress, "host:port the SSH gateway listens on (ssh <handle-or-did>@host -- <namespace>/<pod> [command]), for dev.knotless.gateway.ssh records of live leases; needs --gateway-address; empty: no SSH gateway")
+	fs.StringVar(&o.SSHAddress, "ssh-address", o.SSHAddress, "host:port the SSH gateway listens on (ssh <handle-or-did>@host -- <tenant>/<namespace>/<pod> [command]), for dev.knotless.gateway.ssh records of live leases; needs --gateway-address; empty: no SSH gateway")
 	fs.StringVar(&o.SSHPublicAddress, "ssh-public-address", o.SSHPublicAddress, "host:port of the SSH gateway as users reach it, published in the leases of tenants it serves; default --ssh-address")
 	fs.StringVar(&o.SSHDir, "ssh-dir", o.SSHDir, "directory that keeps the SSH gateway's host key (made on first start; absolute)")
 	fs.DurationVar(&o.SSHKeyTTL, "ssh-key-ttl", o.SSHKeyTTL, "how long a DID's published SSH keys (or that it publishes none) are kept: a key removed from its repo is refused after this long")
