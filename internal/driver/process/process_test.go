@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +188,17 @@ func TestUpgradeAdoptsARunningVMOfAnOlderAgent(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	// Until the child has exec'd, its command line is the test's own (a
+	// busy machine shows it): wait for the stand-in's.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		if strings.Contains(string(raw), "--root-directory") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stand-in's command line: %q", raw)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "vm.json"), []byte(fmt.Sprintf(`{"Port":1,"PID":%d,"Token":"t"}`, cmd.Process.Pid)), 0o600); err != nil {
 		t.Fatal(err)
 	}
