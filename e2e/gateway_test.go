@@ -307,3 +307,25 @@ func gatewayFigures(ctx context.Context, t *testing.T, hc *http.Client, gw gatew
 		return nil
 	})
 }
+
+// gatewayLeaseEnded: once the lease of the kind tenant ended (its VM
+// Lost), nothing.gw.test, which the Gateway "nothing" claimed for it, is
+// no longer served (404), the Gateway says its contract is not Active,
+// and its association record is gone from the buyer's repo.
+func gatewayLeaseEnded(ctx context.Context, t *testing.T, d *deal, gw gatewayParts) {
+	t.Helper()
+	hc := gw.client()
+	if err := framework.Eventually(ctx, time.Minute, "nothing.gw.test no longer served (its lease ended)", func(ctx context.Context) (bool, string, error) {
+		code, reason, _, err := gw.get(ctx, hc, "nothing.gw.test", "/")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return code == http.StatusNotFound && reason == gateway.ReasonNoRoute, fmt.Sprintf("%d %s", code, reason), nil
+	}); err != nil {
+		t.Error(err)
+	}
+	gatewayIs(ctx, t, d.app, "nothing", gatewayv1alpha1.ReasonContractNotActive)
+	if _, err := getRecord(ctx, d.accounts["buyer"].DID, lexicon.GatewayAssociation, "nothing.gw.test"); !isNotFound(err) {
+		t.Errorf("the association record of a Gateway whose lease ended: %v, want RecordNotFound", err)
+	}
+}

@@ -441,6 +441,9 @@ func TestKindTenant(t *testing.T) {
 		} else if lost.Status.Reason != computev1alpha1.ReasonProcessGone || lost.Status.Endpoint != "" || lost.Status.Enforced != nil {
 			t.Errorf("lost VM status %+v", lost.Status)
 		}
+		// The lease ended: the hostname the Gateway "nothing" claimed for
+		// it is served no more, and the Gateway deleted its record.
+		gatewayLeaseEnded(ctx, t, d, gw)
 		// The requester's replica goes back to the market (docs/market.md,
 		// lease.vm-lost): a new kind VM is bought and mounted, and alice
 		// lists its namespaces through the new mount.
