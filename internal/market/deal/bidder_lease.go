@@ -184,7 +184,9 @@ func (d *bidder) overLease(lv *leaseView) {
 	if lv.cc != nil && live(lv.cc) {
 		d.p.step(LeaseEnded, lv.ol.uri)
 		phase, reason := marketv1alpha1.ContractCompleted, ContractReason(lv.cc.Status.Reason)
-		if l.State == LeaseDeclined {
+		if l.State == LeaseDeclined || l.Reason == VMLost || l.Reason == DriverFailed {
+			// As lease.vm-lost says it, when the pass that ended the lease
+			// did not get to write the contract.
 			phase, reason = marketv1alpha1.ContractFailed, Of(l.Reason)
 		}
 		d.contractOf(lv.ol, lv.acc, lv.cc, phase, reason, None, nil)

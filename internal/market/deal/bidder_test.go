@@ -489,6 +489,22 @@ func releaseCases() []bidderCase {
 		}},
 		{name: "a completed lease ends its live contract", setup: func(f *fixture) { f.leased(LeaseCompleted, marketv1alpha1.ContractActive, "") },
 			want: []TransitionID{LeaseEnded, LeaseWait}},
+		{name: "a lease ended for vm-lost whose contract was not written fails it (vm-lost)", setup: func(f *fixture) {
+			_, uri, _ := f.leased(LeaseCompleted, marketv1alpha1.ContractActive, "")
+			for i, r := range f.s.Leases {
+				if r.URI == uri {
+					var l market.Lease
+					_ = json.Unmarshal(r.Value, &l)
+					l.Reason = VMLost
+					f.s.Leases[i].Value, _ = json.Marshal(&l)
+				}
+			}
+		},
+			want: []TransitionID{LeaseEnded, LeaseWait}, check: func(t *testing.T, f *fixture, p *Plan) {
+				if contractPhase(p) != marketv1alpha1.ContractFailed {
+					t.Errorf("plan %+v", p)
+				}
+			}},
 		{name: "a declined lease fails its contract", setup: func(f *fixture) { f.leased(LeaseDeclined, marketv1alpha1.ContractProvisioning, "") },
 			want: []TransitionID{LeaseEnded, LeaseWait}, check: func(t *testing.T, f *fixture, p *Plan) {
 				if contractPhase(p) != marketv1alpha1.ContractFailed {

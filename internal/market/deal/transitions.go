@@ -60,7 +60,7 @@ func BidderTransitions() []Transition {
 		{LeaseReclaim, "leased", "spec.reclaims names the contract and no reclaim is published", "reclaim record (terminateAfter = now + the request's notice)", "reclaiming"},
 		{LeaseStopVM, "released, accept withdrawn, or reclaim notice over", "the VM still exists", "ComputeVM deleted; ComputeContract Releasing", "released"},
 		{LeaseComplete, "released, accept withdrawn, or reclaim notice over", "the VM is gone", "lease completed (reclaimed when the notice ran out); ComputeContract Completed", "lease over"},
-		{LeaseEnded, "lease over", "the ComputeContract is still live", "ComputeContract Completed (Failed when declined)", "lease over"},
+		{LeaseEnded, "lease over", "the ComputeContract is still live", "ComputeContract Completed (Failed when declined, or ended for vm-lost or driver-failed)", "lease over"},
 		{LeaseSettle, "lease over", "the requester removed its accept (complete view), or 10 min passed", "reclaim, lease and bid deleted", "settled"},
 		{LeaseWait, "lease over", "the requester's accept is still there", "nothing", "lease over"},
 	}
