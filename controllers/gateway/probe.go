@@ -62,7 +62,7 @@ func refusal(header string) (string, bool) {
 // gateway at address (the prober runs them aside) and says when to look
 // again.
 func (s *syncer) probe(req mcreconcile.Request, address string) reconcile.Result {
-	got, wait := s.r.prober().result(req, s.g.UID, address, s.g.Spec.Hostname)
+	got, wait := s.r.prober().result(s.ctx, req, s.g.UID, address, s.g.Spec.Hostname)
 	switch {
 	case got == nil:
 		s.set(gatewayv1alpha1.ConditionReady, metav1.ConditionFalse, gatewayv1alpha1.ReasonWaiting, "the hostname is being probed through the gateway at "+address)

@@ -61,7 +61,7 @@ type probing struct {
 
 func newProber(probe func(ctx context.Context, address, hostname string) Probed, now func() time.Time) *prober {
 	return &prober{probe: probe, now: now, wake: make(chan event.TypedGenericEvent[mcreconcile.Request], 256),
-		base: context.Background(), byUID: map[types.UID]*probing{}, running: map[string]int{}}
+		byUID: map[types.UID]*probing{}, running: map[string]int{}}
 }
 
 // Start implements manager.Runnable: probes end with ctx, and Start
@@ -86,8 +86,9 @@ func (p *prober) source() source.TypedSource[mcreconcile.Request] {
 
 // result is the last probe of req's Gateway (uid) for hostname through
 // address, if any, and when to look again; a probe is started when one
-// is due and a slot is free.
-func (p *prober) result(req mcreconcile.Request, uid types.UID, address, hostname string) (*Probed, time.Duration) {
+// is due and a slot is free. It runs under the manager's context once
+// the prober started, else (no manager: tests) under ctx.
+func (p *prober) result(ctx context.Context, req mcreconcile.Request, uid types.UID, address, hostname string) (*Probed, time.Duration) {
 	key := address + " " + hostname
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -107,10 +108,14 @@ func (p *prober) result(req mcreconcile.Request, uid types.UID, address, hostnam
 	if p.running[ws] >= maxProbesPerWorkspace || p.total() >= maxProbes {
 		return st.got, firstWait
 	}
+	base := p.base
+	if base == nil {
+		base = ctx
+	}
 	st.running = true
 	p.running[ws]++
 	p.wg.Add(1)
-	go p.run(req, st, ws, address, hostname)
+	go p.run(base, req, st, ws, address, hostname)
 	return st.got, probeTimeout + time.Second
 }
 
@@ -123,11 +128,8 @@ func (p *prober) total() int {
 }
 
 // run probes once and wakes the Gateway.
-func (p *prober) run(req mcreconcile.Request, st *probing, ws, address, hostname string) {
+func (p *prober) run(base context.Context, req mcreconcile.Request, st *probing, ws, address, hostname string) {
 	defer p.wg.Done()
-	p.mu.Lock()
-	base := p.base
-	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(base, probeTimeout)
 	got := p.probe(ctx, address, hostname)
 	cancel()
