@@ -222,7 +222,7 @@ func (t *trader) contract(op *deal.ContractOp, w *dealexec.Written) error {
 	}
 	return ssa.WriteStatus(t.ctx, t.c, cc, &cc.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
-		Event:    ssa.PhaseChanged(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
+		Event:    ssa.PhaseMoved(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
 		Recorder: t.events,
 		Action:   "Reconcile",
 	})

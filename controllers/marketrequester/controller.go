@@ -270,7 +270,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 		// status.requests loses entries (replicas released): replaced
 		// whole (an apply through the virtual workspace would keep them).
 		Replace:  true,
-		Event:    ssa.PhaseChanged(mr.Status.Phase, s.st.Phase, marketv1alpha1.PhaseFailed, marketv1alpha1.PhaseSuspended, ready.Message),
+		Event:    ssa.PhaseMoved(mr.Status.Phase, s.st.Phase, marketv1alpha1.PhaseFailed, marketv1alpha1.PhaseSuspended, ready.Message),
 		Recorder: s.events,
 		Action:   "Reconcile",
 	}); err != nil {

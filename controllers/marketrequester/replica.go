@@ -479,7 +479,7 @@ func (s *session) contractStatus(cc *marketv1alpha1.ComputeContract, st *marketv
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: marketv1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: cc.Generation})
 	err := ssa.WriteStatus(s.ctx, s.c, cc, &cc.Status, st, ssa.StatusOptions{
 		Manager:  FieldManager,
-		Event:    ssa.PhaseChanged(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
+		Event:    ssa.PhaseMoved(cc.Status.Phase, st.Phase, marketv1alpha1.ContractFailed, "", msg),
 		Recorder: s.events,
 		Action:   "Reconcile",
 	})

@@ -39,14 +39,17 @@ import (
 //   - labels, annotations and every other field (spec) are merged into the
 //     live object, map by map (lists replaced); nothing is removed;
 //   - the status subresource: status is replaced by the applied status (one
-//     writer per status, R05);
+//     writer per status, R05); a kind without one (a Bid) takes the
+//     applied status with the rest of the object;
 //   - an apply of a missing object creates it, unless it names a UID.
 //
 // managedFields are not maintained. It intercepts Client.Apply and the
 // status subresource's Apply (not the deprecated client.Apply patch);
 // applies of other kinds go to the fake client unchanged.
 type applier struct {
-	mu sync.Mutex
+	// withStatus are the kinds that have a status subresource.
+	withStatus map[schema.GroupKind]bool
+	mu         sync.Mutex
 	// owned is what each manager applied to each object (by kind,
 	// namespace, name and UID): finalizers and owner reference UIDs.
 	owned map[ownerKey]owned
@@ -141,7 +144,9 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyC
 	case apierrors.IsNotFound(err):
 		created := cfg.DeepCopy()
 		assignUID(created)
-		unstructured.RemoveNestedField(created.Object, "status")
+		if a.withStatus[gvk.GroupKind()] {
+			unstructured.RemoveNestedField(created.Object, "status")
+		}
 		if err := c.Create(ctx, created); err != nil {
 			return err
 		}
@@ -167,10 +172,14 @@ func (a *applier) apply(ctx context.Context, c client.Client, obj runtime.ApplyC
 
 	a.mergeMetadata(live, cfg, manager)
 	for k, v := range cfg.Object {
-		if k == "metadata" || k == "status" || k == "apiVersion" || k == "kind" {
-			continue
+		switch {
+		case k == "metadata" || k == "apiVersion" || k == "kind":
+		case k == "status" && a.withStatus[gvk.GroupKind()]:
+		case k == "status":
+			live.Object[k] = v
+		default:
+			live.Object[k] = merge(live.Object[k], v)
 		}
-		live.Object[k] = merge(live.Object[k], v)
 	}
 	if err := updateTyped(ctx, c, live, false); err != nil {
 		if apierrors.IsNotFound(err) {

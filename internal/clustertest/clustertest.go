@@ -11,6 +11,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"strings"
 	"sync"
@@ -19,14 +20,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
+	"sigs.k8s.io/yaml"
 
 	"github.com/knotless-dev/knotless/apis"
+	"github.com/knotless-dev/knotless/exports"
 	"github.com/knotless-dev/knotless/internal/names"
 )
 
@@ -68,7 +72,7 @@ func (s syncCache) WaitForCacheSync(context.Context) bool { return !s.c.Unsynced
 // other interceptor funcs replaces the emulation.
 func NewClientBuilder() *fake.ClientBuilder {
 	s := apis.NewScheme()
-	return fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(knotlessKinds(s)...).WithInterceptorFuncs((&applier{}).funcs())
+	return fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(knotlessKinds(s)...).WithInterceptorFuncs((&applier{withStatus: statusSubresources()}).funcs())
 }
 
 // New returns a cluster whose fake client holds objs.
@@ -160,18 +164,55 @@ func (n *namedRecorder) Eventf(regarding, _ runtime.Object, eventtype, reason, a
 }
 
 // knotlessKinds returns an object of every kind in a *.knotless.dev group
-// of s that has a status.
+// of s whose exported schema (exports.FS) has a status subresource.
 func knotlessKinds(s *runtime.Scheme) []client.Object {
+	withStatus := statusSubresources()
 	var out []client.Object
 	for gvk, t := range s.AllKnownTypes() {
-		if !strings.HasSuffix(gvk.Group, names.GroupSuffix) || strings.HasSuffix(gvk.Kind, "List") {
-			continue
-		}
-		if _, ok := t.FieldByName("Status"); !ok {
+		if !strings.HasSuffix(gvk.Group, names.GroupSuffix) || !withStatus[gvk.GroupKind()] {
 			continue
 		}
 		if o, ok := reflect.New(t).Interface().(client.Object); ok {
 			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// statusSubresources are the kinds of the generated APIResourceSchemas
+// that have a status subresource: the fake client treats status as kcp
+// does for these, and as part of the object for the others.
+func statusSubresources() map[schema.GroupKind]bool {
+	out := map[schema.GroupKind]bool{}
+	files, err := fs.Glob(exports.FS, "apiresourceschema-*.yaml")
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range files {
+		data, err := exports.FS.ReadFile(f)
+		if err != nil {
+			panic(err)
+		}
+		var ars struct {
+			Spec struct {
+				Group string `json:"group"`
+				Names struct {
+					Kind string `json:"kind"`
+				} `json:"names"`
+				Versions []struct {
+					Subresources struct {
+						Status *struct{} `json:"status"`
+					} `json:"subresources"`
+				} `json:"versions"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(data, &ars); err != nil {
+			panic(fmt.Sprintf("%s: %v", f, err))
+		}
+		for _, v := range ars.Spec.Versions {
+			if v.Subresources.Status != nil {
+				out[schema.GroupKind{Group: ars.Spec.Group, Kind: ars.Spec.Names.Kind}] = true
+			}
 		}
 	}
 	return out

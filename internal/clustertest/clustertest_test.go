@@ -33,7 +33,7 @@ func TestKnotlessKindsHaveStatusSubresource(t *testing.T) {
 		kinds = append(kinds, kindOf(o))
 	}
 	slices.Sort(kinds)
-	want := []string{"Application", "AtprotoRecord", "AtprotoRecordWatch", "AtprotoRepo", "Bid", "ClusterClientCertificate", "Component", "ComputeContract", "ComputeVM",
+	want := []string{"Application", "AtprotoRecord", "AtprotoRecordWatch", "AtprotoRepo", "ClusterClientCertificate", "Component", "ComputeContract", "ComputeVM",
 		"Gateway", "GuestIdentityGrant", "MarketBidder", "MarketIdentity", "MarketNetwork", "MarketPresence", "MarketRequester", "SshGateway", "StateSync", "TenantCluster"}
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("kinds with a status subresource %v, want %v", kinds, want)

@@ -132,6 +132,16 @@ func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 // and every field the caller leaves out are not touched; fields another
 // manager set (a user's spec.suspend on a Component) stay.
 func Child(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
+	return applyChild(ctx, c, child, owner, manager, "spec")
+}
+
+// WholeChild is Child for a kind without a status subresource that only
+// its controller writes (a Bid): spec and status go in one apply.
+func WholeChild(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
+	return applyChild(ctx, c, child, owner, manager, "spec", "status")
+}
+
+func applyChild(ctx context.Context, c client.Client, child, owner client.Object, manager string, fields ...string) error {
 	gvk, err := apiutil.GVKForObject(child, c.Scheme())
 	if err != nil {
 		return err
@@ -144,7 +154,12 @@ func Child(ctx context.Context, c client.Client, child, owner client.Object, man
 	if err != nil {
 		return err
 	}
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": raw["spec"]}}
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	for _, f := range fields {
+		if v, ok := raw[f]; ok {
+			u.Object[f] = v
+		}
+	}
 	u.SetGroupVersionKind(gvk)
 	u.SetName(child.GetName())
 	u.SetNamespace(child.GetNamespace())

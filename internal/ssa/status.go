@@ -97,6 +97,18 @@ func ConditionChanged(before, after []metav1.Condition, typ string) *StatusEvent
 	return ev
 }
 
+// PhaseMoved is PhaseChanged but for the first phase of a new object,
+// which is no Event unless it is the failed phase: for the kinds a market
+// makes by the hundred (MarketRequester, ComputeContract), where the
+// object's creation says as much and every Event is a write to kcp
+// (docs/market.md, What bounds the market's speed).
+func PhaseMoved[P ~string](before, after, failed, suspended P, note string) *StatusEvent {
+	if before == "" && after != failed {
+		return nil
+	}
+	return PhaseChanged(before, after, failed, suspended, note)
+}
+
 // PhaseChanged is the Event of a change of phase from before to after,
 // for kinds whose phase sums them up (Application, Component): the new
 // phase is its reason, or Resumed when before is the suspended phase (""

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 )
@@ -157,6 +158,27 @@ func TestPhaseChanged(t *testing.T) {
 		{ready, ready, nil},
 	} {
 		got := PhaseChanged(tc.before, tc.after, failed, suspended, "msg")
+		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+			t.Errorf("%s -> %s: got %+v, want %+v", tc.before, tc.after, got, tc.want)
+		}
+	}
+}
+
+func TestPhaseMoved(t *testing.T) {
+	const (
+		pending = marketv1alpha1.PhasePending
+		failed  = marketv1alpha1.PhaseFailed
+	)
+	for _, tc := range []struct {
+		before, after marketv1alpha1.Phase
+		want          *StatusEvent
+	}{
+		{"", pending, nil},
+		{"", failed, &StatusEvent{corev1.EventTypeWarning, "Failed", "msg"}},
+		{pending, marketv1alpha1.PhaseReady, &StatusEvent{corev1.EventTypeNormal, "Ready", "msg"}},
+		{pending, pending, nil},
+	} {
+		got := PhaseMoved(tc.before, tc.after, failed, marketv1alpha1.PhaseSuspended, "msg")
 		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
 			t.Errorf("%s -> %s: got %+v, want %+v", tc.before, tc.after, got, tc.want)
 		}

@@ -99,7 +99,8 @@ const (
 	BidWithdrawn BidState = "Withdrawn"
 )
 
-// BidStatus is written only by the controller that owns the Bid.
+// BidStatus is written only by the controller that owns the Bid, in the
+// same apply as the Bid's spec.
 type BidStatus struct {
 	// State of the bid.
 	// +optional
@@ -121,8 +122,13 @@ type BidStatus struct {
 // keeps one per bid it made (owned by its MarketBidder). The two sides'
 // Bids are different objects with different writers.
 //
+// A Bid has no status subresource: only its side's controller writes it,
+// and it writes the whole object (spec once, with the state it has) in
+// one apply, so that a bid costs one write when it is seen and one each
+// time its state changes (docs/market.md, What bounds the market's
+// speed).
+//
 // +kubebuilder:object:root=true
-// +kubebuilder:subresource:status
 // +kubebuilder:resource:categories=knotless;market
 // +kubebuilder:printcolumn:name="Side",type=string,JSONPath=`.spec.side`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`

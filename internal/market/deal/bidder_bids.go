@@ -83,11 +83,10 @@ func (d *bidder) openBid(ob *ownBid) {
 	d.perRequester[requester]++
 	d.p.Look.Refresh = append(d.p.Look.Refresh, requester)
 	d.p.due(validUntil)
-	msg := "open until " + b.ValidUntil
-	if other != nil {
-		msg = "another bid was accepted; held until it is leased or this one expires at " + b.ValidUntil
-	}
-	d.bidOf(ob, req, name, marketv1alpha1.BidOpen, msg, None)
+	// The message stays as the bid was placed when another bid is
+	// accepted: that is seconds from its lease (Lost), and a Bid's
+	// message changing is a write.
+	d.bidOf(ob, req, name, marketv1alpha1.BidOpen, "open until "+b.ValidUntil, None)
 }
 
 // leased reports whether the accept (of another bid) was confirmed by its

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -130,20 +132,20 @@ func (w *Written) WithPublishedCID(ref *marketv1alpha1.PublishedRecord) {
 }
 
 // Bid makes the Bid object of op (when asked to; owned by owner, in its
-// namespace) and writes its status when it changed. existing is the Bid
-// as read (nil: none). It returns the Bid as it now is (nil when there is
-// none to write).
+// namespace) or writes its new state: one apply of the whole Bid (it has
+// no status subresource), and none when nothing changed. existing is the
+// Bid as read (nil: none). It returns the Bid as it now is (nil when there
+// is none to write).
 func Bid(ctx context.Context, c client.Client, owner client.Object, existing *marketv1alpha1.Bid, op *deal.BidOp, w *Written, manager string) (*marketv1alpha1.Bid, error) {
-	b := existing
-	if op.Create != nil && b == nil {
+	var b *marketv1alpha1.Bid
+	switch {
+	case existing != nil:
+		b = existing.DeepCopy()
+	case op.Create != nil:
 		spec := op.Create.DeepCopy()
 		w.WithCID(&spec.Bid)
 		b = &marketv1alpha1.Bid{ObjectMeta: metav1.ObjectMeta{Name: op.Name, Namespace: owner.GetNamespace()}, Spec: *spec}
-		if err := ssa.Child(ctx, c, b, owner, manager); err != nil {
-			return nil, err
-		}
-	}
-	if b == nil {
+	default:
 		return nil, nil
 	}
 	want := op.Status
@@ -156,9 +158,15 @@ func Bid(ctx context.Context, c client.Client, owner client.Object, existing *ma
 		reason = "Pending"
 	}
 	conditions.SetReady(&want.Conditions, b.Generation, ready, reason, want.Message)
-	if err := ssa.WriteStatus(ctx, c, b, &b.Status, &want, ssa.StatusOptions{Manager: manager}); err != nil {
-		return b, err
+	if existing != nil && apiequality.Semantic.DeepEqual(existing.Status, want) {
+		return existing, nil
 	}
 	b.Status = want
+	if err := ssa.WholeChild(ctx, c, b, owner, manager); err != nil {
+		if existing != nil && apierrors.IsNotFound(err) {
+			return existing, nil
+		}
+		return existing, err
+	}
 	return b, nil
 }
