@@ -52,6 +52,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/network"
+	"github.com/knotless-dev/knotless/internal/ownwrites"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -98,6 +99,14 @@ type Reconciler struct {
 	// absent tells a record missing from the view from one gone from its
 	// repo.
 	absent market.Absences
+	// writes lets a pass read what the passes before it wrote when the
+	// cache does not show it yet.
+	writes ownwrites.Store
+}
+
+// client is the workspace's client with the bidder's own writes read back.
+func (r *Reconciler) client(cl cluster.Cluster, req mcreconcile.Request) client.Client {
+	return r.writes.Client(string(req.ClusterName), cl.GetClient())
 }
 
 // SetupWithManager registers the controller and its indexes.
@@ -159,7 +168,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	c := cl.GetClient()
+	c := r.client(cl, req)
 	b := &marketv1alpha1.MarketBidder{}
 	if err := c.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -221,7 +230,7 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcrec
 		market.Forget(r.Market, r.Inventories, req)
 		return reconcile.Result{}, nil
 	}
-	c := cl.GetClient()
+	c := r.client(cl, req)
 	t, err := r.trader(ctx, cl, req, b, b.Status.DeepCopy())
 	switch {
 	case err != nil && conditions.ReasonOf(err, "") == marketv1alpha1.ReasonNotFound:
@@ -251,7 +260,7 @@ func (r *Reconciler) finalize(ctx context.Context, cl cluster.Cluster, req mcrec
 // network, the market's records and its own. A missing or unready one is
 // a *conditions.Error.
 func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) (*trader, error) {
-	c := cl.GetClient()
+	c := r.client(cl, req)
 	net := &marketv1alpha1.MarketNetwork{}
 	if err := c.Get(ctx, client.ObjectKey{Name: b.Spec.NetworkRef.Name}, net); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -285,7 +294,7 @@ func (r *Reconciler) trader(ctx context.Context, cl cluster.Cluster, req mcrecon
 
 // sync trades, applies the bidder's presence and reads its state into st.
 func (r *Reconciler) sync(ctx context.Context, cl cluster.Cluster, req mcreconcile.Request, b *marketv1alpha1.MarketBidder, st *marketv1alpha1.MarketBidderStatus) (*trader, error) {
-	c := cl.GetClient()
+	c := r.client(cl, req)
 	if b.Spec.Driver != "" && b.Spec.Driver != marketv1alpha1.DriverProcess && b.Spec.Driver != marketv1alpha1.DriverKind {
 		return nil, conditions.Errorf(marketv1alpha1.ReasonInvalidSpec, nil, "spec.driver: %q is not a driver knotless has (process, kind)", b.Spec.Driver)
 	}

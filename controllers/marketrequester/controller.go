@@ -60,6 +60,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/market/network"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
+	"github.com/knotless-dev/knotless/internal/ownwrites"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/repoconn"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -141,6 +142,9 @@ type Reconciler struct {
 	// absent tells a lease or bid missing from the view from one gone
 	// from its repo.
 	absent market.Absences
+	// writes lets a pass read what the passes before it wrote when the
+	// cache does not show it yet.
+	writes ownwrites.Store
 	// access is when each contract's tenant access is applied next
 	// (accessTry by contract UID).
 	access sync.Map
@@ -238,7 +242,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req mcreconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("getting workspace %s: %w", req.ClusterName, err)
 	}
-	c := cl.GetClient()
+	// The requester's own writes are read back before the cache has
+	// them: a pass that follows closely on another does not decide from
+	// a stale status and write again what is written.
+	c := r.writes.Client(string(req.ClusterName), cl.GetClient())
 	mr := &marketv1alpha1.MarketRequester{}
 	if err := c.Get(ctx, req.NamespacedName, mr); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	appsv1alpha1 "github.com/knotless-dev/knotless/apis/apps/v1alpha1"
-	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	atprotov1alpha1 "github.com/knotless-dev/knotless/apis/atproto/v1alpha1"
+	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
 )
 

@@ -1,0 +1,385 @@
+// Package ownwrites lets a controller read its own writes before its
+// informer cache shows them.
+//
+// A controller reads from a cache that a watch fills. Under load (kcp busy
+// with a market's deals) the watch runs seconds behind, and the next pass
+// of the same object reads what was there before the last pass wrote: it
+// decides again from a stale status and writes again what is already
+// written — a write that changes nothing but costs kcp as much as one that
+// does (docs/market.md, What bounds the market's speed). Store remembers
+// each object a controller wrote, as the server answered, until the cache
+// has it or a short time has passed, and Client lays those objects over
+// what the cache reads: the newer of the two by resourceVersion, objects
+// made but not yet listed, and none of those it deleted.
+//
+// Only typed objects of the scheme are remembered. A resourceVersion that
+// is not a number (kcp's and Kubernetes' are etcd revisions) is never
+// compared: the cache's object is taken.
+package ownwrites
+
+import (
+	"context"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+)
+
+// TTL is how long a write is laid over the cache at most: longer than a
+// loaded watch lags, short enough that a write the cache never shows (its
+// object changed by someone else, whose newer version the cache holds by
+// then) is soon forgotten.
+const TTL = 30 * time.Second
+
+// Store holds the objects written through its clients, by workspace. Its
+// zero value is an empty store on time.Now.
+type Store struct {
+	now func() time.Time
+	mu  sync.Mutex
+	m   map[key]entry
+}
+
+type key struct {
+	cluster         string
+	gvk             schema.GroupVersionKind
+	namespace, name string
+}
+
+type entry struct {
+	obj     client.Object // nil: deleted
+	uid     types.UID
+	rv      uint64
+	written time.Time
+}
+
+// New returns an empty store; now is its clock (nil: time.Now).
+func New(now func() time.Time) *Store { return &Store{now: now} }
+
+func (s *Store) clock() time.Time {
+	if s.now == nil {
+		return time.Now()
+	}
+	return s.now()
+}
+
+// Client returns c (the client of workspace cluster) with the store laid
+// over its reads and fed by its writes.
+func (s *Store) Client(cluster string, c client.Client) client.Client {
+	return &wrapped{Client: c, s: s, cluster: cluster}
+}
+
+// Len is how many writes the store holds (for tests and metrics).
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+func rvOf(o client.Object) (uint64, bool) {
+	rv, err := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
+	return rv, err == nil
+}
+
+// remember keeps obj as written (deleted: a tombstone).
+func (s *Store) remember(k key, obj client.Object, deleted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	s.expire(now)
+	if s.m == nil {
+		s.m = map[key]entry{}
+	}
+	if deleted {
+		s.m[k] = entry{uid: obj.GetUID(), written: now}
+		return
+	}
+	rv, ok := rvOf(obj)
+	if !ok {
+		delete(s.m, k)
+		return
+	}
+	if old, ok := s.m[k]; ok && old.obj != nil && old.uid == obj.GetUID() && old.rv > rv {
+		return // an older answer that came back later
+	}
+	cp, ok := obj.DeepCopyObject().(client.Object)
+	if !ok {
+		return
+	}
+	s.m[k] = entry{obj: cp, uid: obj.GetUID(), rv: rv, written: now}
+}
+
+// expire drops the entries older than TTL (s.mu held).
+func (s *Store) expire(now time.Time) {
+	for k, e := range s.m {
+		if now.Sub(e.written) > TTL {
+			delete(s.m, k)
+		}
+	}
+}
+
+// overlay returns what to read for k given what the cache read (nil:
+// not there): the cache's object, the store's newer write, or nil when
+// the store deleted it. It forgets writes the cache has caught up with.
+func (s *Store) overlay(k key, cached client.Object) client.Object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[k]
+	if !ok {
+		return cached
+	}
+	if s.clock().Sub(e.written) > TTL {
+		delete(s.m, k)
+		return cached
+	}
+	if e.obj == nil { // deleted by us
+		if cached == nil || cached.GetUID() == e.uid {
+			return nil
+		}
+		delete(s.m, k) // made again by someone
+		return cached
+	}
+	if cached == nil {
+		return e.obj
+	}
+	rv, ok := rvOf(cached)
+	switch {
+	case !ok || cached.GetUID() != e.uid:
+		delete(s.m, k)
+		return cached
+	case rv >= e.rv:
+		delete(s.m, k) // the cache caught up
+		return cached
+	}
+	return e.obj
+}
+
+// inNamespace returns the store's live objects of gvk in namespace of
+// cluster that are not among seen (by name).
+func (s *Store) inNamespace(cluster string, gvk schema.GroupVersionKind, namespace string, seen map[string]bool) []client.Object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	var out []client.Object
+	for k, e := range s.m {
+		if k.cluster != cluster || k.gvk != gvk || k.namespace != namespace || seen[k.name] || e.obj == nil || now.Sub(e.written) > TTL {
+			continue
+		}
+		out = append(out, e.obj)
+	}
+	return out
+}
+
+type wrapped struct {
+	client.Client
+	s       *Store
+	cluster string
+}
+
+func (w *wrapped) keyOf(obj runtime.Object, namespace, name string) (key, bool) {
+	if _, ok := obj.(runtime.Unstructured); ok {
+		return key{}, false
+	}
+	gvk, err := apiutil.GVKForObject(obj, w.Scheme())
+	if err != nil {
+		return key{}, false
+	}
+	return key{cluster: w.cluster, gvk: gvk, namespace: namespace, name: name}, true
+}
+
+// setInto copies src into dst (the same Go type).
+func setInto(dst, src runtime.Object) bool {
+	dv, sv := reflect.ValueOf(dst), reflect.ValueOf(src.DeepCopyObject())
+	if dv.Type() != sv.Type() || dv.Kind() != reflect.Pointer {
+		return false
+	}
+	dv.Elem().Set(sv.Elem())
+	return true
+}
+
+// Get reads obj from the cache, or the store's newer write of it.
+func (w *wrapped) Get(ctx context.Context, k client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	err := w.Client.Get(ctx, k, obj, opts...)
+	sk, ok := w.keyOf(obj, k.Namespace, k.Name)
+	if !ok || (err != nil && !apierrors.IsNotFound(err)) {
+		return err
+	}
+	var cached client.Object
+	if err == nil {
+		cached = obj
+	}
+	got := w.s.overlay(sk, cached)
+	switch {
+	case got == nil && err == nil:
+		return apierrors.NewNotFound(schema.GroupResource{Group: sk.gvk.Group, Resource: strings.ToLower(sk.gvk.Kind)}, k.Name)
+	case got == nil || got == cached:
+		return err
+	}
+	if !setInto(obj, got) {
+		return err
+	}
+	return nil
+}
+
+// List lists from the cache with the store laid over: newer writes
+// replace what the cache has, objects the store deleted are left out,
+// and, for a list by namespace only, objects made but not yet in the
+// cache are added.
+func (w *wrapped) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := w.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if _, ok := list.(runtime.Unstructured); ok {
+		return nil
+	}
+	o := (&client.ListOptions{}).ApplyOptions(opts)
+	gvk, err := apiutil.GVKForObject(list, w.Scheme())
+	if err != nil {
+		return nil
+	}
+	gvk.Kind = strings.TrimSuffix(gvk.Kind, "List")
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil
+	}
+	out := make([]runtime.Object, 0, len(items))
+	seen := map[string]bool{}
+	for _, it := range items {
+		obj, ok := it.(client.Object)
+		if !ok {
+			return nil
+		}
+		seen[obj.GetName()] = true
+		switch got := w.s.overlay(key{cluster: w.cluster, gvk: gvk, namespace: obj.GetNamespace(), name: obj.GetName()}, obj); {
+		case got == obj:
+			out = append(out, obj)
+		case got != nil:
+			out = append(out, got.DeepCopyObject())
+		}
+	}
+	if o.LabelSelector == nil && o.FieldSelector == nil && o.Namespace != "" {
+		for _, obj := range w.s.inNamespace(w.cluster, gvk, o.Namespace, seen) {
+			out = append(out, obj.DeepCopyObject())
+		}
+	}
+	return meta.SetList(list, out)
+}
+
+// applied remembers what an apply answered (the apply configuration
+// holds the server's object once it returns).
+func (w *wrapped) applied(obj runtime.ApplyConfiguration) {
+	u, ok := obj.(interface{ UnstructuredContent() map[string]any })
+	if !ok {
+		return
+	}
+	content := &unstructured.Unstructured{Object: u.UnstructuredContent()}
+	typed, err := w.Scheme().New(content.GroupVersionKind())
+	if err != nil {
+		return
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(content.Object, typed); err != nil {
+		return
+	}
+	w.wrote(typed, false)
+}
+
+func (w *wrapped) wrote(obj runtime.Object, deleted bool) {
+	o, ok := obj.(client.Object)
+	if !ok {
+		return
+	}
+	if k, ok := w.keyOf(o, o.GetNamespace(), o.GetName()); ok {
+		w.s.remember(k, o, deleted)
+	}
+}
+
+// Apply applies and remembers the server's answer.
+func (w *wrapped) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	if err := w.Client.Apply(ctx, obj, opts...); err != nil {
+		return err
+	}
+	w.applied(obj)
+	return nil
+}
+
+// Create creates and remembers the server's answer.
+func (w *wrapped) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if err := w.Client.Create(ctx, obj, opts...); err != nil {
+		return err
+	}
+	w.wrote(obj, false)
+	return nil
+}
+
+// Update updates and remembers the server's answer.
+func (w *wrapped) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if err := w.Client.Update(ctx, obj, opts...); err != nil {
+		return err
+	}
+	w.wrote(obj, false)
+	return nil
+}
+
+// Patch patches and remembers the server's answer.
+func (w *wrapped) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	if err := w.Client.Patch(ctx, obj, patch, opts...); err != nil {
+		return err
+	}
+	w.wrote(obj, false)
+	return nil
+}
+
+// Delete deletes and remembers that obj is gone (or going: an object
+// with finalizers stays until they are removed, and the cache shows it).
+func (w *wrapped) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	if err := w.Client.Delete(ctx, obj, opts...); err != nil {
+		return err
+	}
+	if len(obj.GetFinalizers()) == 0 {
+		w.wrote(obj, true)
+	}
+	return nil
+}
+
+// Status returns the status writer, whose writes are remembered too.
+func (w *wrapped) Status() client.SubResourceWriter {
+	return &statusWriter{SubResourceWriter: w.Client.Status(), w: w}
+}
+
+type statusWriter struct {
+	client.SubResourceWriter
+	w *wrapped
+}
+
+func (s *statusWriter) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	if err := s.SubResourceWriter.Update(ctx, obj, opts...); err != nil {
+		return err
+	}
+	s.w.wrote(obj, false)
+	return nil
+}
+
+func (s *statusWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	if err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...); err != nil {
+		return err
+	}
+	s.w.wrote(obj, false)
+	return nil
+}
+
+func (s *statusWriter) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+	if err := s.SubResourceWriter.Apply(ctx, obj, opts...); err != nil {
+		return err
+	}
+	s.w.applied(obj)
+	return nil
+}
