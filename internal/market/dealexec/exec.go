@@ -157,7 +157,10 @@ func Bid(ctx context.Context, c client.Client, owner client.Object, existing *ma
 	if reason == "" {
 		reason = "Pending"
 	}
-	conditions.SetReady(&want.Conditions, b.Generation, ready, reason, want.Message)
+	// No observedGeneration: a Bid's generation counts its own writes (it
+	// has no status subresource), so naming it would make every write
+	// call for another.
+	conditions.SetReady(&want.Conditions, 0, ready, reason, want.Message)
 	if existing != nil && apiequality.Semantic.DeepEqual(existing.Status, want) {
 		return existing, nil
 	}
