@@ -68,6 +68,10 @@ func (s *session) buy(buying []*deal.Replica, replicas map[int32]*replicaRecords
 		w.WithPublishedCID(rs.Record)
 		w.WithPublishedCID(rs.Accept)
 		if cc := made[op.Contract]; cc != nil {
+			// From here on the replica's status is its contract's, as the
+			// next pass (replica) will say it: the round's counts go, so
+			// that the next pass has nothing to write.
+			rs = marketv1alpha1.RequestStatus{Index: rs.Index, Attempt: rs.Attempt, State: marketv1alpha1.RequestOpen}
 			rr := replicas[rs.Index]
 			if _, err := s.contracted(rr, cc, s.acceptsOf(rr), true, s.release, &rs); err != nil {
 				errs = append(errs, fmt.Errorf("replica %d: %w", rs.Index, err))

@@ -130,7 +130,8 @@ func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 // rights on the owner that an APIExport's virtual workspace may not give):
 // metadata name, namespace, labels and owner reference, and spec. Status
 // and every field the caller leaves out are not touched; fields another
-// manager set (a user's spec.suspend on a Component) stay.
+// manager set (a user's spec.suspend on a Component) stay. child is then
+// the object as the server answered.
 func Child(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
 	return applyChild(ctx, c, child, owner, manager, "spec")
 }
@@ -170,6 +171,11 @@ func applyChild(ctx context.Context, c client.Client, child, owner client.Object
 	}})
 	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying %s %s/%s as %s: %w", gvk.Kind, child.GetNamespace(), child.GetName(), manager, err)
+	}
+	// child becomes the object as the server answered (its UID,
+	// generation and resourceVersion), for the status written next.
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, child); err != nil {
+		return fmt.Errorf("reading %s %s/%s as applied: %w", gvk.Kind, child.GetNamespace(), child.GetName(), err)
 	}
 	return nil
 }

@@ -216,7 +216,7 @@ func (d *requester) round(rr *Replica, cur *OwnRequest, deadline time.Time, bids
 	switch {
 	case d.now.Before(deadline):
 		d.p.step(RoundCollect, cur.URI)
-		rs.Message = fmt.Sprintf("collecting bids until %s (%d so far)", market.Time(deadline), len(bids))
+		rs.Message = collecting(deadline, len(bids))
 		d.p.due(deadline)
 		d.recordBids(rr, cur, bids, None)
 		return RequestOp{Status: rs, Before: rs, Needs: None}
@@ -247,6 +247,13 @@ func (d *requester) round(rr *Replica, cur *OwnRequest, deadline time.Time, bids
 	}
 	d.p.step(RoundAgain, cur.URI)
 	return d.ask(rr, rs, &RecordOp{Collection: lexicon.Request, RKey: cur.RKey})
+}
+
+// collecting is the message of a request collecting bids: the same
+// whether the pass published it or saw it later, so that a pass without
+// news writes nothing.
+func collecting(deadline time.Time, bids int) string {
+	return fmt.Sprintf("collecting bids until %s (%d so far)", market.Time(deadline), bids)
 }
 
 // withdrawal deletes a request record after its accepts.
@@ -288,7 +295,7 @@ func (d *requester) ask(rr *Replica, rs marketv1alpha1.RequestStatus, first *Rec
 	rs.Attempt = rr.Attempt + 1
 	rs.Record = &marketv1alpha1.PublishedRecord{URI: uri}
 	rs.BidDeadline = market.MetaTime(deadline)
-	rs.Message = "collecting bids until " + market.Time(deadline)
+	rs.Message = collecting(deadline, 0)
 	d.p.due(deadline)
 	return RequestOp{Status: rs, Before: before, Needs: i}
 }
