@@ -9,11 +9,15 @@
 // does (docs/market.md, What bounds the market's speed). Store remembers
 // each object a controller wrote, as the server answered, until the cache
 // has it or a short time has passed, and Client lays those objects over
-// what the cache reads: the newer of the two by resourceVersion, objects
-// made but not yet listed, and none of those it deleted.
+// what the cache reads: the newer of the two by resourceVersion, and
+// objects it made that the cache has not shown yet. A delete is left to
+// the cache (an object with finalizers lives on, and the cache shows its
+// deletionTimestamp), and an object the cache once showed and no longer
+// has is gone whatever the store holds.
 //
-// Only typed objects of the scheme are remembered. A resourceVersion that
-// is not a number (kcp's and Kubernetes' are etcd revisions) is never
+// Only typed objects of the knotless kinds are remembered: the objects
+// controllers decide on, not the Secrets they write. A resourceVersion
+// that is not a number (kcp's and Kubernetes' are etcd revisions) is never
 // compared: the cache's object is taken.
 package ownwrites
 
@@ -33,6 +37,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/knotless-dev/knotless/internal/names"
 )
 
 // TTL is how long a write is laid over the cache at most: longer than a
@@ -47,6 +53,8 @@ type Store struct {
 	now func() time.Time
 	mu  sync.Mutex
 	m   map[key]entry
+	// expired is when entries older than TTL were last dropped.
+	expired time.Time
 }
 
 type key struct {
@@ -56,10 +64,13 @@ type key struct {
 }
 
 type entry struct {
-	obj     client.Object // nil: deleted
+	obj     client.Object
 	uid     types.UID
 	rv      uint64
 	written time.Time
+	// seen is set once the cache showed this object (by UID): from then
+	// on the cache's NotFound means it is gone.
+	seen bool
 }
 
 // New returns an empty store; now is its clock (nil: time.Now).
@@ -90,8 +101,8 @@ func rvOf(o client.Object) (uint64, bool) {
 	return rv, err == nil
 }
 
-// remember keeps obj as written (deleted: a tombstone).
-func (s *Store) remember(k key, obj client.Object, deleted bool) {
+// remember keeps obj as written.
+func (s *Store) remember(k key, obj client.Object) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
@@ -99,27 +110,36 @@ func (s *Store) remember(k key, obj client.Object, deleted bool) {
 	if s.m == nil {
 		s.m = map[key]entry{}
 	}
-	if deleted {
-		s.m[k] = entry{uid: obj.GetUID(), written: now}
-		return
-	}
 	rv, ok := rvOf(obj)
 	if !ok {
 		delete(s.m, k)
 		return
 	}
-	if old, ok := s.m[k]; ok && old.obj != nil && old.uid == obj.GetUID() && old.rv > rv {
+	old, had := s.m[k]
+	if had && old.uid == obj.GetUID() && old.rv > rv {
 		return // an older answer that came back later
 	}
 	cp, ok := obj.DeepCopyObject().(client.Object)
 	if !ok {
 		return
 	}
-	s.m[k] = entry{obj: cp, uid: obj.GetUID(), rv: rv, written: now}
+	s.m[k] = entry{obj: cp, uid: obj.GetUID(), rv: rv, written: now, seen: had && old.seen && old.uid == obj.GetUID()}
 }
 
-// expire drops the entries older than TTL (s.mu held).
+// forget drops what the store holds of k.
+func (s *Store) forget(k key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, k)
+}
+
+// expire drops the entries older than TTL, at most once a second (s.mu
+// held).
 func (s *Store) expire(now time.Time) {
+	if now.Sub(s.expired) < time.Second {
+		return
+	}
+	s.expired = now
 	for k, e := range s.m {
 		if now.Sub(e.written) > TTL {
 			delete(s.m, k)
@@ -127,28 +147,22 @@ func (s *Store) expire(now time.Time) {
 	}
 }
 
-// overlay returns what to read for k given what the cache read (nil:
-// not there): the cache's object, the store's newer write, or nil when
-// the store deleted it. It forgets writes the cache has caught up with.
+// overlay returns what to read for k given what the cache read (nil: not
+// there): the cache's object, the store's newer write, or the store's
+// write of an object the cache has not shown yet (nil when there is none).
+// It forgets writes the cache has caught up with or no longer has.
 func (s *Store) overlay(k key, cached client.Object) client.Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.clock())
 	e, ok := s.m[k]
-	if !ok {
+	switch {
+	case !ok:
 		return cached
-	}
-	if s.clock().Sub(e.written) > TTL {
+	case cached == nil && e.seen: // shown, then gone: deleted
 		delete(s.m, k)
-		return cached
-	}
-	if e.obj == nil { // deleted by us
-		if cached == nil || cached.GetUID() == e.uid {
-			return nil
-		}
-		delete(s.m, k) // made again by someone
-		return cached
-	}
-	if cached == nil {
+		return nil
+	case cached == nil:
 		return e.obj
 	}
 	rv, ok := rvOf(cached)
@@ -160,18 +174,21 @@ func (s *Store) overlay(k key, cached client.Object) client.Object {
 		delete(s.m, k) // the cache caught up
 		return cached
 	}
+	e.seen = true
+	s.m[k] = e
 	return e.obj
 }
 
-// inNamespace returns the store's live objects of gvk in namespace of
-// cluster that are not among seen (by name).
-func (s *Store) inNamespace(cluster string, gvk schema.GroupVersionKind, namespace string, seen map[string]bool) []client.Object {
+// inNamespace returns the objects of gvk in namespace of cluster that the
+// store made and the cache has not shown yet, but those among listed (by
+// name).
+func (s *Store) inNamespace(cluster string, gvk schema.GroupVersionKind, namespace string, listed map[string]bool) []client.Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock()
+	s.expire(s.clock())
 	var out []client.Object
 	for k, e := range s.m {
-		if k.cluster != cluster || k.gvk != gvk || k.namespace != namespace || seen[k.name] || e.obj == nil || now.Sub(e.written) > TTL {
+		if k.cluster != cluster || k.gvk != gvk || k.namespace != namespace || listed[k.name] || e.seen {
 			continue
 		}
 		out = append(out, e.obj)
@@ -190,7 +207,7 @@ func (w *wrapped) keyOf(obj runtime.Object, namespace, name string) (key, bool) 
 		return key{}, false
 	}
 	gvk, err := apiutil.GVKForObject(obj, w.Scheme())
-	if err != nil {
+	if err != nil || !strings.HasSuffix(gvk.Group, names.GroupSuffix) {
 		return key{}, false
 	}
 	return key{cluster: w.cluster, gvk: gvk, namespace: namespace, name: name}, true
@@ -218,10 +235,7 @@ func (w *wrapped) Get(ctx context.Context, k client.ObjectKey, obj client.Object
 		cached = obj
 	}
 	got := w.s.overlay(sk, cached)
-	switch {
-	case got == nil && err == nil:
-		return apierrors.NewNotFound(schema.GroupResource{Group: sk.gvk.Group, Resource: strings.ToLower(sk.gvk.Kind)}, k.Name)
-	case got == nil || got == cached:
+	if got == nil || got == cached {
 		return err
 	}
 	if !setInto(obj, got) {
@@ -231,9 +245,8 @@ func (w *wrapped) Get(ctx context.Context, k client.ObjectKey, obj client.Object
 }
 
 // List lists from the cache with the store laid over: newer writes
-// replace what the cache has, objects the store deleted are left out,
-// and, for a list by namespace only, objects made but not yet in the
-// cache are added.
+// replace what the cache has and, for a list by namespace only, objects
+// made but not yet in the cache are added.
 func (w *wrapped) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	if err := w.Client.List(ctx, list, opts...); err != nil {
 		return err
@@ -252,13 +265,13 @@ func (w *wrapped) List(ctx context.Context, list client.ObjectList, opts ...clie
 		return nil
 	}
 	out := make([]runtime.Object, 0, len(items))
-	seen := map[string]bool{}
+	listed := map[string]bool{}
 	for _, it := range items {
 		obj, ok := it.(client.Object)
 		if !ok {
 			return nil
 		}
-		seen[obj.GetName()] = true
+		listed[obj.GetName()] = true
 		switch got := w.s.overlay(key{cluster: w.cluster, gvk: gvk, namespace: obj.GetNamespace(), name: obj.GetName()}, obj); {
 		case got == obj:
 			out = append(out, obj)
@@ -267,7 +280,7 @@ func (w *wrapped) List(ctx context.Context, list client.ObjectList, opts ...clie
 		}
 	}
 	if o.LabelSelector == nil && o.FieldSelector == nil && o.Namespace != "" {
-		for _, obj := range w.s.inNamespace(w.cluster, gvk, o.Namespace, seen) {
+		for _, obj := range w.s.inNamespace(w.cluster, gvk, o.Namespace, listed) {
 			out = append(out, obj.DeepCopyObject())
 		}
 	}
@@ -289,16 +302,16 @@ func (w *wrapped) applied(obj runtime.ApplyConfiguration) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(content.Object, typed); err != nil {
 		return
 	}
-	w.wrote(typed, false)
+	w.wrote(typed)
 }
 
-func (w *wrapped) wrote(obj runtime.Object, deleted bool) {
+func (w *wrapped) wrote(obj runtime.Object) {
 	o, ok := obj.(client.Object)
 	if !ok {
 		return
 	}
 	if k, ok := w.keyOf(o, o.GetNamespace(), o.GetName()); ok {
-		w.s.remember(k, o, deleted)
+		w.s.remember(k, o)
 	}
 }
 
@@ -316,7 +329,7 @@ func (w *wrapped) Create(ctx context.Context, obj client.Object, opts ...client.
 	if err := w.Client.Create(ctx, obj, opts...); err != nil {
 		return err
 	}
-	w.wrote(obj, false)
+	w.wrote(obj)
 	return nil
 }
 
@@ -325,7 +338,7 @@ func (w *wrapped) Update(ctx context.Context, obj client.Object, opts ...client.
 	if err := w.Client.Update(ctx, obj, opts...); err != nil {
 		return err
 	}
-	w.wrote(obj, false)
+	w.wrote(obj)
 	return nil
 }
 
@@ -334,18 +347,19 @@ func (w *wrapped) Patch(ctx context.Context, obj client.Object, patch client.Pat
 	if err := w.Client.Patch(ctx, obj, patch, opts...); err != nil {
 		return err
 	}
-	w.wrote(obj, false)
+	w.wrote(obj)
 	return nil
 }
 
-// Delete deletes and remembers that obj is gone (or going: an object
-// with finalizers stays until they are removed, and the cache shows it).
+// Delete deletes and forgets what the store holds of obj: from then on
+// the cache says whether it is there (with a deletionTimestamp while
+// finalizers hold it) or gone.
 func (w *wrapped) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	if err := w.Client.Delete(ctx, obj, opts...); err != nil {
 		return err
 	}
-	if len(obj.GetFinalizers()) == 0 {
-		w.wrote(obj, true)
+	if k, ok := w.keyOf(obj, obj.GetNamespace(), obj.GetName()); ok {
+		w.s.forget(k)
 	}
 	return nil
 }
@@ -364,7 +378,7 @@ func (s *statusWriter) Update(ctx context.Context, obj client.Object, opts ...cl
 	if err := s.SubResourceWriter.Update(ctx, obj, opts...); err != nil {
 		return err
 	}
-	s.w.wrote(obj, false)
+	s.w.wrote(obj)
 	return nil
 }
 
@@ -372,7 +386,7 @@ func (s *statusWriter) Patch(ctx context.Context, obj client.Object, patch clien
 	if err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...); err != nil {
 		return err
 	}
-	s.w.wrote(obj, false)
+	s.w.wrote(obj)
 	return nil
 }
 

@@ -125,14 +125,19 @@ func TestStatusWriteIsReadBackBeforeTheCacheHasIt(t *testing.T) {
 	}
 }
 
-func TestMadeAndDeletedObjects(t *testing.T) {
+func bid(name string) *marketv1alpha1.Bid {
+	return &marketv1alpha1.Bid{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{"x": "y"}},
+		Status: marketv1alpha1.BidStatus{State: marketv1alpha1.BidOpen}}
+}
+
+func TestMadeObjects(t *testing.T) {
 	ctx := context.Background()
 	l, _, _, c := setup(t)
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", Labels: map[string]string{"x": "y"}}}
-	if err := c.Create(ctx, cm); err != nil {
+	b := bid("a")
+	if err := c.Create(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	var list corev1.ConfigMapList
+	var list marketv1alpha1.BidList
 	if err := c.List(ctx, &list, client.InNamespace("ns")); err != nil || len(list.Items) != 1 {
 		t.Fatalf("a made object is listed by namespace: %d %v", len(list.Items), err)
 	}
@@ -144,64 +149,106 @@ func TestMadeAndDeletedObjects(t *testing.T) {
 	if err := c.List(ctx, &list, client.InNamespace("ns"), client.MatchingLabels{"x": "y"}); err != nil || len(list.Items) != 0 {
 		t.Fatalf("by label: %d %v", len(list.Items), err)
 	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err != nil {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), &marketv1alpha1.Bid{}); err != nil {
 		t.Fatalf("a made object is read: %v", err)
 	}
 	// Another workspace's client does not see it.
 	other := New(nil).Client("ws2", l)
-	if err := other.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+	if err := other.Get(ctx, client.ObjectKeyFromObject(b), &marketv1alpha1.Bid{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("another store: %v", err)
 	}
-
-	l.catchUp(t, cm)
-	if err := c.Delete(ctx, cm); err != nil {
+	// Only the knotless kinds are kept (not the Secrets a controller
+	// writes).
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}}
+	if err := c.Create(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err != nil {
-		t.Fatalf("the cache should still have it: %v", err)
-	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("a deleted object is read: %v", err)
+		t.Fatalf("a ConfigMap was kept: %v", err)
 	}
-	if err := c.List(ctx, &list, client.InNamespace("ns")); err != nil || len(list.Items) != 0 {
-		t.Fatalf("a deleted object is listed: %d %v", len(list.Items), err)
+}
+
+// TestDeletesAreTheCaches: what the store does not say about deletes. An
+// object the controller deleted is what the cache says it is (being
+// finalized, with a deletionTimestamp); one the cache showed and then no
+// longer has is gone, however recent the store's write of it.
+func TestDeletesAreTheCaches(t *testing.T) {
+	ctx := context.Background()
+	held := bid("held")
+	held.Finalizers = []string{"agent"}
+	l, _, _, c := setup(t, held, bid("other"))
+
+	got := &marketv1alpha1.Bid{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(held), got); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	l.catchUp(t, held)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(held), got); err != nil || got.DeletionTimestamp.IsZero() {
+		t.Fatalf("an object being finalized reads as such: %v %v", got.DeletionTimestamp, err)
+	}
+
+	// Our write of "other", then someone else deletes it.
+	other := &marketv1alpha1.Bid{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(bid("other")), other); err != nil {
+		t.Fatal(err)
+	}
+	other.Status.State = marketv1alpha1.BidLost
+	if err := c.Update(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(other), other); err != nil || other.Status.State != marketv1alpha1.BidLost {
+		t.Fatalf("read after write: %v %v", other.Status.State, err)
+	}
+	if err := l.Client.Delete(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	l.catchUp(t, other)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(other), other); !apierrors.IsNotFound(err) {
+		t.Fatalf("an object deleted by another reads: %v", err)
+	}
+	var list marketv1alpha1.BidList
+	if err := c.List(ctx, &list, client.InNamespace("ns")); err != nil || len(list.Items) != 1 || list.Items[0].Name != "held" {
+		t.Fatalf("list after deletes: %+v %v", list.Items, err)
 	}
 }
 
 func TestTheCacheWinsWhenNewerOrLate(t *testing.T) {
 	ctx := context.Background()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}, Data: map[string]string{"v": "0"}}
-	l, s, clk, c := setup(t, cm)
-	got := &corev1.ConfigMap{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil {
+	b := bid("a")
+	l, s, clk, c := setup(t, b)
+	got := &marketv1alpha1.Bid{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil {
 		t.Fatal(err)
 	}
-	got.Data["v"] = "1"
+	got.Status.Message = "1"
 	if err := c.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
 	// Someone else writes after us, and the cache shows theirs.
 	theirs := got.DeepCopy()
-	theirs.Data["v"] = "2"
-	if err := l.Update(ctx, theirs); err != nil {
+	theirs.Status.Message = "2"
+	if err := l.Client.Update(ctx, theirs); err != nil {
 		t.Fatal(err)
 	}
-	l.catchUp(t, cm)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil || got.Data["v"] != "2" {
-		t.Fatalf("a newer object in the cache: %v %v, want 2", got.Data, err)
+	l.catchUp(t, b)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil || got.Status.Message != "2" {
+		t.Fatalf("a newer object in the cache: %q %v, want 2", got.Status.Message, err)
 	}
 
 	// A write the cache never shows is forgotten after TTL.
-	got.Data["v"] = "3"
+	got.Status.Message = "3"
 	if err := c.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil || got.Data["v"] != "3" {
-		t.Fatalf("read after write: %v %v", got.Data, err)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil || got.Status.Message != "3" {
+		t.Fatalf("read after write: %q %v", got.Status.Message, err)
 	}
 	clk.t = clk.t.Add(TTL + time.Second)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil || got.Data["v"] != "2" {
-		t.Fatalf("after TTL: %v %v, want the cache's 2", got.Data, err)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil || got.Status.Message != "2" {
+		t.Fatalf("after TTL: %q %v, want the cache's 2", got.Status.Message, err)
 	}
 	if s.Len() != 0 {
 		t.Fatalf("the store holds %d writes after TTL", s.Len())

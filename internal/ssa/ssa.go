@@ -133,16 +133,18 @@ func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 // manager set (a user's spec.suspend on a Component) stay. child is then
 // the object as the server answered.
 func Child(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
-	return applyChild(ctx, c, child, owner, manager, "spec")
+	return applyChild(ctx, c, child, owner, manager, "", "spec")
 }
 
 // WholeChild is Child for a kind without a status subresource that only
-// its controller writes (a Bid): spec and status go in one apply.
+// its controller writes (a Bid): spec and status go in one apply. A child
+// with a UID (as read) is only written, never made again once deleted:
+// the apply then fails with NotFound or Conflict.
 func WholeChild(ctx context.Context, c client.Client, child, owner client.Object, manager string) error {
-	return applyChild(ctx, c, child, owner, manager, "spec", "status")
+	return applyChild(ctx, c, child, owner, manager, child.GetUID(), "spec", "status")
 }
 
-func applyChild(ctx context.Context, c client.Client, child, owner client.Object, manager string, fields ...string) error {
+func applyChild(ctx context.Context, c client.Client, child, owner client.Object, manager string, uid types.UID, fields ...string) error {
 	gvk, err := apiutil.GVKForObject(child, c.Scheme())
 	if err != nil {
 		return err
@@ -164,6 +166,7 @@ func applyChild(ctx context.Context, c client.Client, child, owner client.Object
 	u.SetGroupVersionKind(gvk)
 	u.SetName(child.GetName())
 	u.SetNamespace(child.GetNamespace())
+	u.SetUID(uid)
 	u.SetLabels(child.GetLabels())
 	u.SetOwnerReferences([]metav1.OwnerReference{{
 		APIVersion: ogvk.GroupVersion().String(), Kind: ogvk.Kind, Name: owner.GetName(), UID: owner.GetUID(),

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -157,17 +158,22 @@ func Bid(ctx context.Context, c client.Client, owner client.Object, existing *ma
 	if reason == "" {
 		reason = "Pending"
 	}
-	// No observedGeneration: a Bid's generation counts its own writes (it
-	// has no status subresource), so naming it would make every write
-	// call for another.
-	conditions.SetReady(&want.Conditions, 0, ready, reason, want.Message)
+	// No new observedGeneration: a Bid's generation counts its own writes
+	// (it has no status subresource), so naming it would make every write
+	// call for another. The one a Bid made before carries (written
+	// through the status subresource, whose owner keeps it) stays.
+	var gen int64
+	if r := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); r != nil {
+		gen = r.ObservedGeneration
+	}
+	conditions.SetReady(&want.Conditions, gen, ready, reason, want.Message)
 	if existing != nil && apiequality.Semantic.DeepEqual(existing.Status, want) {
 		return existing, nil
 	}
 	b.Status = want
 	if err := ssa.WholeChild(ctx, c, b, owner, manager); err != nil {
-		if existing != nil && apierrors.IsNotFound(err) {
-			return existing, nil
+		if existing != nil && (apierrors.IsNotFound(err) || apierrors.IsConflict(err)) {
+			return existing, nil // deleted meanwhile: not made again
 		}
 		return existing, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,5 +52,24 @@ func TestBidIsOneWritePerState(t *testing.T) {
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(b), got); err != nil || got.Status.State != marketv1alpha1.BidLost || got.Spec.Bid.URI != "at://b" {
 		t.Fatalf("after the new state: %+v %+v %v", got.Spec, got.Status, err)
+	}
+
+	// A Bid made before Bids lost their status subresource keeps the
+	// observedGeneration its Ready condition had (the status
+	// subresource's manager owns it): the same state is no write.
+	got.Status.Conditions[0].ObservedGeneration = 1
+	if _, err := Bid(ctx, c, owner, got, lost, w, "m"); err != nil || writes != 2 {
+		t.Fatalf("an older Bid in the same state: %d writes, %v; want none more", writes, err)
+	}
+
+	// A Bid deleted since it was read is not made again by a new state.
+	if err := inner.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Bid(ctx, c, owner, got, open, w, "m"); err != nil {
+		t.Fatalf("a deleted Bid: %v", err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(b), &marketv1alpha1.Bid{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a deleted Bid was made again: %v", err)
 	}
 }
