@@ -202,7 +202,7 @@ func TestDeletesAreTheCaches(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(other), other); err != nil || other.Status.State != marketv1alpha1.BidLost {
 		t.Fatalf("read after write: %v %v", other.Status.State, err)
 	}
-	if err := l.Client.Delete(ctx, other); err != nil {
+	if err := l.Delete(ctx, other); err != nil {
 		t.Fatal(err)
 	}
 	l.catchUp(t, other)
@@ -230,7 +230,7 @@ func TestTheCacheWinsWhenNewerOrLate(t *testing.T) {
 	// Someone else writes after us, and the cache shows theirs.
 	theirs := got.DeepCopy()
 	theirs.Status.Message = "2"
-	if err := l.Client.Update(ctx, theirs); err != nil {
+	if err := l.Update(ctx, theirs); err != nil {
 		t.Fatal(err)
 	}
 	l.catchUp(t, b)
