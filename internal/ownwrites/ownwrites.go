@@ -53,6 +53,10 @@ type Store struct {
 	now func() time.Time
 	mu  sync.Mutex
 	m   map[key]entry
+	// deleted is when each object (by UID) was deleted through the
+	// store's clients: a pass that still sees it in a lagging cache and
+	// deletes it again sends nothing.
+	deleted map[types.UID]time.Time
 	// expired is when entries older than TTL were last dropped.
 	expired time.Time
 }
@@ -126,11 +130,28 @@ func (s *Store) remember(k key, obj client.Object) {
 	s.m[k] = entry{obj: cp, uid: obj.GetUID(), rv: rv, written: now, seen: had && old.seen && old.uid == obj.GetUID()}
 }
 
-// forget drops what the store holds of k.
-func (s *Store) forget(k key) {
+// forget drops what the store holds of k, deleted: the object uid.
+func (s *Store) forget(k key, uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, k)
+	if uid == "" {
+		return
+	}
+	if s.deleted == nil {
+		s.deleted = map[types.UID]time.Time{}
+	}
+	s.deleted[uid] = s.clock()
+}
+
+// deletedLately reports whether the object uid was deleted through the
+// store less than TTL ago.
+func (s *Store) deletedLately(uid types.UID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire(s.clock())
+	_, ok := s.deleted[uid]
+	return ok && uid != ""
 }
 
 // expire drops the entries older than TTL, at most once a second (s.mu
@@ -143,6 +164,11 @@ func (s *Store) expire(now time.Time) {
 	for k, e := range s.m {
 		if now.Sub(e.written) > TTL {
 			delete(s.m, k)
+		}
+	}
+	for uid, at := range s.deleted {
+		if now.Sub(at) > TTL {
+			delete(s.deleted, uid)
 		}
 	}
 }
@@ -353,13 +379,18 @@ func (w *wrapped) Patch(ctx context.Context, obj client.Object, patch client.Pat
 
 // Delete deletes and forgets what the store holds of obj: from then on
 // the cache says whether it is there (with a deletionTimestamp while
-// finalizers hold it) or gone.
+// finalizers hold it) or gone. The same object (by UID) deleted again
+// within TTL, as a lagging cache still shows it, sends nothing.
 func (w *wrapped) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	k, ok := w.keyOf(obj, obj.GetNamespace(), obj.GetName())
+	if ok && w.s.deletedLately(obj.GetUID()) {
+		return nil
+	}
 	if err := w.Client.Delete(ctx, obj, opts...); err != nil {
 		return err
 	}
-	if k, ok := w.keyOf(obj, obj.GetNamespace(), obj.GetName()); ok {
-		w.s.forget(k)
+	if ok {
+		w.s.forget(k, obj.GetUID())
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package ownwrites
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -13,7 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
@@ -47,6 +51,13 @@ func (l *lagging) List(_ context.Context, list client.ObjectList, opts ...client
 		}
 	}
 	return meta.SetList(list, out)
+}
+
+// fakeWithWatch makes a lagging a client.WithWatch (for the interceptor).
+type fakeWithWatch struct{ *lagging }
+
+func (f fakeWithWatch) Watch(context.Context, client.ObjectList, ...client.ListOption) (watch.Interface, error) {
+	return nil, errors.New("no watch")
 }
 
 // catchUp copies the server's object into the cache (or removes it).
@@ -126,7 +137,7 @@ func TestStatusWriteIsReadBackBeforeTheCacheHasIt(t *testing.T) {
 }
 
 func bid(name string) *marketv1alpha1.Bid {
-	return &marketv1alpha1.Bid{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{"x": "y"}},
+	return &marketv1alpha1.Bid{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), Labels: map[string]string{"x": "y"}},
 		Status: marketv1alpha1.BidStatus{State: marketv1alpha1.BidOpen}}
 }
 
@@ -185,6 +196,31 @@ func TestDeletesAreTheCaches(t *testing.T) {
 	if err := c.Delete(ctx, got); err != nil {
 		t.Fatal(err)
 	}
+	// Deleted again from the lagging cache's copy: nothing is sent.
+	deletes := 0
+	counting := New(nil)
+	cc := counting.Client("ws1", interceptor.NewClient(fakeWithWatch{l}, interceptor.Funcs{Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+		deletes++
+		return c.Delete(ctx, obj, opts...)
+	}}))
+	stale := &marketv1alpha1.Bid{}
+	if err := l.Get(ctx, client.ObjectKeyFromObject(bid("other")), stale); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := cc.Delete(ctx, stale); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if deletes != 1 {
+		t.Fatalf("an object deleted twice from a stale copy: %d deletes sent, want 1", deletes)
+	}
+	again := bid("other")
+	again.UID = "" // made again: a new UID
+	if err := l.Create(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	l.catchUp(t, bid("other"))
 	l.catchUp(t, held)
 	if err := c.Get(ctx, client.ObjectKeyFromObject(held), got); err != nil || got.DeletionTimestamp.IsZero() {
 		t.Fatalf("an object being finalized reads as such: %v %v", got.DeletionTimestamp, err)
