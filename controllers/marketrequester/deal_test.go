@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -714,4 +716,50 @@ func TestDeletionReleases(t *testing.T) {
 			t.Errorf("%d %s records left", n, col)
 		}
 	}
+}
+
+// TestAPassWithoutNewsWritesNothing: once the contract is made, the next
+// round finds every status, Bid and contract already as it would write
+// them (docs/market.md, What bounds the market's speed): no object of
+// either side is written again.
+func TestAPassWithoutNewsWritesNothing(t *testing.T) {
+	m := newMarket(t, bidderObj("fit", 30, 2), bidderObj("expensive", 40, 2))
+	versions := func() map[string]string {
+		out := map[string]string{}
+		for name, ws := range map[string]*clustertest.Cluster{"shop": m.shop, "fit": m.bidders["fit"], "expensive": m.bidders["expensive"]} {
+			for _, list := range []client.ObjectList{&marketv1alpha1.MarketRequesterList{}, &marketv1alpha1.MarketBidderList{}, &marketv1alpha1.BidList{}, &marketv1alpha1.ComputeContractList{}} {
+				if err := ws.Client.List(context.Background(), list); err != nil {
+					t.Fatal(err)
+				}
+				items, err := meta.ExtractList(list)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, it := range items {
+					o := it.(client.Object)
+					out[fmt.Sprintf("%s %T %s", name, o, o.GetName())] = o.GetResourceVersion()
+				}
+			}
+		}
+		return out
+	}
+	quiet := func(when string, pass func()) {
+		t.Helper()
+		before := versions()
+		pass()
+		for k, v := range versions() {
+			if before[k] != v {
+				t.Errorf("%s: %s written again by a pass without news (resourceVersion %s -> %s)", when, k, before[k], v)
+			}
+		}
+	}
+	m.reconcileRequester() // publishes the request
+	quiet("collecting, before any bid", m.reconcileRequester)
+	m.round()
+	m.clock.advance(11 * time.Second)
+	m.round()
+	if cc := contracts(t, m.shop); len(cc) != 1 {
+		t.Fatalf("no contract after the round: %+v", cc)
+	}
+	quiet("contracted", m.round)
 }

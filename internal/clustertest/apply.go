@@ -318,4 +318,8 @@ func assignUID(obj client.Object) {
 	if obj.GetUID() == "" {
 		obj.SetUID(uuid.NewUUID())
 	}
+	// A made object has generation 1, as from an apiserver.
+	if obj.GetGeneration() == 0 {
+		obj.SetGeneration(1)
+	}
 }
