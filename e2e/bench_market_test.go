@@ -17,7 +17,6 @@ import (
 
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/e2e/framework"
-	"github.com/knotless-dev/knotless/internal/bootstrap"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 )
@@ -230,14 +229,7 @@ func watchAgreed(ctx context.Context, t *testing.T, ws string, n int, timeout ti
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cfg, err := bootstrap.ForWorkspace(env.admin, root.Join(ws))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: framework.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wc := watchClient(t, ws)
 	agreed := map[string]time.Time{}
 	note := func(cc *marketv1alpha1.ComputeContract) {
 		if ref := metav1.GetControllerOf(cc); ref != nil && cc.Status.Phase == marketv1alpha1.ContractProvisioning {

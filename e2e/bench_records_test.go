@@ -61,15 +61,7 @@ func newBenchRepo(ctx context.Context, t *testing.T, name, handle string) benchR
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := bootstrap.ForWorkspace(env.admin, root.Join(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: framework.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return benchRepo{c: c, wc: wc, did: acct.DID, sess: sess.AccessJWT}
+	return benchRepo{c: c, wc: watchClient(t, name), did: acct.DID, sess: sess.AccessJWT}
 }
 
 // watchSynced starts counting the AtprotoRecords of r whose names start
@@ -555,4 +547,20 @@ func createRetrying(ctx context.Context, c client.Client, obj client.Object, wri
 		}
 	}
 	return err
+}
+
+// watchClient is a kcp-admin client of workspace name (under the suite's
+// root) that can watch: the benches count with one list and a watch
+// rather than by listing again and again.
+func watchClient(t *testing.T, name string) client.WithWatch {
+	t.Helper()
+	cfg, err := bootstrap.ForWorkspace(env.admin, root.Join(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: framework.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wc
 }
