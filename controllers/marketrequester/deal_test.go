@@ -761,5 +761,10 @@ func TestAPassWithoutNewsWritesNothing(t *testing.T) {
 	if cc := contracts(t, m.shop); len(cc) != 1 {
 		t.Fatalf("no contract after the round: %+v", cc)
 	}
+	// The losing bidder, if it ran before the winner's lease was out,
+	// learns now that its bid lost (news). The winner's and the
+	// requester's next passes are their first since the contracts were
+	// made.
+	m.reconcileBidder("expensive")
 	quiet("contracted", m.round)
 }
