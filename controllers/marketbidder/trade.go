@@ -214,6 +214,15 @@ func (t *trader) contract(op *deal.ContractOp, w *dealexec.Written) error {
 		return nil
 	}
 	st := op.Status.DeepCopy()
+	if op.Create != nil {
+		// The plan could not know the generation of a contract it makes:
+		// the server's answer says it (else the next pass writes the
+		// status again only for it).
+		st.ObservedGeneration = cc.Generation
+		for i := range st.Conditions {
+			st.Conditions[i].ObservedGeneration = cc.Generation
+		}
+	}
 	w.WithCID(st.Records.Lease)
 	w.WithCID(st.Records.Reclaim)
 	msg := ""

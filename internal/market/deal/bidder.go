@@ -313,7 +313,6 @@ func (d *bidder) contractOf(ol *ownLease, acc *market.Rec, cc *marketv1alpha1.Co
 		}
 		spec = d.contractSpec(ol, acc)
 		op.Create = spec
-		gen = 1 // what the contract it makes will have: its status is not written again for it
 		d.p.event("", corev1.EventTypeNormal, "Leased", "Lease", fmt.Sprintf("leased a VM to %s: ComputeContract %s", spec.RequesterDID, name), needs)
 	} else {
 		spec, cur, gen = &cc.Spec, *cc.Status.DeepCopy(), cc.Generation
