@@ -1,0 +1,90 @@
+# Step helpers of .ci/run (sourced; tested by hack/ci/steps_test.go):
+# step runs a command in the foreground, bg in the background, join waits
+# for background steps, and table (the EXIT trap) prints each step's
+# seconds and how busy the machine's cores were meanwhile. Needs $start
+# (the run's start, date +%s) and a bin/ folder in the working directory.
+steps=()
+# cpu: the machine's busy and total jiffies so far (/proc/stat), so that a
+# step's row says how much of the 2 cores it kept busy: where a step
+# leaves them idle, work can move beside it.
+cpu() { awk '/^cpu / {t=0; for (i=2; i<=NF; i++) t+=$i; print t-$5-$6, t}' /proc/stat; }
+# busy B0 T0 B1 T1: percent of the machine busy between two cpu readings.
+busy() { echo $(( ($3 - $1) * 100 / ($4 - $2 > 0 ? $4 - $2 : 1) )); }
+read -r cpu_b0 cpu_t0 < <(cpu)
+table() {
+  local rc=$? b t
+  echo
+  # The tests that failed, just before the table: the end of the output
+  # is what a reader of a failed run sees first, and the e2e suite dumps
+  # many logs before it.
+  if [ "$rc" -ne 0 ] && [ -f bin/ci-test.log ]; then
+    echo "ci: failed tests (from bin/ci-test.log):"
+    grep -E -- '--- FAIL|^FAIL|^panic: |test timed out' bin/ci-test.log | tail -40 || true
+  fi
+  read -r b t < <(cpu)
+  echo "ci: step                          seconds  cpu busy"
+  for s in "${steps[@]}"; do
+    local v=${s#*=}
+    printf 'ci: %-30s %7s  %7s\n' "${s%%=*}" "${v%% *}" "$( [ "$v" = "${v#* }" ] || echo "${v#* }%")"
+  done
+  printf 'ci: %-30s %7s  %7s\n' "total" "$(( $(date +%s) - start ))" "$(busy "$cpu_b0" "$cpu_t0" "$b" "$t")%"
+  [ "$rc" -eq 0 ] && echo "ci: done" || echo "ci: failed (exit $rc)"
+}
+trap table EXIT
+
+# step NAME COMMAND...: runs COMMAND and records how long it took and how
+# busy it kept the machine.
+step() {
+  local name=$1 t b0 t0 b1 t1
+  shift
+  t=$(date +%s)
+  read -r b0 t0 < <(cpu)
+  echo "ci: == $name"
+  "$@"
+  read -r b1 t1 < <(cpu)
+  steps+=("$name=$(( $(date +%s) - t )) $(busy "$b0" "$t0" "$b1" "$t1")")
+}
+
+# bg NAME COMMAND...: runs COMMAND in the background, its output in
+# bin/ci-NAME.log and its exit code, seconds and the machine's busy
+# percent meanwhile in bin/ci-NAME.status.
+bg() {
+  local name=$1
+  shift
+  echo "ci: started $name in the background (log bin/ci-$name.log)"
+  (
+    t=$(date +%s); rc=0
+    read -r b0 t0 < <(cpu)
+    "$@" >"bin/ci-$name.log" 2>&1 || rc=$?
+    read -r b1 t1 < <(cpu)
+    echo "$rc $(( $(date +%s) - t )) $(busy "$b0" "$t0" "$b1" "$t1")" >"bin/ci-$name.status"
+  ) &
+  bgpids+=("$!")
+}
+# join NAME...: waits for background steps and records them, saying every
+# minute which still run; fails with the log of the first that failed.
+join() {
+  local name rc secs pct waited=0 running
+  while :; do
+    running=() rc=0
+    for name in "$@"; do
+      if [ -f "bin/ci-$name.status" ]; then read -r rc _ <"bin/ci-$name.status"; [ "$rc" -eq 0 ] || break; else running+=("$name"); fi
+    done
+    # Done, or one failed: no need to wait for the others.
+    [ ${#running[@]} -gt 0 ] && [ "$rc" -eq 0 ] || break
+    sleep 1
+    waited=$((waited + 1))
+    [ $((waited % 60)) -ne 0 ] || echo "ci: waiting ${waited}s for ${running[*]}"
+  done
+  for name in "$@"; do
+    [ -f "bin/ci-$name.status" ] || continue
+    read -r rc secs pct <"bin/ci-$name.status"
+    steps+=("$name (background)=$secs $pct")
+  done
+  for name in "$@"; do
+    [ -f "bin/ci-$name.status" ] || continue
+    read -r rc secs pct <"bin/ci-$name.status"
+    if [ "$rc" -ne 0 ]; then echo "ci: $name failed (exit $rc):"; tail -40 "bin/ci-$name.log"; exit "$rc"; fi
+  done
+}
+bgpids=()

@@ -1,0 +1,110 @@
+// Package ci tests .ci/steps.sh, the step helpers of .ci/run.
+package ci
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runSteps runs script after sourcing .ci/steps.sh in a scratch folder, as
+// .ci/run does, and returns its output and exit code. Every process it
+// starts is killed when it ends (its process group), also the background
+// steps a failed join leaves running.
+func runSteps(t *testing.T, script string) (string, int) {
+	t.Helper()
+	steps, err := filepath.Abs("../../.ci/steps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail; start=$(date +%s); source "+steps+"\n"+script)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A file, not a pipe: a background step left running holds its copy
+	// of the output open, and reading a pipe would wait for it.
+	logFile, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	err = cmd.Run()
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	out, rerr := os.ReadFile(logFile.Name())
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the script did not end within a minute:\n%s", out)
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+// TestTableNamesEveryStep: the table at the end has a row per step, in the
+// foreground or the background, with its seconds and the machine's busy
+// percent, and a total.
+func TestTableNamesEveryStep(t *testing.T) {
+	out, code := runSteps(t, `
+bg quiet sleep 1
+bg other true
+join quiet other
+step "spin" bash -c 'end=$(( $(date +%s) + 2 )); while [ $(date +%s) -lt $end ]; do :; done'
+`)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, row := range []string{`quiet \(background\)\s+1\s+\d+%`, `other \(background\)\s+\d+\s+\d+%`, `spin\s+[23]\s+\d+%`, `total\s+\d+\s+\d+%`, `ci: done`} {
+		if !regexp.MustCompile(row).MatchString(out) {
+			t.Errorf("no row %q in:\n%s", row, out)
+		}
+	}
+	// A core spun for 2 s: the step kept at least part of the machine busy.
+	if m := regexp.MustCompile(`spin\s+\d+\s+(\d+)%`).FindStringSubmatch(out); m == nil || m[1] == "0" {
+		t.Errorf("the spinning step's busy percent: %v in:\n%s", m, out)
+	}
+}
+
+// TestJoinStopsAtTheFirstFailure: a background step that fails ends the
+// run with its exit code and its log's tail, without waiting for the
+// steps still running beside it (here one that would never end), and the
+// table is printed.
+func TestJoinStopsAtTheFirstFailure(t *testing.T) {
+	out, code := runSteps(t, `
+bg forever sleep 1000
+bg broken bash -c 'echo the tool did not build; exit 3'
+join forever broken
+echo not reached
+`)
+	if code != 3 {
+		t.Errorf("exit %d, want the failed step's 3:\n%s", code, out)
+	}
+	for _, want := range []string{"ci: broken failed (exit 3):", "the tool did not build", "broken (background)", "ci: failed (exit 3)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "not reached") {
+		t.Errorf("the run went on after a failed join:\n%s", out)
+	}
+}
