@@ -1,18 +1,29 @@
 # Step helpers of .ci/run (sourced; tested by hack/ci/steps_test.go):
 # step runs a command in the foreground, bg in the background, join waits
 # for background steps, and table (the EXIT trap) prints each step's
-# seconds and how busy the machine's cores were meanwhile. Needs $start
+# seconds, the CPU seconds its processes used and how busy the machine's
+# cores were meanwhile. Needs $start
 # (the run's start, date +%s) and a bin/ folder in the working directory.
 steps=()
 # cpu: the machine's busy and total jiffies so far (/proc/stat), so that a
-# step's row says how much of the 2 cores it kept busy: where a step
-# leaves them idle, work can move beside it.
+# step's row says how much of the 2 cores were busy meanwhile: where a
+# step leaves them idle, work can move beside it.
 cpu() { awk '/^cpu / {t=0; for (i=2; i<=NF; i++) t+=$i; print t-$5-$6, t}' /proc/stat; }
 # busy B0 T0 B1 T1: percent of the machine busy between two cpu readings.
 busy() { echo $(( ($3 - $1) * 100 / ($4 - $2 > 0 ? $4 - $2 : 1) )); }
+# cpusecs VAR: sets VAR to the CPU seconds (user + system) of this shell's
+# waited-for children so far: what a step's own processes used. The times
+# builtin must run in this shell, not in a $(...) subshell, whose
+# counters start at zero.
+cpusecs() {
+  local f=bin/.ci-times.$BASHPID
+  times >"$f"
+  printf -v "$1" '%s' "$(awk 'NR == 2 {split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}' "$f")"
+  rm -f "$f"
+}
 read -r cpu_b0 cpu_t0 < <(cpu)
 table() {
-  local rc=$? b t
+  local rc=$? b t secs used pct
   echo
   # The tests that failed, just before the table: the end of the output
   # is what a reader of a failed run sees first, and the e2e suite dumps
@@ -22,27 +33,32 @@ table() {
     grep -E -- '--- FAIL|^FAIL|^panic: |test timed out' bin/ci-test.log | tail -40 || true
   fi
   read -r b t < <(cpu)
-  echo "ci: step                          seconds  cpu busy"
+  # cpu s: the step's own processes (daemons they leave behind not
+  # counted); busy: the whole machine meanwhile, every step beside it too.
+  echo "ci: step                          seconds    cpu s    busy"
   for s in "${steps[@]}"; do
-    local v=${s#*=}
-    printf 'ci: %-30s %7s  %7s\n' "${s%%=*}" "${v%% *}" "$( [ "$v" = "${v#* }" ] || echo "${v#* }%")"
+    read -r secs used pct <<<"${s#*=}"
+    printf 'ci: %-30s %7s  %7s  %5s%%\n' "${s%%=*}" "$secs" "$used" "$pct"
   done
-  printf 'ci: %-30s %7s  %7s\n' "total" "$(( $(date +%s) - start ))" "$(busy "$cpu_b0" "$cpu_t0" "$b" "$t")%"
+  cpusecs used
+  printf 'ci: %-30s %7s  %7s  %5s%%\n' "total" "$(( $(date +%s) - start ))" "$used" "$(busy "$cpu_b0" "$cpu_t0" "$b" "$t")"
   [ "$rc" -eq 0 ] && echo "ci: done" || echo "ci: failed (exit $rc)"
 }
 trap table EXIT
 
-# step NAME COMMAND...: runs COMMAND and records how long it took and how
-# busy it kept the machine.
+# step NAME COMMAND...: runs COMMAND and records how long it took, the CPU
+# seconds it used and how busy the machine was meanwhile.
 step() {
-  local name=$1 t b0 t0 b1 t1
+  local name=$1 t c0 c1 b0 t0 b1 t1
   shift
   t=$(date +%s)
+  cpusecs c0
   read -r b0 t0 < <(cpu)
   echo "ci: == $name"
   "$@"
   read -r b1 t1 < <(cpu)
-  steps+=("$name=$(( $(date +%s) - t )) $(busy "$b0" "$t0" "$b1" "$t1")")
+  cpusecs c1
+  steps+=("$name=$(( $(date +%s) - t )) $((c1 - c0)) $(busy "$b0" "$t0" "$b1" "$t1")")
 }
 
 # bg NAME COMMAND...: runs COMMAND in the background, its output in
@@ -57,14 +73,15 @@ bg() {
     read -r b0 t0 < <(cpu)
     "$@" >"bin/ci-$name.log" 2>&1 || rc=$?
     read -r b1 t1 < <(cpu)
-    echo "$rc $(( $(date +%s) - t )) $(busy "$b0" "$t0" "$b1" "$t1")" >"bin/ci-$name.status"
+    cpusecs used
+    echo "$rc $(( $(date +%s) - t )) $used $(busy "$b0" "$t0" "$b1" "$t1")" >"bin/ci-$name.status"
   ) &
   bgpids+=("$!")
 }
 # join NAME...: waits for background steps and records them, saying every
 # minute which still run; fails with the log of the first that failed.
 join() {
-  local name rc secs pct waited=0 running
+  local name rc secs used pct waited=0 running
   while :; do
     running=() rc=0
     for name in "$@"; do
@@ -78,12 +95,12 @@ join() {
   done
   for name in "$@"; do
     [ -f "bin/ci-$name.status" ] || continue
-    read -r rc secs pct <"bin/ci-$name.status"
-    steps+=("$name (background)=$secs $pct")
+    read -r rc secs used pct <"bin/ci-$name.status"
+    steps+=("$name (background)=$secs $used $pct")
   done
   for name in "$@"; do
     [ -f "bin/ci-$name.status" ] || continue
-    read -r rc secs pct <"bin/ci-$name.status"
+    read -r rc _ <"bin/ci-$name.status"
     if [ "$rc" -ne 0 ]; then echo "ci: $name failed (exit $rc):"; tail -40 "bin/ci-$name.log"; exit "$rc"; fi
   done
 }
