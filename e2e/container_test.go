@@ -81,7 +81,8 @@ func install(t *testing.T, root string) installed {
 // dist/<version>).
 // awaitRelease waits until the build of the release that status names
 // has ended (nothing to wait for when status is empty): .ci/run builds it
-// in the background and writes status, "<exit code> <seconds>", when the
+// in the background and writes status, "<exit code> <seconds> ..." (the
+// step's CPU seconds and the machine's busy percent follow), when the
 // build ends; a failed build fails the test with its log's name.
 func awaitRelease(t *testing.T, status string) {
 	t.Helper()
@@ -91,7 +92,7 @@ func awaitRelease(t *testing.T, status string) {
 	begin := time.Now()
 	for {
 		b, err := os.ReadFile(status)
-		if err == nil && len(strings.Fields(string(b))) == 2 {
+		if err == nil && len(strings.Fields(string(b))) >= 2 {
 			rc, secs := strings.Fields(string(b))[0], strings.Fields(string(b))[1]
 			if rc != "0" {
 				t.Fatalf("the release's build failed (exit %s after %ss); its log is beside %s", rc, secs, status)

@@ -5,12 +5,14 @@
 # non-zero when any target fails; its failing input is then in the
 # package's testdata/fuzz/<FuzzName>/ (keep it there once fixed: it runs as
 # a seed with every go test). FUZZ=<regexp> runs only the targets it
-# matches.
+# matches; FUZZPARALLEL=N runs N workers per target (CI: 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZTIME=${FUZZTIME:-20s}
 FUZZ=${FUZZ:-.}
+# FUZZPARALLEL=N runs N fuzzing workers per target (default: one per core).
+FUZZPARALLEL=${FUZZPARALLEL:-}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
@@ -53,7 +55,7 @@ bare_deadline() {
 }
 
 fuzz_one() {
-	go test -run '^$' -fuzz "^${1}\$" -fuzztime "$FUZZTIME" -timeout 0 "$2" >"$3" 2>&1
+	go test -run '^$' -fuzz "^${1}\$" -fuzztime "$FUZZTIME" ${FUZZPARALLEL:+-parallel "$FUZZPARALLEL"} -timeout 0 "$2" >"$3" 2>&1
 }
 
 results=()
