@@ -62,8 +62,9 @@ step() {
 }
 
 # bg NAME COMMAND...: runs COMMAND in the background, its output in
-# bin/ci-NAME.log and its exit code, seconds and the machine's busy
-# percent meanwhile in bin/ci-NAME.status.
+# bin/ci-NAME.log; when it ends, bin/ci-NAME.status holds one line: its
+# exit code, seconds, CPU seconds and the machine's busy percent meanwhile
+# (e2e's awaitRelease reads the first two fields of the release's).
 bg() {
   local name=$1
   shift
@@ -76,7 +77,6 @@ bg() {
     cpusecs used
     echo "$rc $(( $(date +%s) - t )) $used $(busy "$b0" "$t0" "$b1" "$t1")" >"bin/ci-$name.status"
   ) &
-  bgpids+=("$!")
 }
 # join NAME...: waits for background steps and records them, saying every
 # minute which still run; fails with the log of the first that failed.
@@ -104,4 +104,3 @@ join() {
     if [ "$rc" -ne 0 ]; then echo "ci: $name failed (exit $rc):"; tail -40 "bin/ci-$name.log"; exit "$rc"; fi
   done
 }
-bgpids=()
