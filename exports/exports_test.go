@@ -12,7 +12,7 @@ import (
 	apisv1alpha1 "github.com/kcp-dev/sdk/apis/apis/v1alpha1"
 	apisv1alpha2 "github.com/kcp-dev/sdk/apis/apis/v1alpha2"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/yaml"
 
 	"github.com/knotless-dev/knotless/exports"
@@ -95,12 +95,12 @@ func sameSpec(t *testing.T, a, b apisv1alpha1.APIResourceSchemaSpec) bool {
 		if err := json.Unmarshal(b.Versions[i].Schema.Raw, &pb); err != nil {
 			t.Fatalf("the converted schema of %s: %v", b.Names.Plural, err)
 		}
-		if !equality.Semantic.DeepEqual(pa, pb) {
+		if !apiequality.Semantic.DeepEqual(pa, pb) {
 			return false
 		}
 		a.Versions[i].Schema.Raw, b.Versions[i].Schema.Raw = nil, nil
 	}
-	return equality.Semantic.DeepEqual(a, b)
+	return apiequality.Semantic.DeepEqual(a, b)
 }
 
 func readYAML[T any](t *testing.T, read func(string) ([]byte, error), name string) T {

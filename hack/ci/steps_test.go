@@ -3,6 +3,7 @@ package ci
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,7 +54,8 @@ func runSteps(t *testing.T, script string) (string, int) {
 		t.Fatalf("the script did not end within a minute:\n%s", out)
 	}
 	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		code = ee.ExitCode()
 	} else if err != nil {
 		t.Fatal(err)
