@@ -53,11 +53,11 @@ COREDNS_VERSION=$(modversion coredns github.com/coredns/coredns)
 DEBIAN_SUITE=bookworm
 # Kubernetes' source (pause.c and its version), downloaded first when this
 # machine's module cache lacks it (a fresh machine, before any build).
-k8s_src() { (cd "$root/hack/tools/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null) || true; }
-k8s_src=$(k8s_src)
+find_k8s_src() { (cd "$root/hack/tools/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null) || true; }
+k8s_src=$(find_k8s_src)
 if [ -z "$k8s_src" ]; then
   (cd "$root/hack/tools/kubernetes" && go mod download k8s.io/kubernetes) >&2 || true
-  k8s_src=$(k8s_src)
+  k8s_src=$(find_k8s_src)
 fi
 PAUSE_VERSION=${k8s_src:+$(awk '/^TAG \?=/ {print $3}' "$k8s_src/build/pause/Makefile")}
 # Image tags as kubeadm names them (kubeadm config images list).
