@@ -93,14 +93,15 @@ join() {
     waited=$((waited + 1))
     [ $((waited % 60)) -ne 0 ] || echo "ci: waiting ${waited}s for ${running[*]}"
   done
+  local failed=
   for name in "$@"; do
     [ -f "bin/ci-$name.status" ] || continue
     read -r rc secs used pct <"bin/ci-$name.status"
     steps+=("$name (background)=$secs $used $pct")
+    [ "$rc" -eq 0 ] || [ -n "$failed" ] || failed=$name
   done
-  for name in "$@"; do
-    [ -f "bin/ci-$name.status" ] || continue
-    read -r rc _ <"bin/ci-$name.status"
-    if [ "$rc" -ne 0 ]; then echo "ci: $name failed (exit $rc):"; tail -40 "bin/ci-$name.log"; exit "$rc"; fi
-  done
+  if [ -n "$failed" ]; then
+    read -r rc _ <"bin/ci-$failed.status"
+    echo "ci: $failed failed (exit $rc):"; tail -40 "bin/ci-$failed.log"; exit "$rc"
+  fi
 }
