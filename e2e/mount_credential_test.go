@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	computev1alpha1 "github.com/knotless-dev/knotless/apis/compute/v1alpha1"
@@ -158,13 +159,9 @@ func TestMountCredentialReferences(t *testing.T) {
 		t.Fatalf("the contract's token never reached its own server (%q)", own.seen())
 	}
 	// mallory moves the contract's TenantCluster to her server and CA.
-	if err := mallory.Get(ctx, client.ObjectKey{Name: "contract"}, contract); err != nil {
-		t.Fatal(err)
-	}
-	contract.Spec.URL, contract.Spec.CABundle.Name = hostile.URL, "mallory-ca"
-	if err := mallory.Update(ctx, contract); err != nil {
-		t.Fatalf("mallory updates the contract's TenantCluster: %v", err)
-	}
+	editAsMallory(ctx, t, mallory, "contract", func(tc *computev1alpha1.TenantCluster) {
+		tc.Spec.URL, tc.Spec.CABundle.Name = hostile.URL, "mallory-ca"
+	})
 	// It was Ready, so the credential it no longer resolves is a
 	// revocation (the message a missing Secret's).
 	got := waitTenant(ctx, t, c, "contract", computev1alpha1.ReasonRevoked, time.Minute)
@@ -255,14 +252,9 @@ func TestMountCASwapIsRefused(t *testing.T) {
 	}
 	// She swaps the CA and keeps the URL.
 	create(ctx, t, mallory, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mallory-ca"}, Data: map[string]string{"ca.crt": string(malloryCA.PEM)}})
-	contract := &computev1alpha1.TenantCluster{}
-	if err := mallory.Get(ctx, client.ObjectKey{Name: "contract"}, contract); err != nil {
-		t.Fatal(err)
-	}
-	contract.Spec.CABundle = computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "mallory-ca", Key: "ca.crt"}
-	if err := mallory.Update(ctx, contract); err != nil {
-		t.Fatalf("mallory updates the contract's TenantCluster: %v", err)
-	}
+	editAsMallory(ctx, t, mallory, "contract", func(tc *computev1alpha1.TenantCluster) {
+		tc.Spec.CABundle = computev1alpha1.KeyRef{Kind: "ConfigMap", Namespace: "default", Name: "mallory-ca", Key: "ca.crt"}
+	})
 	before := hostile.connections()
 	var got *computev1alpha1.TenantCluster
 	err = framework.Eventually(ctx, time.Minute, "TenantCluster contract "+computev1alpha1.ReasonCABundleNotBound, func(ctx context.Context) (bool, string, error) {
@@ -287,6 +279,23 @@ func TestMountCASwapIsRefused(t *testing.T) {
 	t.Logf("mallory's server: %d connections (%d after the swap), Authorization headers %q", hostile.connections(), hostile.connections()-before, hostile.seen())
 	if a := hostile.seen(); len(a) > 0 {
 		t.Errorf("mallory's server got Authorization %q", a)
+	}
+}
+
+// editAsMallory makes mallory's change to the TenantCluster name, read
+// again on a conflict: the provider writes its status at every probe, so
+// her read can be stale by the time she writes.
+func editAsMallory(ctx context.Context, t *testing.T, mallory client.Client, name string, change func(*computev1alpha1.TenantCluster)) {
+	t.Helper()
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		tc := &computev1alpha1.TenantCluster{}
+		if err := mallory.Get(ctx, client.ObjectKey{Name: name}, tc); err != nil {
+			return err
+		}
+		change(tc)
+		return mallory.Update(ctx, tc)
+	}); err != nil {
+		t.Fatalf("mallory updates TenantCluster %s: %v", name, err)
 	}
 }
 
