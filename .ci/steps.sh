@@ -21,6 +21,34 @@ cpusecs() {
   printf -v "$1" '%s' "$(awk 'NR == 2 {split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}' "$f")"
   rm -f "$f"
 }
+# failures LOG: the failed tests of a go test log, each with the last ten
+# messages it wrote itself (file.go:line: ..., not the process logs the
+# e2e suite dumps as continuation lines), so that why it failed is at the
+# output's end. With -v a test's messages come before its result, and
+# parallel tests interleave (=== RUN/CONT/PAUSE/NAME say whose lines
+# follow); without -v they come after it. After a subtest's result its
+# parent writes again.
+failures() {
+  awk '
+    /^=== (RUN|CONT|PAUSE|NAME) / { name = $3; next }
+    /^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / { msg[name, ++n[name]] = $0; next }
+    /^ *--- FAIL: / { failed[++nf] = $3; line[$3] = $0 }
+    /^ *--- (PASS|FAIL|SKIP): / { name = $3; if ($0 ~ /^ /) sub(/\/[^\/]*$/, "", name); next }
+    /^(ok|FAIL|panic: )|test timed out/ { tail[++nt] = $0; name = ""; running = 0; next }
+    # A timeout names the tests still running.
+    /^\t*running tests:/ { running = 1; tail[++nt] = $0; next }
+    running && /^\t/ { tail[++nt] = $0; next }
+    { running = 0 }
+    END {
+      for (k = 1; k <= nf; k++) {
+        f = failed[k]
+        print line[f]
+        for (i = (n[f] > 10 ? n[f] - 9 : 1); i <= n[f]; i++) print msg[f, i]
+      }
+      for (k = 1; k <= nt; k++) if (tail[k] !~ /^ok/) print tail[k]
+    }
+  ' "$1"
+}
 read -r cpu_b0 cpu_t0 < <(cpu)
 table() {
   local rc=$? b t secs used pct
@@ -30,7 +58,7 @@ table() {
   # many logs before it.
   if [ "$rc" -ne 0 ] && [ -f bin/ci-test.log ]; then
     echo "ci: failed tests (from bin/ci-test.log):"
-    grep -E -- '--- FAIL|^FAIL|^panic: |test timed out' bin/ci-test.log | tail -40 || true
+    failures bin/ci-test.log | tail -80 || true
   fi
   read -r b t < <(cpu)
   # cpu s: the step's own processes (daemons they leave behind not

@@ -112,3 +112,67 @@ echo not reached
 		t.Errorf("the run went on after a failed join:\n%s", out)
 	}
 }
+
+// TestFailedTestsSayWhy: when make test fails, the end of the output names
+// each failed test with the last messages it wrote (a unit test's, which
+// follow its result, a -v test's, which precede it, a parallel test's,
+// whose lines follow === CONT, and a subtest's) and the tests a timeout
+// stopped; not the process logs the e2e suite prints as continuation
+// lines, and not the messages of the tests that passed.
+func TestFailedTestsSayWhy(t *testing.T) {
+	log := `ok  	example.com/fine	0.1s
+--- FAIL: TestUnit (0.00s)
+    unit_test.go:3: want 2, got 3
+FAIL
+FAIL	example.com/unit	0.1s
+=== RUN   TestPasses
+    a_test.go:10: a figure of a test that passed
+--- PASS: TestPasses (0.10s)
+=== RUN   TestRaces
+    b_test.go:5: TenantCluster contract Ready
+=== RUN   TestRaces/sub
+        b_test.go:7: the subtest's reason
+    --- FAIL: TestRaces/sub (0.00s)
+    b_test.go:9: mallory updates TenantCluster contract: the object has been modified
+    b_test.go:10: == provider (last 40 lines)
+        a line of the provider's log
+--- FAIL: TestRaces (4.75s)
+=== RUN   TestLast
+=== PAUSE TestLast
+=== CONT  TestLast
+    c_test.go:9: the node image was not built
+--- FAIL: TestLast (1.00s)
+=== RUN   TestHangs
+panic: test timed out after 1m0s
+	running tests:
+		TestHangs (59s)
+
+goroutine 1 [running]:
+FAIL	example.com/e2e	60.0s
+`
+	out, code := runSteps(t, "cat >bin/ci-test.log <<'LOG'\n"+log+"LOG\nfalse\n")
+	if code != 1 {
+		t.Errorf("exit %d, want 1:\n%s", code, out)
+	}
+	want := `ci: failed tests (from bin/ci-test.log):
+--- FAIL: TestUnit (0.00s)
+    unit_test.go:3: want 2, got 3
+    --- FAIL: TestRaces/sub (0.00s)
+        b_test.go:7: the subtest's reason
+--- FAIL: TestRaces (4.75s)
+    b_test.go:5: TenantCluster contract Ready
+    b_test.go:9: mallory updates TenantCluster contract: the object has been modified
+    b_test.go:10: == provider (last 40 lines)
+--- FAIL: TestLast (1.00s)
+    c_test.go:9: the node image was not built
+FAIL
+FAIL	example.com/unit	0.1s
+panic: test timed out after 1m0s
+	running tests:
+		TestHangs (59s)
+FAIL	example.com/e2e	60.0s
+`
+	if !strings.Contains(out, want) {
+		t.Errorf("want\n%s\nin:\n%s", want, out)
+	}
+}
