@@ -158,13 +158,15 @@ func NewKubeBackend(cfg *rest.Config) (*KubeBackend, error) {
 // stops waiting.
 func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32) ([]Endpoint, error) {
 	k := fmt.Sprintf("%s/%s:%d", ns, name, port)
-	b.mu.Lock()
-	s, ok := b.seen[k]
-	b.mu.Unlock()
-	if ok && time.Since(s.at) < endpointsTTL {
+	if s, ok := b.fresh(k); ok {
 		return s.eps, s.err
 	}
 	ch := b.reads.DoChan(k, func() (any, error) {
+		// A read that ended between the look above and this flight
+		// answers it: no second read.
+		if s, ok := b.fresh(k); ok {
+			return s, nil
+		}
 		// The read is shared: no one caller's end cancels it.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endpointsRead)
 		defer cancel()
@@ -185,6 +187,14 @@ func (b *KubeBackend) Endpoints(ctx context.Context, ns, name string, port int32
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// fresh is the answer of the last read of k, if it is recent enough.
+func (b *KubeBackend) fresh(k string) (seenEndpoints, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, ok := b.seen[k]
+	return s, ok && time.Since(s.at) < endpointsTTL
 }
 
 // endpointsRead bounds one read of a Service's endpoints (both calls).
