@@ -43,6 +43,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/predicates"
 	"github.com/knotless-dev/knotless/internal/ssa"
@@ -73,10 +74,6 @@ const (
 	tokenLife = 5 * time.Minute
 	// deadline bounds one issue (a token, the request, its signature).
 	deadline = 25 * time.Second
-	// giveUpAfter: a deleted certificate whose tenant cannot be reached
-	// this long after its deletion began is let go, its binding left on
-	// the tenant (logged).
-	giveUpAfter = 2 * time.Minute
 )
 
 // Reconciler reconciles ClusterClientCertificates in every engaged
@@ -398,25 +395,22 @@ func (s *syncer) writeSecret(sec *corev1.Secret, data map[string][]byte) error {
 
 // finalize removes the certificate's binding and requests from the
 // tenant, then its Secret, then the finalizer. A tenant that cannot be
-// reached for giveUpAfter is let go with what it holds left there (logged
+// reached for finalize.GiveUpAfter is let go with what it holds left there (logged
 // and an Event); a contract that is gone or not Active has no tenant
 // left to clean.
 func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.ccert, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	err := s.unbind()
-	if err != nil && s.now.Sub(s.ccert.DeletionTimestamp.Time) < giveUpAfter {
-		log.FromContext(s.ctx).Info("the certificate's binding is not removed from the tenant yet", "error", err.Error())
-		s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonDeleting, "the certificate's binding on the tenant is not removed yet (the provider's log says why); tried again in 10s")
-		if werr := s.writeStatus(); werr != nil {
-			return reconcile.Result{}, werr
+	if err := s.unbind(); err != nil {
+		if res, wait := finalize.Retry(s.ctx, s.ccert, s.now, err, "the certificate's binding "+bindingName(s.ccert)+" on the tenant"); wait {
+			s.ready(metav1.ConditionFalse, identityv1alpha1.ReasonDeleting, "the certificate's binding on the tenant is not removed yet (the provider's log says why); tried again in "+finalize.RetryAfter.String())
+			if werr := s.writeStatus(); werr != nil {
+				return reconcile.Result{}, werr
+			}
+			return res, nil
 		}
-		return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
-	}
-	if err != nil {
-		log.FromContext(s.ctx).Info("letting a ClusterClientCertificate go with its binding on the tenant", "binding", bindingName(s.ccert), "error", err.Error())
-		s.events.Eventf(s.ccert, nil, corev1.EventTypeWarning, "BindingLeft", "Delete", "the binding %s could not be removed from the tenant within %s", bindingName(s.ccert), giveUpAfter)
+		s.events.Eventf(s.ccert, nil, corev1.EventTypeWarning, "BindingLeft", "Delete", "the binding %s could not be removed from the tenant within %s", bindingName(s.ccert), finalize.GiveUpAfter)
 	}
 	sec, err := s.secret()
 	if err != nil {

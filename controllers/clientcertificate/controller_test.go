@@ -35,6 +35,7 @@ import (
 	identityv1alpha1 "github.com/knotless-dev/knotless/apis/identity/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/market/deal"
 	"github.com/knotless-dev/knotless/internal/tenantreach"
 )
@@ -477,7 +478,7 @@ func TestDeleteRemovesTheBindingAndTheSecret(t *testing.T) {
 }
 
 // A deleted certificate whose tenant does not answer is held for
-// giveUpAfter, then let go with an Event.
+// finalize.GiveUpAfter, then let go with an Event.
 func TestDeleteGivesUpOnAnUnreachableTenant(t *testing.T) {
 	f := newFixture(t, certificate("carol", nil))
 	f.reconcile(t, "carol")
@@ -493,7 +494,7 @@ func TestDeleteGivesUpOnAnUnreachableTenant(t *testing.T) {
 	if cond := ready(t, f.get(t, "carol")); cond.Reason != identityv1alpha1.ReasonDeleting || strings.Contains(cond.Message, "refused") {
 		t.Fatalf("Ready = %+v", cond)
 	}
-	f.now = f.now.Add(giveUpAfter + time.Minute)
+	f.now = f.now.Add(finalize.GiveUpAfter + time.Minute)
 	f.reconcile(t, "carol")
 	if err := f.cl.Client.Get(t.Context(), client.ObjectKeyFromObject(c), c); !apierrors.IsNotFound(err) {
 		t.Fatalf("the certificate is held: %v", err)

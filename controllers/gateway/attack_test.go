@@ -30,6 +30,7 @@ import (
 	gatewayv1alpha1 "github.com/knotless-dev/knotless/apis/gateway/v1alpha1"
 	marketv1alpha1 "github.com/knotless-dev/knotless/apis/market/v1alpha1"
 	"github.com/knotless-dev/knotless/internal/clustertest"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/market/deal"
@@ -457,7 +458,7 @@ func (failing) Publish(context.Context, string, string, any) (*pds.EnsureResult,
 }
 
 // TestDefenceFinalizerLetsGo: a record that cannot be deleted holds the
-// Gateway for giveUpAfter at most, then it goes with a RecordLeft event.
+// Gateway for finalize.GiveUpAfter at most, then it goes with a RecordLeft event.
 func TestDefenceFinalizerLetsGo(t *testing.T) {
 	f := newFixture(t, "gw.fit.example:443", gw("shop", host, t0))
 	f.reconcile(t, "shop")
@@ -472,10 +473,10 @@ func TestDefenceFinalizerLetsGo(t *testing.T) {
 	if res := f.reconcile(t, "shop"); res.RequeueAfter == 0 || !controllerutil.ContainsFinalizer(f.get(t, "shop"), Finalizer) {
 		t.Fatalf("let go at once: %+v", res)
 	}
-	f.now = del.Add(giveUpAfter + time.Second)
+	f.now = del.Add(finalize.GiveUpAfter + time.Second)
 	f.reconcile(t, "shop")
 	if err := f.cl.Client.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "shop"}, &gatewayv1alpha1.Gateway{}); err == nil {
-		t.Fatal("the Gateway is held past giveUpAfter")
+		t.Fatal("the Gateway is held past finalize.GiveUpAfter")
 	}
 	if rs := f.cl.Events.Reasons(); len(rs) == 0 || rs[len(rs)-1] != "RecordLeft" {
 		t.Errorf("events %v", rs)

@@ -47,6 +47,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
 	"github.com/knotless-dev/knotless/internal/netpolicy"
@@ -74,9 +75,6 @@ const (
 	tenantWait = 15 * time.Second
 	// servingWait: the hostname is served; probed again.
 	servingWait = 5 * time.Minute
-	// giveUpAfter: a deleted Gateway whose record cannot be deleted (its
-	// repo's PDS does not answer) lets go after this long.
-	giveUpAfter = 2 * time.Minute
 	deadline    = 30 * time.Second
 )
 
@@ -351,17 +349,15 @@ func URL(hostname, address string) string {
 
 // finalize deletes the association record, then lets the Gateway go. A
 // record that cannot be deleted (its repo's PDS does not answer) is let
-// go after giveUpAfter, with an Event that says so.
+// go after finalize.GiveUpAfter, with an Event that says so.
 func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		return reconcile.Result{}, nil
 	}
 	if err := s.unpublish(s.contract()); err != nil {
-		if s.now.Sub(s.g.DeletionTimestamp.Time) < giveUpAfter {
-			s.log.Info("the Gateway's association record is not deleted yet", "error", err.Error())
-			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+		if res, wait := finalize.Retry(s.ctx, s.g, s.now, err, "the Gateway's association record"); wait {
+			return res, nil
 		}
-		s.log.Info("letting a Gateway go with its association record in the repo", "error", err.Error())
 		if cl, cerr := s.r.GetCluster(s.ctx, multicluster.ClusterName(s.lc)); cerr == nil {
 			cl.GetEventRecorder(Name).Eventf(s.g, nil, "Warning", "RecordLeft", "Delete",
 				"the association record of %s could not be deleted from the repo: delete it there", s.g.Spec.Hostname)

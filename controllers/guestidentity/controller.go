@@ -61,6 +61,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/guestadmission"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/predicates"
@@ -100,7 +101,6 @@ const (
 	refusedWait = 30 * time.Second
 	tokenLife   = 5 * time.Minute
 	deadline    = 25 * time.Second
-	giveUpAfter = 2 * time.Minute
 )
 
 // KCP is kcp-front-proxy as the tenants reach it.
@@ -516,8 +516,8 @@ func (s *syncer) writeSecret(ctx context.Context, tc kubernetes.Interface, data 
 // finalize deletes the grant's ServiceAccount, Role and RoleBinding in
 // the workspace (kcp refuses the tokens within its 10 s cache), then its Secret in
 // the tenant, then the finalizer. A tenant that cannot be reached for
-// giveUpAfter is let go with the Secret left there (its token is already
-// refused; logged).
+// finalize.GiveUpAfter is let go with the Secret left there (its token is
+// already refused; logged).
 func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		return reconcile.Result{}, nil
@@ -529,11 +529,9 @@ func (s *syncer) finalize() (reconcile.Result, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, deadline)
 	defer cancel()
 	if err := s.removeSecret(ctx); err != nil {
-		if s.now.Sub(s.g.DeletionTimestamp.Time) < giveUpAfter {
-			log.FromContext(ctx).Info("the guest's Secret is not removed from the tenant yet", "error", err.Error())
-			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+		if res, wait := finalize.Retry(s.ctx, s.g, s.now, err, "the guest's Secret in the tenant (its token is refused already)"); wait {
+			return res, nil
 		}
-		log.FromContext(ctx).Info("letting a GuestIdentityGrant go with its Secret in the tenant (its token is refused already)", "error", err.Error())
 	}
 	return reconcile.Result{}, ssa.RemoveFinalizer(s.ctx, s.c, s.g, Finalizer)
 }

@@ -46,6 +46,7 @@ import (
 	"github.com/knotless-dev/knotless/internal/clock"
 	"github.com/knotless-dev/knotless/internal/conditions"
 	"github.com/knotless-dev/knotless/internal/engage"
+	"github.com/knotless-dev/knotless/internal/finalize"
 	"github.com/knotless-dev/knotless/internal/lexicon"
 	"github.com/knotless-dev/knotless/internal/mapping"
 	"github.com/knotless-dev/knotless/internal/market"
@@ -68,7 +69,6 @@ const (
 
 	tenantWait   = 15 * time.Second
 	identityWait = 30 * time.Second
-	giveUpAfter  = 2 * time.Minute
 	deadline     = 30 * time.Second
 )
 
@@ -316,7 +316,7 @@ func (s *syncer) unpublish(cc *marketv1alpha1.ComputeContract) error {
 }
 
 // finalize deletes the record, then lets the SshGateway go (after
-// giveUpAfter if the record cannot be deleted).
+// finalize.GiveUpAfter if the record cannot be deleted).
 func (s *syncer) finalize(cl cluster.Cluster) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.g, Finalizer) {
 		return reconcile.Result{}, nil
@@ -326,9 +326,8 @@ func (s *syncer) finalize(cl cluster.Cluster) (reconcile.Result, error) {
 		cc = nil
 	}
 	if err := s.unpublish(cc); err != nil {
-		if s.now.Sub(s.g.DeletionTimestamp.Time) < giveUpAfter {
-			s.log.Info("the SshGateway's record is not deleted yet", "error", err.Error())
-			return reconcile.Result{RequeueAfter: 10 * time.Second}, nil
+		if res, wait := finalize.Retry(s.ctx, s.g, s.now, err, "the SshGateway's record"); wait {
+			return res, nil
 		}
 		cl.GetEventRecorder(Name).Eventf(s.g, nil, "Warning", "RecordLeft", "Delete", "the dev.knotless.gateway.ssh record %s could not be deleted from the repo: delete it there", RecordKey(s.g))
 	}
