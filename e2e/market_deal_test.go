@@ -197,12 +197,18 @@ func (d *deal) requester(ctx context.Context, t *testing.T, name string, spec ma
 	return mr
 }
 
+// contractWait bounds a wait for a contract's state, a guard against a
+// hang: the state may need a tenant started (a tenant kcp starts in about
+// 30 s on a quiet 2-core machine, and took over 2 min beside a cold CI
+// run's image, fuzz and release builds).
+const contractWait = 5 * time.Minute
+
 // contractOf waits for the one contract of side owned by owner (a
 // MarketRequester or MarketBidder) in c to satisfy ok and returns it.
 func contractOf(ctx context.Context, t *testing.T, c client.Client, owner string, what string, ok func(*marketv1alpha1.ComputeContract) bool) *marketv1alpha1.ComputeContract {
 	t.Helper()
 	var found *marketv1alpha1.ComputeContract
-	if err := framework.Eventually(ctx, 2*time.Minute, what, func(ctx context.Context) (bool, string, error) {
+	if err := framework.Eventually(ctx, contractWait, what, func(ctx context.Context) (bool, string, error) {
 		var l marketv1alpha1.ComputeContractList
 		if err := c.List(ctx, &l, client.InNamespace("default")); err != nil {
 			return false, err.Error(), nil
