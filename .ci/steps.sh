@@ -21,32 +21,57 @@ cpusecs() {
   printf -v "$1" '%s' "$(awk 'NR == 2 {split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}' "$f")"
   rm -f "$f"
 }
-# failures LOG: the failed tests of a go test log, each with the last ten
-# messages it wrote itself (file.go:line: ..., not the process logs the
-# e2e suite dumps as continuation lines), so that why it failed is at the
-# output's end. With -v a test's messages come before its result, and
-# parallel tests interleave (=== RUN/CONT/PAUSE/NAME say whose lines
-# follow); without -v they come after it. After a subtest's result its
-# parent writes again.
+# failures LOG: the failed tests of a go test log, package by package,
+# each with the last ten messages it wrote itself (file.go:line: ..., not
+# the continuation lines of the process logs the e2e suite dumps), and on
+# a timeout the tests still running with theirs: why a run failed, at the
+# end of its output. With -v, === RUN/CONT/NAME/PAUSE say whose messages
+# follow (parallel tests and subtests interleave); without it, a test's
+# messages follow its result line, a subtest's four spaces deeper.
 failures() {
   awk '
-    /^=== (RUN|CONT|PAUSE|NAME) / { name = $3; next }
-    /^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / { msg[name, ++n[name]] = $0; next }
-    /^ *--- FAIL: / { failed[++nf] = $3; line[$3] = $0 }
-    /^ *--- (PASS|FAIL|SKIP): / { name = $3; if ($0 ~ /^ /) sub(/\/[^\/]*$/, "", name); next }
-    /^(ok|FAIL|panic: )|test timed out/ { tail[++nt] = $0; name = ""; running = 0; next }
-    # A timeout names the tests still running.
-    /^\t*running tests:/ { running = 1; tail[++nt] = $0; next }
-    running && /^\t/ { tail[++nt] = $0; next }
-    { running = 0 }
-    END {
+    function owner(d,   parts, k, out) {
+      if (verbose) return name
+      split(name, parts, "/")
+      out = parts[1]
+      for (k = 2; k <= d + 1 && (k in parts); k++) out = out "/" parts[k]
+      return out
+    }
+    function show(f, indent,   i) {
+      for (i = (n[f] > 10 ? n[f] - 9 : 1); i <= n[f]; i++) print indent "    " msg[f, i]
+    }
+    function flush(last,   k, f) {
       for (k = 1; k <= nf; k++) {
         f = failed[k]
         print line[f]
-        for (i = (n[f] > 10 ? n[f] - 9 : 1); i <= n[f]; i++) print msg[f, i]
+        match(line[f], /^ */)
+        show(f, substr(line[f], 1, RLENGTH))
       }
-      for (k = 1; k <= nt; k++) if (tail[k] !~ /^ok/) print tail[k]
+      for (k = 1; k <= nt; k++) {
+        print tail[k]
+        if (k in stopped) show(stopped[k], "\t\t")
+      }
+      if (last != "") print last
+      split("", failed); split("", line); split("", msg); split("", n); split("", tail); split("", stopped)
+      nf = nt = verbose = running = 0
+      name = ""
     }
+    /^=== (RUN|CONT|PAUSE|NAME) / { verbose = 1; name = $3; next }
+    /^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / {
+      match($0, /^ +/)
+      f = owner(int(RLENGTH / 4) - 1)
+      msg[f, ++n[f]] = substr($0, RLENGTH + 1)
+      next
+    }
+    /^ *--- FAIL: / { if (!($3 in line)) failed[++nf] = $3; line[$3] = $0 }
+    /^ *--- (PASS|FAIL|SKIP): / { name = $3; next }
+    /^(panic: |.*test timed out)/ { tail[++nt] = $0; next }
+    /^\t*running tests:/ { running = 1; tail[++nt] = $0; next }
+    running && /^\t\t[^ \t]+ / { tail[++nt] = $0; stopped[nt] = substr($1, 1); next }
+    { running = 0 }
+    /^ok  \t/ { flush(""); next }
+    /^FAIL\t/ { flush($0); next }
+    END { flush("") }
   ' "$1"
 }
 read -r cpu_b0 cpu_t0 < <(cpu)

@@ -4,6 +4,7 @@ package ci
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,65 +115,51 @@ echo not reached
 }
 
 // TestFailedTestsSayWhy: when make test fails, the end of the output names
-// each failed test with the last messages it wrote (a unit test's, which
-// follow its result, a -v test's, which precede it, a parallel test's,
-// whose lines follow === CONT, and a subtest's) and the tests a timeout
-// stopped; not the process logs the e2e suite prints as continuation
-// lines, and not the messages of the tests that passed.
+// each failed test, package by package, with the last messages it wrote
+// (a subtest's under it, its parent's after the subtests too, a parallel
+// test's), and on a timeout the tests still running with theirs; not the
+// tests that passed, not the goroutine dump. The logs in testdata are go
+// test's own output (go1.26) for one test file of two packages, with and
+// without -v, and of a run that timed out.
 func TestFailedTestsSayWhy(t *testing.T) {
-	log := `ok  	example.com/fine	0.1s
---- FAIL: TestUnit (0.00s)
-    unit_test.go:3: want 2, got 3
-FAIL
-FAIL	example.com/unit	0.1s
-=== RUN   TestPasses
-    a_test.go:10: a figure of a test that passed
---- PASS: TestPasses (0.10s)
-=== RUN   TestRaces
-    b_test.go:5: TenantCluster contract Ready
-=== RUN   TestRaces/sub
-        b_test.go:7: the subtest's reason
-    --- FAIL: TestRaces/sub (0.00s)
-    b_test.go:9: mallory updates TenantCluster contract: the object has been modified
-    b_test.go:10: == provider (last 40 lines)
-        a line of the provider's log
---- FAIL: TestRaces (4.75s)
-=== RUN   TestLast
-=== PAUSE TestLast
-=== CONT  TestLast
-    c_test.go:9: the node image was not built
---- FAIL: TestLast (1.00s)
-=== RUN   TestHangs
-panic: test timed out after 1m0s
-	running tests:
-		TestHangs (59s)
-
-goroutine 1 [running]:
-FAIL	example.com/e2e	60.0s
+	table := `--- FAIL: TestTable (0.00s)
+    a_test.go:11: the parent before its subtests
+    a_test.go:15: the parent after its subtests
+    --- FAIL: TestTable/one (0.00s)
+        a_test.go:13: case one: want 2, got 3
+    --- FAIL: TestTable/two (0.00s)
+        a_test.go:13: case two: want 2, got 3
+--- FAIL: TestValidate (0.00s)
+    a_test.go:18: a: the object has been modified
+--- FAIL: TestLast (0.00s)
+    a_test.go:22: the node image was not built
+FAIL	example.com/gofail/a	%s
+--- FAIL: TestValidate (0.00s)
+    b_test.go:5: b: spec.url is empty
+FAIL	example.com/gofail/b	%s
 `
-	out, code := runSteps(t, "cat >bin/ci-test.log <<'LOG'\n"+log+"LOG\nfalse\n")
-	if code != 1 {
-		t.Errorf("exit %d, want 1:\n%s", code, out)
-	}
-	want := `ci: failed tests (from bin/ci-test.log):
---- FAIL: TestUnit (0.00s)
-    unit_test.go:3: want 2, got 3
-    --- FAIL: TestRaces/sub (0.00s)
-        b_test.go:7: the subtest's reason
---- FAIL: TestRaces (4.75s)
-    b_test.go:5: TenantCluster contract Ready
-    b_test.go:9: mallory updates TenantCluster contract: the object has been modified
-    b_test.go:10: == provider (last 40 lines)
---- FAIL: TestLast (1.00s)
-    c_test.go:9: the node image was not built
-FAIL
-FAIL	example.com/unit	0.1s
-panic: test timed out after 1m0s
+	for _, c := range []struct{ logs, want string }{
+		{"gotest.log", fmt.Sprintf(table, "0.036s", "0.018s")},
+		{"gotest-v.log", fmt.Sprintf(table, "0.024s", "0.017s")},
+		{"gotest.log gotest-timeout.log", fmt.Sprintf(table, "0.036s", "0.018s") + `--- FAIL: TestValidate (0.00s)
+    a_test.go:18: a: the object has been modified
+panic: test timed out after 3s
 	running tests:
-		TestHangs (59s)
-FAIL	example.com/e2e	60.0s
-`
-	if !strings.Contains(out, want) {
-		t.Errorf("want\n%s\nin:\n%s", want, out)
+		TestHangs (3s)
+		    a_test.go:30: waiting for the contract
+FAIL	example.com/gofail/a	3.027s
+`},
+	} {
+		testdata, err := filepath.Abs("testdata")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, code := runSteps(t, "(cd "+testdata+" && cat "+c.logs+") >bin/ci-test.log\nfalse\n")
+		if code != 1 {
+			t.Errorf("%s: exit %d, want 1:\n%s", c.logs, code, out)
+		}
+		if want := "ci: failed tests (from bin/ci-test.log):\n" + c.want + "ci: step"; !strings.Contains(out, want) {
+			t.Errorf("%s: want\n%s\nin:\n%s", c.logs, want, out)
+		}
 	}
 }

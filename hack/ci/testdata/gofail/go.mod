@@ -1,0 +1,3 @@
+module example.com/gofail
+
+go 1.24
