@@ -100,10 +100,13 @@ for pkg in "$@"; do
       done
     ) &
     ticker=$!
+    # The key says nothing of the caller's CGO_ENABLED and GOFLAGS (.ci/run
+    # exports its own for knotless's builds): a tool builds the same
+    # whoever asks first.
     if [ -n "$static" ]; then
-      (cd "$dir" && CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
+      (cd "$dir" && env -u GOFLAGS CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     else
-      (cd "$dir" && GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
+      (cd "$dir" && env -u GOFLAGS -u CGO_ENABLED GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     fi
     stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"
