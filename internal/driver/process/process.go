@@ -160,11 +160,11 @@ func (d *Driver) Provision(ctx context.Context, vm driver.VM) (driver.Status, er
 		return driver.Status{}, err
 	}
 	st = &state{}
-	for _, p := range []*int{&st.Port, &st.EtcdClient, &st.EtcdPeer} {
-		if *p, err = freePort(d.host()); err != nil {
-			return driver.Status{}, err
-		}
+	ports, err := freePorts(d.host(), 3)
+	if err != nil {
+		return driver.Status{}, err
 	}
+	st.Port, st.EtcdClient, st.EtcdPeer = ports[0], ports[1], ports[2]
 	tok := make([]byte, 24)
 	if _, err := rand.Read(tok); err != nil {
 		return driver.Status{}, err
@@ -405,11 +405,19 @@ func PIDOf(root, id string) int {
 	return st.PID
 }
 
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct TCP ports on host that were free a moment
+// ago. Their listeners stay open until all n are chosen: one closed
+// before the next is picked may be given again, and a kcp given the same
+// port twice does not start.
+func freePorts(host string, n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }

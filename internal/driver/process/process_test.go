@@ -218,3 +218,19 @@ func TestUpgradeAdoptsARunningVMOfAnOlderAgent(t *testing.T) {
 		t.Fatal("Terminate did not stop the adopted VM's process")
 	}
 }
+
+// TestFreePortsAreDistinct: the three ports of a tenant kcp (its API and
+// its etcd's client and peer ports) are never the same port, which the
+// kernel may give twice when each listener is closed before the next is
+// picked.
+func TestFreePortsAreDistinct(t *testing.T) {
+	for range 200 {
+		ports, err := freePorts("127.0.0.1", 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ports) != 3 || ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] {
+			t.Fatalf("ports %v", ports)
+		}
+	}
+}
