@@ -96,9 +96,10 @@ test-unit:
 fuzz:
 	FUZZTIME=$${FUZZTIME:-20s} hack/fuzz.sh
 
-# The suite takes about 31 min on a quiet 2-core machine; a cold CI run,
-# where the node image, the release, lint and fuzz build beside it, about
-# 40: its timeout (a guard against a hang, not a goal) leaves room for that.
+# The suite takes about 31 min on a quiet 2-core machine, and much longer
+# in a cold CI run, where the node image, the release, lint and fuzz build
+# beside it (about 50 tests in 34 min, measured): its timeout is a guard
+# against a hang, not a goal.
 e2e: tools stack-deps
 	KCP_BIN=$(BIN)/kcp go test -p 1 -count=1 -timeout 60m -v ./e2e/ ./e2e/stack/
 

@@ -67,7 +67,7 @@ failures() {
     /^ *--- (PASS|FAIL|SKIP): / { name = $3; next }
     /^(panic: |.*test timed out)/ { tail[++nt] = $0; next }
     /^\t*running tests:/ { running = 1; tail[++nt] = $0; next }
-    running && /^\t\t[^ \t]+ / { tail[++nt] = $0; stopped[nt] = substr($1, 1); next }
+    running && /^\t\t[^ \t]+ / { tail[++nt] = $0; stopped[nt] = $1; next }
     { running = 0 }
     /^ok  \t/ { flush(""); next }
     /^FAIL\t/ { flush($0); next }

@@ -395,9 +395,9 @@ func (s *syncer) writeSecret(sec *corev1.Secret, data map[string][]byte) error {
 
 // finalize removes the certificate's binding and requests from the
 // tenant, then its Secret, then the finalizer. A tenant that cannot be
-// reached for finalize.GiveUpAfter is let go with what it holds left there (logged
-// and an Event); a contract that is gone or not Active has no tenant
-// left to clean.
+// reached for finalize.GiveUpAfter is let go with what it holds left
+// there (logged and an Event); a contract that is gone or not Active has
+// no tenant left to clean.
 func (s *syncer) finalize() (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(s.ccert, Finalizer) {
 		return reconcile.Result{}, nil

@@ -24,11 +24,12 @@ const (
 	RetryAfter = 10 * time.Second
 )
 
-// Retry reports whether obj, being deleted, waits for its cleanup of what
+// Retry reports whether obj, being deleted, waits for the cleanup of what
 // (a phrase: "the Gateway's association record"), which failed with err,
 // and the result to try again with. Within GiveUpAfter of the deletion it
-// logs that what is not cleaned up yet; after it, that obj goes with what
-// left, and it returns false: the caller removes the finalizer.
+// logs that what is not cleaned up yet and returns true; after it, it logs
+// that obj goes with what left behind and returns false: the caller
+// removes the finalizer.
 func Retry(ctx context.Context, obj client.Object, now time.Time, err error, what string) (reconcile.Result, bool) {
 	since := now.Sub(obj.GetDeletionTimestamp().Time)
 	if since < GiveUpAfter {
