@@ -21,9 +21,7 @@ func checkout(t *testing.T) string {
 	dir := t.TempDir()
 	copyTree(t, filepath.Join(repoRoot, "hack/node-image"), filepath.Join(dir, "hack/node-image"))
 	for _, m := range []string{"kubernetes", "etcd", "coredns"} {
-		for _, f := range []string{"go.mod", "go.sum"} {
-			copyFile(t, filepath.Join(repoRoot, "hack/tools", m, f), filepath.Join(dir, "hack/tools", m, f))
-		}
+		copyTree(t, filepath.Join(repoRoot, "hack/tools", m), filepath.Join(dir, "hack/tools", m))
 	}
 	return dir
 }
@@ -125,6 +123,7 @@ func TestEveryInputChangesTheTag(t *testing.T) {
 		{file: "hack/tools/kubernetes/go.sum"},
 		{file: "hack/tools/etcd/go.sum"},
 		{file: "hack/tools/coredns/go.sum"},
+		{file: "hack/tools/coredns/main.go"},
 		{file: "hack/node-image/nodenet/main_test.go", same: true},
 	} {
 		restore := appendTo(t, filepath.Join(dir, c.file), "\n")
