@@ -24,7 +24,7 @@
 # Every part is cached under $KNOTLESS_TOOLS_CACHE/node-image (by default
 # ~/.cache/knotless/tools/node-image, the cache hack/tool.sh uses), keyed by
 # a hash of its inputs: go.mod/go.sum of its tool module (and CoreDNS's
-# main.go, which says its plugins) and the Go version,
+# Go files: main.go says its plugins) and the Go version,
 # the Debian suite and package list and rootfs.sh, the node files, the
 # recipe below. The image's tag carries the key of all of them:
 # knotless.dev/node:<kubernetes version>-<key>. A second run with the same
@@ -287,7 +287,7 @@ DOCKERFILE
 
 key_k8s=$( (cat "$root"/hack/tools/kubernetes/go.{mod,sum}; echo "$gover $k8s_ldflags $K8S_BINS"; recipe gobuild build_k8s) | hash)
 key_etcd=$( (cat "$root"/hack/tools/etcd/go.{mod,sum}; echo "$gover"; recipe gobuild build_etcd) | hash)
-key_coredns=$( (cat "$root"/hack/tools/coredns/{go.mod,go.sum,main.go}; echo "$gover"; recipe gobuild build_coredns) | hash)
+key_coredns=$( (cat "$root"/hack/tools/coredns/go.{mod,sum}; find "$root/hack/tools/coredns" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover"; recipe gobuild build_coredns) | hash)
 key_nodenet=$( (find "$here/nodenet" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover"; recipe gobuild build_nodenet) | hash)
 key_pause=$( ( [ -n "$k8s_src" ] && cat "$k8s_src/build/pause/linux/pause.c"; echo "$gccver $PAUSE_VERSION"; recipe build_pause) | hash)
 key_rootfs_node=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $NODE_PACKAGES) | hash)

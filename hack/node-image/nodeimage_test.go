@@ -134,6 +134,17 @@ func TestEveryInputChangesTheTag(t *testing.T) {
 				map[bool]string{true: "unchanged", false: "changed"}[c.same])
 		}
 	}
+	// A Go file added to CoreDNS's tool module (a plugin, say) is an input.
+	extra := filepath.Join(dir, "hack/tools/coredns/extra.go")
+	if err := os.WriteFile(extra, []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := buildSh(t, dir, cache, "--print-image"); got == base {
+		t.Errorf("after adding %s the tag is unchanged (%s)", extra, got)
+	}
+	if err := os.Remove(extra); err != nil {
+		t.Fatal(err)
+	}
 	if again := buildSh(t, dir, cache, "--print-image"); again != base {
 		t.Errorf("inputs restored, tag %s, want %s", again, base)
 	}
