@@ -12,7 +12,7 @@
 #     installed, the chart making the mount path's Secrets itself (its
 #     generated-Secrets mode: no cert-manager);
 #  4. kcp: an image FROM scratch of the pinned kcp's static binaries
-#     (KNOTLESS_TOOL_STATIC=1 hack/tool.sh kcp), loaded with kind, and
+#     (hack/tool.sh kcp: every tool is static), loaded with kind, and
 #     deploy/kind-e2e/kcp.yaml: `kcp start` (WorkspaceMounts=true, embedded
 #     etcd in an emptyDir) with kcp-front-proxy in its pod, whose /tenants/
 #     mapping uses the chart's kcp-front-proxy client certificate, serving
@@ -101,7 +101,7 @@ step "tools, node image and images (logs/build.log)"
 node_image=$(hack/node-image/build.sh 2>>"$logs/build.log" | tail -1)
 quiet build hack/tool.sh kind sigs.k8s.io/kind
 quiet build hack/tool.sh helm helm.sh/helm/v3/cmd/helm
-KNOTLESS_TOOL_STATIC=1 quiet build hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
+quiet build hack/tool.sh kcp github.com/kcp-dev/kcp/cmd/kcp github.com/kcp-dev/kcp/cmd/kcp-front-proxy
 kind=$root/bin/kind
 helm=$root/bin/helm
 # Privileged containers need a docker runtime of the project's on a machine
@@ -114,7 +114,7 @@ quiet build make tools stack-deps
 kcp_dir=$work/kcp-image
 mkdir -p "$kcp_dir"
 for b in kcp kcp-front-proxy; do
-  cmp -s "bin/static/$b" "$kcp_dir/$b" || cp "bin/static/$b" "$kcp_dir/$b"
+  cmp -s "bin/$b" "$kcp_dir/$b" || cp "bin/$b" "$kcp_dir/$b"
 done
 kcp_image=$cluster-kcp:$(cat deploy/kind-e2e/Dockerfile.kcp "$kcp_dir/kcp" "$kcp_dir/kcp-front-proxy" | sha256sum | cut -c1-16)
 docker image inspect "$kcp_image" >/dev/null 2>&1 || quiet build docker build -t "$kcp_image" -f deploy/kind-e2e/Dockerfile.kcp "$kcp_dir"

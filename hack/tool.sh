@@ -17,15 +17,22 @@
 # A tool module's optional file build-tags holds the Go build tags its
 # binaries are built with (hack/tools/vault: minimal, the server without
 # the plugins and storage backends knotless never uses).
-# KNOTLESS_TOOL_STATIC=1 builds with CGO_ENABLED=0 into a cache folder of
-# its own (<module>-static-<key>) and links bin/static/<name>: binaries
-# for FROM-scratch images (hack/kind-e2e.sh's kcp image).
+#
+# Every tool is built as knotless is (CGO_ENABLED=0, -trimpath): static
+# binaries (hack/kind-e2e.sh's kcp image is FROM scratch), and one compile
+# of each package for all of them. The standard library and every module
+# a tool shares with knotless at the same version (kubectl-ws: about 290
+# packages of client-go and apimachinery; controller-gen about 130) come
+# from the Go build cache instead of being compiled again with other
+# flags. The compiler and linker run with GOGC=400: they collect garbage
+# a quarter as often, for about 9 % less CPU (kubectl-ws cold: 243 CPU-s,
+# 267 at Go's default of 100) and a peak of 730 MB instead of 610.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache_root=${KNOTLESS_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools}
 timings=$cache_root/.timings
-static=
-[ "${KNOTLESS_TOOL_STATIC:-}" != 1 ] || static=1
+# How a tool is built (the go build below): part of its cache key.
+build_flags="CGO_ENABLED=0 -trimpath"
 
 # Cold build times on a 2-core machine, for tools never built here.
 typical() {
@@ -45,8 +52,8 @@ cachedir() {
   local dir key
   dir=$(moddir "$1")
   [ -f "$dir/go.mod" ] || { echo "hack/tool.sh: no tool module $dir" >&2; exit 1; }
-  key=$({ cat "$dir/go.mod" "$dir/go.sum" "$dir/build-tags" 2>/dev/null || true; } | sha256sum | cut -c1-16)
-  echo "$cache_root/$(basename "$dir")${static:+-static}-$key"
+  key=$({ cat "$dir/go.mod" "$dir/go.sum" "$dir/build-tags" 2>/dev/null || true; echo "$build_flags"; } | sha256sum | cut -c1-16)
+  echo "$cache_root/$(basename "$dir")-$key"
 }
 
 last_time() {
@@ -74,7 +81,7 @@ dir=$(moddir "$module")
 cache=$(cachedir "$module")
 tags=
 [ ! -f "$dir/build-tags" ] || tags=$(tr -s ' \n' ',' <"$dir/build-tags" | sed 's/^,//; s/,$//')
-bindir=$root/bin${static:+/static}
+bindir=$root/bin
 mkdir -p "$cache" "$timings" "$bindir"
 # One build of a module at a time (two checkouts, or make and .ci/run, may
 # ask at once): the second waits and then finds the binary cached.
@@ -100,18 +107,13 @@ for pkg in "$@"; do
       done
     ) &
     ticker=$!
-    # The key says nothing of the caller's CGO_ENABLED and GOFLAGS (.ci/run
-    # exports its own for knotless's builds): a tool builds the same
-    # whoever asks first.
-    if [ -n "$static" ]; then
-      (cd "$dir" && env -u GOFLAGS CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
-    else
-      (cd "$dir" && env -u GOFLAGS -u CGO_ENABLED GONOSUMDB=github.com/kcp-dev go build -tags "$tags" -o "$cache/$name.tmp" "$pkg")
-    fi
+    # The caller's GOFLAGS play no part: a tool builds the same whoever
+    # asks first.
+    (cd "$dir" && env -u GOFLAGS CGO_ENABLED=0 GOGC=400 GONOSUMDB=github.com/kcp-dev go build -trimpath -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"
     took=$(( $(date +%s) - start ))
-    echo "$took" >"$timings/$name${static:+-static}"
+    echo "$took" >"$timings/$name"
     echo "built $name in ${took}s" >&2
   fi
   ln -sfn "$cache/$name" "$bindir/$name"
