@@ -90,11 +90,9 @@ test: test-unit e2e
 
 # go vet runs every analyzer on every package, tests and e2e included, so
 # go test's own vet (a subset, whose facts it computes for all 1,450
-# packages again; go vet's took 172 CPU-s measured alone) is off. The compiler of vet's build runs at
-# GOGC=400 (hack/tool.sh says why); the tests run at Go's default, as
-# their RSS figures assume.
+# packages again; go vet's took 172 CPU-s measured alone) is off.
 test-unit:
-	GOGC=400 go vet ./...
+	go vet ./...
 	go test -vet=off -count=1 $(GO_PACKAGES)
 
 ## fuzz: every Go fuzz target (testing.F) for FUZZTIME each (default 20s; FUZZ=<regexp> picks targets), one at a time (hack/fuzz.sh)

@@ -8,10 +8,6 @@
 # matches; FUZZPARALLEL=N runs N workers per target (CI: 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Most of a cold run is compiling each package instrumented: at GOGC=400 the
-# compiler collects garbage a quarter as often (about 9 % less CPU; see
-# hack/tool.sh). The fuzzing processes get it too, a larger heap for them.
-export GOGC=${GOGC:-400}
 
 FUZZTIME=${FUZZTIME:-20s}
 FUZZ=${FUZZ:-.}

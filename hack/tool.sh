@@ -24,9 +24,7 @@
 # a tool shares with knotless at the same version (kubectl-ws: about 290
 # packages of client-go and apimachinery; controller-gen about 130) come
 # from the Go build cache instead of being compiled again with other
-# flags. The compiler and linker run with GOGC=400: they collect garbage
-# a quarter as often, for about 9 % less CPU (kubectl-ws cold: 243 CPU-s,
-# 267 at Go's default of 100) and a peak of 730 MB instead of 610.
+# flags.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache_root=${KNOTLESS_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tools}
@@ -109,7 +107,7 @@ for pkg in "$@"; do
     ticker=$!
     # The caller's GOFLAGS play no part: a tool builds the same whoever
     # asks first.
-    (cd "$dir" && env -u GOFLAGS CGO_ENABLED=0 GOGC=400 GONOSUMDB=github.com/kcp-dev go build -trimpath -tags "$tags" -o "$cache/$name.tmp" "$pkg")
+    (cd "$dir" && env -u GOFLAGS CGO_ENABLED=0 GONOSUMDB=github.com/kcp-dev go build -trimpath -tags "$tags" -o "$cache/$name.tmp" "$pkg")
     stop_ticker
     mv "$cache/$name.tmp" "$cache/$name"
     took=$(( $(date +%s) - start ))

@@ -45,10 +45,6 @@ cache_root=${KNOTLESS_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/knotless/tool
 cache=$cache_root/node-image
 timings=$cache/.timings
 export GONOSUMDB=github.com/kcp-dev GOFLAGS=${GOFLAGS:-}
-# The compiler and linker collect garbage at GOGC=400, as in hack/tool.sh:
-# about 9 % less CPU for a larger heap. It changes no output, so it is no
-# part of any key.
-export GOGC=400
 
 # --- versions: each read from where it is pinned ---------------------------
 modversion() { awk -v m="$2" '$1 == "require" && $2 == m {print $3} $1 == m {print $2}' "$root/hack/tools/$1/go.mod" | head -n1; }
