@@ -85,6 +85,8 @@ K8S_BINS="kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-sc
 gccver=$(gcc --version 2>/dev/null | head -n1 || echo none)
 # A part's recipe is the text of the functions below that build it.
 recipe() { declare -f "$@"; }
+# gosrc DIR: the non-test Go files under DIR, in a stable order.
+gosrc() { find "$1" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; }
 
 # --- helpers ------------------------------------------------------------------
 say() { echo "node-image: $*" >&2; }
@@ -287,8 +289,8 @@ DOCKERFILE
 
 key_k8s=$( (cat "$root"/hack/tools/kubernetes/go.{mod,sum}; echo "$gover $k8s_ldflags $K8S_BINS"; recipe gobuild build_k8s) | hash)
 key_etcd=$( (cat "$root"/hack/tools/etcd/go.{mod,sum}; echo "$gover"; recipe gobuild build_etcd) | hash)
-key_coredns=$( (cat "$root"/hack/tools/coredns/go.{mod,sum}; find "$root/hack/tools/coredns" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover"; recipe gobuild build_coredns) | hash)
-key_nodenet=$( (find "$here/nodenet" -name "*.go" ! -name "*_test.go" -print0 | sort -z | xargs -0 cat; echo "$gover"; recipe gobuild build_nodenet) | hash)
+key_coredns=$( (cat "$root"/hack/tools/coredns/go.{mod,sum}; gosrc "$root/hack/tools/coredns"; echo "$gover"; recipe gobuild build_coredns) | hash)
+key_nodenet=$( (gosrc "$here/nodenet"; echo "$gover"; recipe gobuild build_nodenet) | hash)
 key_pause=$( ( [ -n "$k8s_src" ] && cat "$k8s_src/build/pause/linux/pause.c"; echo "$gccver $PAUSE_VERSION"; recipe build_pause) | hash)
 key_rootfs_node=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $NODE_PACKAGES) | hash)
 key_rootfs_proxy=$( (cat "$here/rootfs.sh"; echo "$DEBIAN_SUITE" $PROXY_PACKAGES) | hash)
